@@ -1,0 +1,49 @@
+"""ckvc: version control for deep-learning checkpoints."""
+
+from ckvc.errors import (
+    CkvcError,
+    CorruptObjectError,
+    InvalidInputError,
+    InvalidRefNameError,
+    InvalidRevisionError,
+    NotARepositoryError,
+    ObjectNotFoundError,
+    RefConflictError,
+    RefNotFoundError,
+    RepositoryLockedError,
+    UnsafeContentError,
+    UnsupportedFormatError,
+    UnsupportedTypeError,
+)
+from ckvc.objects import Commit, Tag
+from ckvc.repo import CommitInfo, CommitStats, Repo, StateDiff, TensorChange, TensorSummary
+from ckvc.state import rng_state, set_rng_state
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "CkvcError",
+    "Commit",
+    "CommitInfo",
+    "CommitStats",
+    "CorruptObjectError",
+    "InvalidInputError",
+    "InvalidRefNameError",
+    "InvalidRevisionError",
+    "NotARepositoryError",
+    "ObjectNotFoundError",
+    "RefConflictError",
+    "RefNotFoundError",
+    "Repo",
+    "RepositoryLockedError",
+    "StateDiff",
+    "Tag",
+    "TensorChange",
+    "TensorSummary",
+    "UnsafeContentError",
+    "UnsupportedFormatError",
+    "UnsupportedTypeError",
+    "__version__",
+    "rng_state",
+    "set_rng_state",
+]

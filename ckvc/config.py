@@ -1,0 +1,59 @@
+"""The repository config file (``.ckvc/config.json``) and its version rule."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ckvc.chunking import DEFAULT_CHUNK_SIZE, validate_chunk_size
+from ckvc.codecs import make_codec
+from ckvc.errors import UnsupportedFormatError
+from ckvc.storage.files import write_atomic
+from ckvc.storage.object_store import DEFAULT_MAX_PACK_SIZE
+
+FORMAT_VERSION = 1
+HASH_NAME = "blake3-256"
+CONFIG_NAME = "config.json"
+
+
+@dataclass
+class RepoConfig:
+    format_version: int = FORMAT_VERSION
+    repo_id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    hash: str = HASH_NAME
+    chunk_size: int = DEFAULT_CHUNK_SIZE
+    codec: dict[str, Any] = field(default_factory=lambda: {"name": "zstd", "level": 1})
+    max_pack_size: int = DEFAULT_MAX_PACK_SIZE
+    default_branch: str = "main"
+
+    def validate(self) -> RepoConfig:
+        validate_chunk_size(self.chunk_size)
+        make_codec(str(self.codec.get("name")), self.codec.get("level"))
+        if self.max_pack_size < 1 << 20:
+            raise ValueError("max_pack_size must be at least 1 MiB")
+        return self
+
+    def save(self, root: Path) -> None:
+        write_atomic(root / CONFIG_NAME, (json.dumps(asdict(self), indent=2, sort_keys=True) + "\n").encode())
+
+    @classmethod
+    def load(cls, root: Path) -> RepoConfig:
+        try:
+            raw = json.loads((root / CONFIG_NAME).read_text(encoding="utf-8"))
+        except (OSError, ValueError) as exc:
+            raise UnsupportedFormatError(f"cannot read {root / CONFIG_NAME}: {exc}") from None
+        version = raw.get("format_version") if isinstance(raw, dict) else None
+        if version != FORMAT_VERSION:
+            raise UnsupportedFormatError(
+                f"repository format version {version!r} is not supported (this ckvc reads {FORMAT_VERSION})"
+            )
+        if raw.get("hash") != HASH_NAME:
+            raise UnsupportedFormatError(f"hash {raw.get('hash')!r} is not supported")
+        known = set(cls.__dataclass_fields__)
+        try:
+            return cls(**{k: v for k, v in raw.items() if k in known}).validate()
+        except (TypeError, ValueError) as exc:
+            raise UnsupportedFormatError(f"bad config: {exc}") from None

@@ -1,0 +1,125 @@
+"""The CkvcError hierarchy.
+
+Every error ckvc raises on purpose derives from :class:`CkvcError`. Each class
+carries ``exit_code``: the CLI maps an error to that code and a one-line
+message, so scripts can tell failures apart without parsing text.
+"""
+
+from __future__ import annotations
+
+
+class CkvcError(Exception):
+    """Root of every error ckvc raises on purpose."""
+
+    exit_code: int = 1
+
+
+class NotARepositoryError(CkvcError):
+    exit_code = 3
+
+
+class UnsupportedFormatError(CkvcError):
+    exit_code = 4
+
+
+class RepositoryLockedError(CkvcError):
+    exit_code = 5
+
+
+class ObjectNotFoundError(CkvcError, KeyError):
+    exit_code = 6
+
+    def __str__(self) -> str:  # KeyError would quote the message
+        return str(self.args[0]) if self.args else ""
+
+
+class CorruptObjectError(CkvcError):
+    """Stored bytes do not match their id. Names the object, and where known the
+    commit and tensor that need it."""
+
+    exit_code = 7
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        object_id: str | None = None,
+        commit: str | None = None,
+        tensor: str | None = None,
+    ) -> None:
+        self.reason = message
+        self.object_id = object_id
+        self.commit = commit
+        self.tensor = tensor
+        where = []
+        if object_id:
+            where.append(f"object {object_id}")
+        if tensor:
+            where.append(f"tensor {tensor!r}")
+        if commit:
+            where.append(f"commit {commit}")
+        super().__init__(f"{message} ({', '.join(where)})" if where else message)
+
+    def with_context(self, *, commit: str | None = None, tensor: str | None = None) -> CorruptObjectError:
+        """A copy that also names the commit and tensor, as known higher up."""
+        return CorruptObjectError(
+            self.reason,
+            object_id=self.object_id,
+            commit=commit or self.commit,
+            tensor=tensor or self.tensor,
+        )
+
+
+class InvalidRefNameError(CkvcError, ValueError):
+    exit_code = 8
+
+
+class RefNotFoundError(CkvcError):
+    exit_code = 9
+
+
+class RefConflictError(CkvcError):
+    exit_code = 10
+
+
+class InvalidRevisionError(CkvcError):
+    exit_code = 11
+
+
+class UnsafeContentError(CkvcError):
+    """The content would execute code on load (pickle) and was not allowed."""
+
+    exit_code = 12
+
+
+class UnsupportedTypeError(CkvcError, TypeError):
+    """A value ckvc cannot store, named by its path in the state."""
+
+    exit_code = 13
+
+    def __init__(self, path: str, detail: str) -> None:
+        self.path = path
+        super().__init__(f"cannot store value at {path or '<root>'}: {detail}")
+
+
+class InvalidInputError(CkvcError, ValueError):
+    """A missing or unreadable input file, or an argument that makes no sense."""
+
+    exit_code = 14
+
+
+__all__ = [
+    "CkvcError",
+    "CorruptObjectError",
+    "InvalidInputError",
+    "InvalidRefNameError",
+    "InvalidRevisionError",
+    "NotARepositoryError",
+    "ObjectNotFoundError",
+    "RefConflictError",
+    "RefNotFoundError",
+    "RepositoryLockedError",
+    "UnsafeContentError",
+    "UnsupportedFormatError",
+    "UnsupportedTypeError",
+]

@@ -1,0 +1,222 @@
+"""Metadata objects and their canonical encoding (pure: bytes in, bytes out).
+
+Every metadata object is one msgpack map whose keys appear in a fixed order, with
+integers in their shortest form and floats as float64, so equal objects always
+encode to equal bytes and therefore to equal ids. docs/FORMAT.md spells it out.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgpack
+
+from ckvc.errors import CorruptObjectError
+from ckvc.ids import ID_SIZE
+
+OBJECT_VERSION = 1
+
+
+def pack_canonical(value: Any) -> bytes:
+    # strict_types keeps tuples, subclasses and the like from slipping in silently.
+    return msgpack.packb(value, use_bin_type=True, strict_types=True, use_single_float=False)
+
+
+def _unpack(data: bytes | memoryview, what: str) -> Any:
+    try:
+        return msgpack.unpackb(data, raw=False, strict_map_key=False, use_list=True)
+    except Exception as exc:
+        raise CorruptObjectError(f"malformed {what} object: {exc}") from None
+
+
+def _require(cond: bool, what: str, detail: str) -> None:
+    if not cond:
+        raise CorruptObjectError(f"malformed {what} object: {detail}")
+
+
+def _check_fields(obj: Any, what: str, keys: tuple[str, ...]) -> None:
+    _require(isinstance(obj, dict), what, "not a map")
+    _require(tuple(obj) == keys, what, f"fields {tuple(obj)} != {keys}")
+    _require(obj["v"] == OBJECT_VERSION, what, f"unknown version {obj['v']!r}")
+
+
+def _is_id(value: Any) -> bool:
+    return isinstance(value, bytes) and len(value) == ID_SIZE
+
+
+@dataclass(frozen=True)
+class Blob:
+    """The bytes of one tensor (or of a storage span several tensors share),
+    as dtype-aligned fixed-size chunks."""
+
+    path: str  # the first state path that uses it (names it in errors; delta base key)
+    dtype: str
+    nbytes: int
+    chunk_size: int
+    chunks: tuple[bytes, ...]
+
+    def to_wire(self) -> list[Any]:
+        return [self.path, self.dtype, self.nbytes, self.chunk_size, b"".join(self.chunks)]
+
+    @classmethod
+    def from_wire(cls, wire: Any) -> Blob:
+        ok = (
+            isinstance(wire, list)
+            and len(wire) == 5
+            and isinstance(wire[0], str)
+            and isinstance(wire[1], str)
+            and isinstance(wire[2], int)
+            and isinstance(wire[3], int)
+            and isinstance(wire[4], bytes)
+            and wire[2] >= 0
+            and wire[3] > 0
+            and len(wire[4]) % ID_SIZE == 0
+        )
+        _require(ok, "snapshot", "bad blob entry")
+        path, dtype, nbytes, chunk_size, ids = wire
+        chunks = tuple(ids[i : i + ID_SIZE] for i in range(0, len(ids), ID_SIZE))
+        _require(len(chunks) == -(-nbytes // chunk_size), "snapshot", "chunk count does not cover the blob")
+        return cls(path, dtype, nbytes, chunk_size, chunks)
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """A whole state: the blob table and the encoded value tree (see ckvc.state)."""
+
+    blobs: tuple[Blob, ...]
+    tree: bytes
+
+    def encode(self) -> bytes:
+        return pack_canonical({"v": OBJECT_VERSION, "blobs": [b.to_wire() for b in self.blobs], "tree": self.tree})
+
+    @classmethod
+    def decode(cls, data: bytes | memoryview) -> Snapshot:
+        obj = _unpack(data, "snapshot")
+        _check_fields(obj, "snapshot", ("v", "blobs", "tree"))
+        _require(isinstance(obj["blobs"], list) and isinstance(obj["tree"], bytes), "snapshot", "bad field types")
+        return cls(tuple(Blob.from_wire(b) for b in obj["blobs"]), obj["tree"])
+
+
+@dataclass(frozen=True)
+class Commit:
+    tree: str  # snapshot id (hex)
+    parents: tuple[str, ...]
+    author: str
+    time_ns: int  # UTC, nanoseconds since the Unix epoch
+    message: str
+    metrics: Mapping[str, float] = field(default_factory=dict)
+    metadata: Mapping[str, str] = field(default_factory=dict)
+    pickled: bool = False  # holds pickled values: refused on read unless allowed
+    id: str = ""  # filled in when read from or written to a store; not encoded
+
+    def encode(self) -> bytes:
+        return pack_canonical(
+            {
+                "v": OBJECT_VERSION,
+                "tree": bytes.fromhex(self.tree),
+                "parents": [bytes.fromhex(p) for p in self.parents],
+                "author": self.author,
+                "time": self.time_ns,
+                "message": self.message,
+                "metrics": {k: float(v) for k, v in self.metrics.items()},
+                "metadata": dict(self.metadata),
+                "pickled": self.pickled,
+            }
+        )
+
+    @classmethod
+    def decode(cls, data: bytes | memoryview, oid: str = "") -> Commit:
+        obj = _unpack(data, "commit")
+        _check_fields(
+            obj, "commit", ("v", "tree", "parents", "author", "time", "message", "metrics", "metadata", "pickled")
+        )
+        ok = (
+            _is_id(obj["tree"])
+            and isinstance(obj["parents"], list)
+            and all(_is_id(p) for p in obj["parents"])
+            and isinstance(obj["author"], str)
+            and isinstance(obj["time"], int)
+            and isinstance(obj["message"], str)
+            and isinstance(obj["metrics"], dict)
+            and all(isinstance(k, str) and isinstance(v, float) for k, v in obj["metrics"].items())
+            and isinstance(obj["metadata"], dict)
+            and all(isinstance(k, str) and isinstance(v, str) for k, v in obj["metadata"].items())
+            and isinstance(obj["pickled"], bool)
+        )
+        _require(ok, "commit", "bad field types")
+        return cls(
+            tree=obj["tree"].hex(),
+            parents=tuple(p.hex() for p in obj["parents"]),
+            author=obj["author"],
+            time_ns=obj["time"],
+            message=obj["message"],
+            metrics=obj["metrics"],
+            metadata=obj["metadata"],
+            pickled=obj["pickled"],
+            id=oid,
+        )
+
+
+@dataclass(frozen=True)
+class Tag:
+    """An annotated tag. Lightweight tags are plain refs and have no object."""
+
+    target: str  # commit id (hex)
+    name: str
+    tagger: str
+    time_ns: int
+    message: str
+    id: str = ""
+
+    def encode(self) -> bytes:
+        return pack_canonical(
+            {
+                "v": OBJECT_VERSION,
+                "object": bytes.fromhex(self.target),
+                "name": self.name,
+                "tagger": self.tagger,
+                "time": self.time_ns,
+                "message": self.message,
+            }
+        )
+
+    @classmethod
+    def decode(cls, data: bytes | memoryview, oid: str = "") -> Tag:
+        obj = _unpack(data, "tag")
+        _check_fields(obj, "tag", ("v", "object", "name", "tagger", "time", "message"))
+        ok = (
+            _is_id(obj["object"])
+            and isinstance(obj["name"], str)
+            and isinstance(obj["tagger"], str)
+            and isinstance(obj["time"], int)
+            and isinstance(obj["message"], str)
+        )
+        _require(ok, "tag", "bad field types")
+        return cls(obj["object"].hex(), obj["name"], obj["tagger"], obj["time"], obj["message"], id=oid)
+
+
+def validate_metrics(metrics: Mapping[str, Any] | None) -> dict[str, float]:
+    """Metrics are str -> finite or non-finite float; anything else is refused."""
+    out: dict[str, float] = {}
+    for key, value in (metrics or {}).items():
+        if not isinstance(key, str) or not key:
+            raise ValueError(f"metric names must be non-empty strings, got {key!r}")
+        try:
+            number = float(value)
+        except (TypeError, ValueError):
+            raise ValueError(f"metric {key!r} must be a number, got {value!r}") from None
+        if isinstance(value, bool):
+            raise ValueError(f"metric {key!r} must be a number, got a bool")
+        out[key] = number
+    return out
+
+
+def validate_metadata(metadata: Mapping[str, Any] | None) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for key, value in (metadata or {}).items():
+        if not isinstance(key, str) or not isinstance(value, str):
+            raise ValueError(f"metadata must map str to str, got {key!r}: {value!r}")
+        out[key] = value
+    return out

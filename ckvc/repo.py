@@ -1,0 +1,750 @@
+"""Repo: the user-facing API. Commit, checkout, load, log, show, diff, branch, tag, resolve."""
+
+from __future__ import annotations
+
+import collections
+import getpass
+import heapq
+import math
+import os
+import re
+import shutil
+import socket
+import time
+import uuid
+from collections.abc import Callable, Iterator, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from ckvc import state as state_mod
+from ckvc.chunking import chunk_spans
+from ckvc.codecs import make_codec
+from ckvc.config import RepoConfig
+from ckvc.errors import (
+    CkvcError,
+    CorruptObjectError,
+    InvalidInputError,
+    InvalidRevisionError,
+    NotARepositoryError,
+    ObjectNotFoundError,
+    RefNotFoundError,
+    UnsafeContentError,
+)
+from ckvc.ids import ObjectType, is_full_hex_id, object_id
+from ckvc.objects import Blob, Commit, Snapshot, Tag, validate_metadata, validate_metrics
+from ckvc.refs import BRANCH_PREFIX, HEAD, TAG_PREFIX, RefStore, ReflogEntry, branch_ref, check_ref_name, tag_ref
+from ckvc.state import MapLocation, PendingBlob, TensorInfo
+from ckvc.storage.object_store import ObjectStore, ObjectWriter
+
+REPO_DIR = ".ckvc"
+MIN_PREFIX = 4
+_SUFFIX = re.compile(r"(~(\d*)|\^(\d*))")
+
+# done bytes, total bytes
+ProgressCallback = Callable[[int, int], None]
+
+
+@dataclass
+class CommitStats:
+    """What one commit wrote: how much was new, and what it cost on disk."""
+
+    commit: str
+    logical_bytes: int = 0  # tensor bytes in the state
+    chunks: int = 0
+    new_chunks: int = 0
+    new_chunk_raw_bytes: int = 0
+    new_chunk_stored_bytes: int = 0
+    stored_bytes: int = 0  # everything appended to packs, metadata included
+    seconds: float = 0.0
+
+
+@dataclass(frozen=True)
+class TensorSummary:
+    path: str
+    dtype: str
+    shape: tuple[int, ...]
+    nbytes: int
+    kind: str  # "tensor", "parameter" or "numpy"
+
+
+@dataclass
+class CommitInfo:
+    commit: Commit
+    tensors: list[TensorSummary]
+    values: dict[str, Any]  # non-tensor leaves by path
+    logical_bytes: int
+    stored_bytes: int  # stored size of the chunks this commit uses (shared ones included)
+
+
+@dataclass(frozen=True)
+class TensorChange:
+    path: str
+    old: TensorSummary
+    new: TensorSummary
+    rel_l2: float | None  # ||new - old|| / ||old||; None when shapes or dtypes differ
+    max_abs: float | None
+
+
+@dataclass
+class StateDiff:
+    a: str
+    b: str
+    added: list[str] = field(default_factory=list)
+    removed: list[str] = field(default_factory=list)
+    changed: list[TensorChange] = field(default_factory=list)
+    values_changed: list[tuple[str, Any, Any]] = field(default_factory=list)
+
+
+def _default_author() -> str:
+    name = os.environ.get("CKVC_AUTHOR")
+    if name:
+        return name
+    try:
+        user = getpass.getuser()
+    except Exception:
+        user = "unknown"
+    return f"{user}@{socket.gethostname()}"
+
+
+def find_repo_root(start: str | os.PathLike[str]) -> Path:
+    """The directory holding ``.ckvc``, searching ``start`` and its parents like git."""
+    path = Path(start).resolve()
+    if path.name == REPO_DIR and (path / "config.json").is_file():
+        return path.parent
+    for candidate in (path, *path.parents):
+        if (candidate / REPO_DIR / "config.json").is_file():
+            return candidate
+    raise NotARepositoryError(f"not a ckvc repository (or any parent up to /): {path}")
+
+
+class Repo:
+    """A ckvc repository: ``path/.ckvc`` holding packs, an index, refs and config."""
+
+    def __init__(self, root: Path) -> None:
+        self.path = root
+        self.dir = root / REPO_DIR
+        self.config = RepoConfig.load(self.dir)
+        self.store = ObjectStore(self.dir)
+        self.refs = RefStore(self.dir)
+        self._codec = make_codec(str(self.config.codec["name"]), self.config.codec.get("level"))
+        self._pool: ThreadPoolExecutor | None = None
+        self.last_commit_stats: CommitStats | None = None
+
+    # ---- lifecycle ----------------------------------------------------------
+    @classmethod
+    def init(
+        cls,
+        path: str | os.PathLike[str] = ".",
+        *,
+        chunk_size: int | None = None,
+        codec: Mapping[str, Any] | None = None,
+        default_branch: str = "main",
+    ) -> Repo:
+        """Create ``path/.ckvc`` (and ``path`` if needed). Built in a temporary
+        directory and renamed into place, so a crash leaves no half repository."""
+        root = Path(path).resolve()
+        target = root / REPO_DIR
+        if target.exists():
+            raise InvalidInputError(f"{target} already exists")
+        if root.exists() and not root.is_dir():
+            raise InvalidInputError(f"{root} is not a directory")
+        config = RepoConfig(default_branch=default_branch)
+        if chunk_size is not None:
+            config.chunk_size = chunk_size
+        if codec is not None:
+            config.codec = dict(codec)
+        try:
+            config.validate()
+            branch_ref(default_branch)
+        except ValueError as exc:
+            if isinstance(exc, CkvcError):
+                raise
+            raise InvalidInputError(str(exc)) from None
+        root.mkdir(parents=True, exist_ok=True)
+        staging = root / f".ckvc-init-{uuid.uuid4().hex}"
+        try:
+            staging.mkdir()
+            for sub in ("packs", "refs/heads", "refs/tags", "logs"):
+                (staging / sub).mkdir(parents=True)
+            config.save(staging)
+            RefStore(staging).init_head(branch_ref(default_branch))
+            os.rename(staging, target)
+        except BaseException:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise
+        return cls(root)
+
+    @classmethod
+    def open(cls, path: str | os.PathLike[str] = ".") -> Repo:
+        """Open the repository at ``path`` or in one of its parents."""
+        return cls(find_repo_root(path))
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
+        self.store.close()
+
+    def __enter__(self) -> Repo:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"Repo({str(self.path)!r})"
+
+    @property
+    def pool(self) -> ThreadPoolExecutor:
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(max_workers=os.cpu_count() or 2, thread_name_prefix="ckvc")
+        return self._pool
+
+    # ---- commit -------------------------------------------------------------
+    def commit(
+        self,
+        state: Any,
+        message: str = "",
+        metrics: Mapping[str, Any] | None = None,
+        metadata: Mapping[str, str] | None = None,
+        *,
+        allow_pickle: bool = False,
+        progress: ProgressCallback | None = None,
+    ) -> str:
+        """Store ``state`` as a new commit on the current branch (or detached HEAD)
+        and return its id. Everything is durable before the branch moves."""
+        started = time.perf_counter()
+        if not isinstance(message, str):
+            raise InvalidInputError("message must be a str")
+        try:
+            clean_metrics = validate_metrics(metrics)
+            clean_metadata = validate_metadata(metadata)
+        except ValueError as exc:
+            raise InvalidInputError(str(exc)) from None
+        target, parent = self.refs.head()
+        tree, pending, pickled = state_mod.encode_state(state, allow_pickle=allow_pickle)
+        stats = CommitStats(commit="")
+        with self.store.writer(self._codec, self.config.max_pack_size) as writer:
+            blobs = self._store_blobs(writer, pending, stats, progress)
+            snapshot_id = writer.put(ObjectType.SNAPSHOT, Snapshot(tuple(blobs), tree).encode())
+            commit = Commit(
+                tree=snapshot_id.hex(),
+                parents=(parent,) if parent else (),
+                author=_default_author(),
+                time_ns=time.time_ns(),
+                message=message,
+                metrics=clean_metrics,
+                metadata=clean_metadata,
+                pickled=pickled,
+            )
+            commit_id = writer.put(ObjectType.COMMIT, commit.encode()).hex()
+            writer.commit()
+        stats.stored_bytes = writer.bytes_written
+        reflog_message = f"commit: {message.splitlines()[0] if message else ''}".rstrip()
+        if target is not None:
+            self.refs.set_if_equals(target, parent, commit_id, reflog_message, also_log=HEAD)
+        else:
+            assert parent is not None
+            self.refs.set_head_if_equals(parent, commit_id, reflog_message)
+        stats.commit = commit_id
+        stats.seconds = time.perf_counter() - started
+        self.last_commit_stats = stats
+        return commit_id
+
+    def _chunk_size_for(self, itemsize: int) -> int:
+        """The repo chunk size rounded down to whole elements (odd numpy itemsizes)."""
+        size = self.config.chunk_size
+        return size - size % itemsize if itemsize > 1 else size
+
+    def _store_blobs(
+        self,
+        writer: ObjectWriter,
+        pending: list[PendingBlob],
+        stats: CommitStats,
+        progress: ProgressCallback | None,
+    ) -> list[Blob]:
+        """Hash and encode chunks on the pool; append them in order on this thread.
+        At most a few chunks are in flight, so memory stays bounded."""
+
+        def work(view: memoryview) -> tuple[bytes, int, Any]:
+            oid = object_id(ObjectType.CHUNK, view)
+            if not writer.wants(oid):
+                return oid, -1, None
+            codec_id, payload = writer.encode(view)
+            return oid, codec_id, payload
+
+        total = sum(len(b.data) for b in pending)
+        done = 0
+        max_in_flight = 2 * (os.cpu_count() or 2) + 2
+        in_flight: collections.deque[tuple[int, Future[tuple[bytes, int, Any]]]] = collections.deque()
+        chunk_ids: list[list[bytes]] = [[] for _ in pending]
+
+        def drain_one() -> None:
+            nonlocal done
+            blob_index, fut = in_flight.popleft()
+            oid, codec_id, payload = fut.result()
+            chunk_ids[blob_index].append(oid)
+            stats.chunks += 1
+            raw_size = fut_sizes.pop(id(fut))
+            if payload is not None:
+                before = writer.bytes_written
+                if writer.add_encoded(ObjectType.CHUNK, oid, raw_size, codec_id, payload):
+                    stats.new_chunks += 1
+                    stats.new_chunk_raw_bytes += raw_size
+                    stats.new_chunk_stored_bytes += writer.bytes_written - before
+            done += raw_size
+            if progress is not None:
+                progress(done, total)
+
+        fut_sizes: dict[int, int] = {}
+        try:
+            for index, blob in enumerate(pending):
+                stats.logical_bytes += len(blob.data)
+                for start, end in chunk_spans(len(blob.data), self._chunk_size_for(blob.itemsize)):
+                    fut = self.pool.submit(work, blob.data[start:end])
+                    fut_sizes[id(fut)] = end - start
+                    in_flight.append((index, fut))
+                    if len(in_flight) >= max_in_flight:
+                        drain_one()
+            while in_flight:
+                drain_one()
+        finally:
+            for _, fut in in_flight:
+                fut.cancel()
+        return [
+            Blob(b.path, b.dtype, len(b.data), self._chunk_size_for(b.itemsize), tuple(ids))
+            for b, ids in zip(pending, chunk_ids, strict=True)
+        ]
+
+    # ---- reading ------------------------------------------------------------
+    def read_commit(self, commit_id: str) -> Commit:
+        try:
+            raw = self.store.read(bytes.fromhex(commit_id), ObjectType.COMMIT)
+        except CorruptObjectError as exc:
+            raise exc.with_context(commit=commit_id) from None
+        return Commit.decode(raw, commit_id)
+
+    def read_tag(self, tag_id: str) -> Tag:
+        return Tag.decode(self.store.read(bytes.fromhex(tag_id), ObjectType.TAG), tag_id)
+
+    def read_snapshot(self, commit: Commit) -> Snapshot:
+        try:
+            return Snapshot.decode(self.store.read(bytes.fromhex(commit.tree), ObjectType.SNAPSHOT))
+        except CorruptObjectError as exc:
+            raise exc.with_context(commit=commit.id) from None
+
+    def load(
+        self,
+        rev: str = "HEAD",
+        map_location: MapLocation = None,
+        *,
+        allow_pickle: bool = False,
+        progress: ProgressCallback | None = None,
+    ) -> Any:
+        """The state stored in ``rev``; HEAD does not move. Every byte is verified."""
+        commit = self.read_commit(self.resolve(rev))
+        if commit.pickled and not allow_pickle:
+            raise UnsafeContentError(
+                f"commit {commit.id[:12]} holds pickled values, which can run code; "
+                "load with allow_pickle=True only if you trust it"
+            )
+        snapshot = self.read_snapshot(commit)
+        total = sum(b.nbytes for b in snapshot.blobs)
+        done = [0]
+
+        def load_blob(index: int) -> torch.Tensor | np.ndarray:
+            if index >= len(snapshot.blobs):
+                raise CorruptObjectError(f"tensor refers to blob {index} of {len(snapshot.blobs)}", commit=commit.id)
+            blob = snapshot.blobs[index]
+            base, view = state_mod.allocate_blob(blob.dtype, blob.nbytes)
+            try:
+                self._read_blob(blob, view)
+            except CorruptObjectError as exc:
+                raise exc.with_context(commit=commit.id, tensor=blob.path) from None
+            except ObjectNotFoundError as exc:
+                raise ObjectNotFoundError(f"{exc} (tensor {blob.path!r}, commit {commit.id})") from None
+            if progress is not None:
+                done[0] += blob.nbytes
+                progress(done[0], total)
+            return base
+
+        return state_mod.decode_state(snapshot.tree, load_blob, allow_pickle=allow_pickle, map_location=map_location)
+
+    def _read_blob(self, blob: Blob, out: memoryview) -> None:
+        """Fill ``out`` with the blob's chunks, decoded and verified in parallel."""
+        spans = list(chunk_spans(blob.nbytes, blob.chunk_size))
+        if len(spans) != len(blob.chunks):
+            raise CorruptObjectError("blob chunk list does not cover its size")
+        if len(spans) == 1:
+            self.store.read_into(blob.chunks[0], out)
+            return
+        futures = [
+            self.pool.submit(self.store.read_into, oid, out[start:end])
+            for oid, (start, end) in zip(blob.chunks, spans, strict=True)
+        ]
+        errors = [f.exception() for f in futures]
+        for err in errors:
+            if err is not None:
+                raise err
+
+    def checkout(
+        self,
+        rev: str,
+        map_location: MapLocation = None,
+        *,
+        allow_pickle: bool = False,
+        progress: ProgressCallback | None = None,
+    ) -> Any:
+        """Load ``rev`` and move HEAD to it, like git checkout: onto the branch
+        when ``rev`` names one, detached otherwise. HEAD moves only after the
+        state loaded cleanly."""
+        commit_id = self.resolve(rev)
+        state = self.load(commit_id, map_location, allow_pickle=allow_pickle, progress=progress)
+        self.switch(rev, _resolved=commit_id)
+        return state
+
+    def switch(self, rev: str, *, _resolved: str | None = None) -> str:
+        """Move HEAD to ``rev`` without loading it. Returns the commit id."""
+        commit_id = _resolved or self.resolve(rev)
+        full_branch = self._branch_named(rev)
+        message = f"checkout: moving to {rev}"
+        if full_branch is not None:
+            self.refs.set_head(branch=full_branch, message=message)
+        else:
+            self.refs.set_head(detached=commit_id, message=message)
+        return commit_id
+
+    def _branch_named(self, rev: str) -> str | None:
+        """The full branch ref ``rev`` names exactly, if it is a branch name."""
+        candidates = [rev] if rev.startswith(BRANCH_PREFIX) else [BRANCH_PREFIX + rev]
+        for full in candidates:
+            try:
+                check_ref_name(full)
+            except CkvcError:
+                return None
+            if self.refs.read(full) is not None:
+                return full
+        return None
+
+    # ---- history ------------------------------------------------------------
+    def log(self, rev: str = "HEAD", *, limit: int | None = None, first_parent: bool = False) -> list[Commit]:
+        """Commits reachable from ``rev``, newest first (by commit time)."""
+        start = self.resolve(rev)
+        seen = {start}
+        first = self.read_commit(start)
+        heap: list[tuple[int, int, Commit]] = [(-first.time_ns, 0, first)]
+        counter = 1
+        out: list[Commit] = []
+        while heap and (limit is None or len(out) < limit):
+            _, _, commit = heapq.heappop(heap)
+            out.append(commit)
+            parents = commit.parents[:1] if first_parent else commit.parents
+            for parent in parents:
+                if parent not in seen:
+                    seen.add(parent)
+                    pc = self.read_commit(parent)
+                    heapq.heappush(heap, (-pc.time_ns, counter, pc))
+                    counter += 1
+        return out
+
+    def head(self) -> tuple[str | None, str | None]:
+        """(current branch name or None when detached, commit id or None when unborn)."""
+        target, commit_id = self.refs.head()
+        short = target[len(BRANCH_PREFIX) :] if target and target.startswith(BRANCH_PREFIX) else target
+        return short, commit_id
+
+    def show(self, rev: str = "HEAD") -> CommitInfo:
+        commit = self.read_commit(self.resolve(rev))
+        snapshot = self.read_snapshot(commit)
+        leaves = state_mod.describe_state(snapshot.tree)
+        tensors: list[TensorSummary] = []
+        values: dict[str, Any] = {}
+        for path, leaf in leaves.items():
+            if isinstance(leaf, TensorInfo):
+                tensors.append(self._summary(path, leaf, snapshot))
+            else:
+                values[path] = leaf
+        used = {oid for b in snapshot.blobs for oid in b.chunks}
+        stored = sum(self.store.stat(oid).stored_size for oid in used)
+        logical = sum(b.nbytes for b in snapshot.blobs)
+        return CommitInfo(commit, tensors, values, logical, stored)
+
+    @staticmethod
+    def _summary(path: str, info: TensorInfo, snapshot: Snapshot) -> TensorSummary:
+        blob = snapshot.blobs[info.blob]
+        itemsize = state_mod.blob_itemsize(blob.dtype)
+        kind = {state_mod.KIND_TENSOR: "tensor", state_mod.KIND_PARAMETER: "parameter"}.get(info.kind, "numpy")
+        dtype = blob.dtype.removeprefix(state_mod.NUMPY_DTYPE_PREFIX)
+        return TensorSummary(path, dtype, info.shape, info.numel * itemsize, kind)
+
+    def diff(self, a: str, b: str) -> StateDiff:
+        """Tensors added, removed and changed from ``a`` to ``b`` (with relative L2
+        change and max abs difference), and changed non-tensor values."""
+        ca, cb = self.read_commit(self.resolve(a)), self.read_commit(self.resolve(b))
+        sa, sb = self.read_snapshot(ca), self.read_snapshot(cb)
+        la, lb = state_mod.describe_state(sa.tree), state_mod.describe_state(sb.tree)
+        result = StateDiff(ca.id, cb.id)
+        result.added = [p for p in lb if p not in la]
+        result.removed = [p for p in la if p not in lb]
+        for path in (p for p in la if p in lb):
+            va, vb = la[path], lb[path]
+            if isinstance(va, TensorInfo) and isinstance(vb, TensorInfo):
+                blob_a, blob_b = sa.blobs[va.blob], sb.blobs[vb.blob]
+                same_view = (va.shape, va.stride, va.offset, va.kind) == (vb.shape, vb.stride, vb.offset, vb.kind)
+                if same_view and (blob_a.dtype, blob_a.chunks) == (blob_b.dtype, blob_b.chunks):
+                    continue
+                result.changed.append(self._tensor_change(path, ca, sa, va, cb, sb, vb))
+            elif isinstance(va, TensorInfo) or isinstance(vb, TensorInfo) or not _same_value(va, vb):
+                result.values_changed.append((path, _display_value(va), _display_value(vb)))
+        return result
+
+    def _tensor_change(
+        self, path: str, ca: Commit, sa: Snapshot, va: TensorInfo, cb: Commit, sb: Snapshot, vb: TensorInfo
+    ) -> TensorChange:
+        old, new = self._summary(path, va, sa), self._summary(path, vb, sb)
+        if old.shape != new.shape or old.dtype != new.dtype:
+            return TensorChange(path, old, new, None, None)
+        ta = self._load_tensor(ca, sa, va)
+        tb = self._load_tensor(cb, sb, vb)
+        if isinstance(ta, np.ndarray):
+            ta, tb = torch.from_numpy(np.asarray(ta)), torch.from_numpy(np.asarray(tb))
+        if not (ta.dtype.is_floating_point or ta.dtype.is_complex or ta.dtype in _INT_DTYPES):
+            return TensorChange(path, old, new, None, None)
+        xa, xb = ta.detach().to(torch.float64 if not ta.is_complex() else torch.complex128), tb.detach().to(
+            torch.float64 if not tb.is_complex() else torch.complex128
+        )
+        delta = (xb - xa).abs()
+        norm_a = float(torch.linalg.vector_norm(xa)) if xa.numel() else 0.0
+        norm_d = float(torch.linalg.vector_norm(delta)) if delta.numel() else 0.0
+        rel = norm_d / norm_a if norm_a else (0.0 if norm_d == 0 else math.inf)
+        return TensorChange(path, old, new, rel, float(delta.max()) if delta.numel() else 0.0)
+
+    def _load_tensor(self, commit: Commit, snapshot: Snapshot, info: TensorInfo) -> Any:
+        blob = snapshot.blobs[info.blob]
+        base, view = state_mod.allocate_blob(blob.dtype, blob.nbytes)
+        try:
+            self._read_blob(blob, view)
+        except CorruptObjectError as exc:
+            raise exc.with_context(commit=commit.id, tensor=blob.path) from None
+        return state_mod.materialize(info, base)
+
+    # ---- refs ---------------------------------------------------------------
+    def branch(self, name: str, rev: str = "HEAD") -> str:
+        """Create branch ``name`` at ``rev``; RefConflictError if it exists."""
+        full = branch_ref(name)
+        commit_id = self.resolve(rev)
+        self.refs.set_if_equals(full, None, commit_id, f"branch: created from {rev}")
+        return commit_id
+
+    def delete_branch(self, name: str) -> str:
+        full = branch_ref(name)
+        current = self.refs.read(full)
+        if current is None:
+            raise RefNotFoundError(f"branch {name!r} not found")
+        target, _ = self.refs.head()
+        if target == full:
+            raise InvalidInputError(f"cannot delete branch {name!r}: HEAD is on it")
+        self.refs.delete_if_equals(full, current, "branch: deleted")
+        return current
+
+    def branches(self) -> dict[str, str]:
+        return {k[len(BRANCH_PREFIX) :]: v for k, v in self.refs.list(BRANCH_PREFIX).items()}
+
+    def tag(self, name: str, rev: str = "HEAD", message: str | None = None) -> str:
+        """Create a tag: annotated (a tag object) when ``message`` is given,
+        lightweight otherwise. Returns what the tag ref points at."""
+        full = tag_ref(name)
+        commit_id = self.resolve(rev)
+        target = commit_id
+        if message is not None:
+            tag = Tag(commit_id, name, _default_author(), time.time_ns(), message)
+            with self.store.writer(self._codec) as writer:
+                target = writer.put(ObjectType.TAG, tag.encode()).hex()
+                writer.commit()
+        self.refs.set_if_equals(full, None, target, f"tag: {name}")
+        return target
+
+    def delete_tag(self, name: str) -> str:
+        full = tag_ref(name)
+        current = self.refs.read(full)
+        if current is None:
+            raise RefNotFoundError(f"tag {name!r} not found")
+        self.refs.delete_if_equals(full, current, "tag: deleted")
+        return current
+
+    def tags(self) -> dict[str, str]:
+        """Tag name -> commit id (annotated tags peeled)."""
+        return {k[len(TAG_PREFIX) :]: self._peel(v) for k, v in self.refs.list(TAG_PREFIX).items()}
+
+    def reflog(self, ref: str = "HEAD") -> list[ReflogEntry]:
+        if ref != HEAD and not ref.startswith("refs/"):
+            full = self._branch_named(ref) or (TAG_PREFIX + ref)
+        else:
+            full = ref
+        return self.refs.reflog(full)
+
+    # ---- revisions ----------------------------------------------------------
+    def resolve(self, rev: str) -> str:
+        """The full commit id ``rev`` names: an id or unique id prefix, a branch,
+        a tag, HEAD, or any of those followed by ``~n``, ``^`` and ``^n``."""
+        if not isinstance(rev, str) or not rev:
+            raise InvalidRevisionError(f"invalid revision {rev!r}")
+        match = re.search(r"[~^]", rev)
+        base, suffix = (rev[: match.start()], rev[match.start() :]) if match else (rev, "")
+        commit_id = self._resolve_base(rev, base)
+        pos = 0
+        while pos < len(suffix):
+            m = _SUFFIX.match(suffix, pos)
+            if m is None:
+                raise InvalidRevisionError(f"invalid revision {rev!r}: cannot parse {suffix[pos:]!r}")
+            pos = m.end()
+            if m.group(0).startswith("~"):
+                for _ in range(int(m.group(2) or 1)):
+                    parents = self.read_commit(commit_id).parents
+                    if not parents:
+                        raise InvalidRevisionError(f"revision {rev!r} goes past the root commit")
+                    commit_id = parents[0]
+            else:
+                n = int(m.group(3) or 1)
+                if n == 0:
+                    continue
+                parents = self.read_commit(commit_id).parents
+                if n > len(parents):
+                    raise InvalidRevisionError(f"revision {rev!r}: commit {commit_id[:12]} has no parent {n}")
+                commit_id = parents[n - 1]
+        return commit_id
+
+    def _resolve_base(self, rev: str, base: str) -> str:
+        if base == HEAD:
+            _, commit_id = self.refs.head()
+            if commit_id is None:
+                raise InvalidRevisionError(f"revision {rev!r}: HEAD has no commits yet")
+            return commit_id
+        if is_full_hex_id(base):
+            return self._peel_checked(rev, base)
+        candidates = (
+            [base] if base.startswith("refs/") else [BRANCH_PREFIX + base, TAG_PREFIX + base, "refs/" + base]
+        )
+        for full in candidates:
+            try:
+                check_ref_name(full)
+            except CkvcError:
+                continue
+            value = self.refs.read(full)
+            if value is not None:
+                return self._peel_checked(rev, value)
+        if len(base) >= MIN_PREFIX and re.fullmatch(r"[0-9a-f]+", base):
+            return self._resolve_prefix(rev, base)
+        raise InvalidRevisionError(f"unknown revision {rev!r}")
+
+    def _resolve_prefix(self, rev: str, prefix: str) -> str:
+        key = bytes.fromhex(prefix[: len(prefix) // 2 * 2])
+        matches: list[str] = []
+        for attempt in range(2):
+            matches = [
+                s.oid.hex()
+                for s in self.store.iter_stored(key)
+                if s.oid.hex().startswith(prefix) and s.kind in (ObjectType.COMMIT, ObjectType.TAG)
+            ]
+            if matches or attempt or not self.store.refresh():
+                break
+        if not matches:
+            raise InvalidRevisionError(f"unknown revision {rev!r}")
+        commits = {self._peel(m) for m in matches}
+        if len(commits) > 1:
+            raise InvalidRevisionError(f"ambiguous revision {rev!r}: matches {len(commits)} commits")
+        return commits.pop()
+
+    def _peel(self, oid: str) -> str:
+        """A tag object id -> its commit id; a commit id stays itself."""
+        kind = self.store.stat(bytes.fromhex(oid)).kind
+        if kind == ObjectType.TAG:
+            return self.read_tag(oid).target
+        return oid
+
+    def _peel_checked(self, rev: str, oid: str) -> str:
+        try:
+            kind = self.store.stat(bytes.fromhex(oid)).kind
+        except ObjectNotFoundError:
+            raise InvalidRevisionError(f"unknown revision {rev!r}") from None
+        if kind == ObjectType.TAG:
+            return self.read_tag(oid).target
+        if kind != ObjectType.COMMIT:
+            raise InvalidRevisionError(f"revision {rev!r} names a {kind.name.lower()}, not a commit")
+        return oid
+
+    # ---- reachability -------------------------------------------------------
+    def ref_tips(self, *, include_reflogs: bool = True) -> dict[str, str]:
+        """Every commit a ref, HEAD or (optionally) a reflog names: label -> commit id."""
+        tips: dict[str, str] = {}
+        for name, oid in self.refs.list().items():
+            tips[name] = oid
+        try:
+            _, head_id = self.refs.head()
+            if head_id:
+                tips[HEAD] = head_id
+        except RefNotFoundError:
+            pass
+        if include_reflogs:
+            for i, oid in enumerate(dict.fromkeys(self.refs.iter_reflog_ids())):
+                tips.setdefault(f"reflog:{i}", oid)
+        return tips
+
+    def iter_reachable_commits(self, tips: Mapping[str, str]) -> Iterator[Commit]:
+        """Each commit reachable from ``tips`` once (tags peeled)."""
+        seen: set[str] = set()
+        stack: list[str] = []
+        for oid in tips.values():
+            stack.append(oid)
+        while stack:
+            oid = stack.pop()
+            if oid in seen:
+                continue
+            seen.add(oid)
+            try:
+                kind = self.store.stat(bytes.fromhex(oid)).kind
+            except ObjectNotFoundError:
+                continue
+            if kind == ObjectType.TAG:
+                stack.append(self.read_tag(oid).target)
+                continue
+            commit = self.read_commit(oid)
+            yield commit
+            stack.extend(commit.parents)
+
+    def fsck(self, *, rebuild_index: bool = False, progress: ProgressCallback | None = None) -> Any:
+        """Check every stored object against its id, and the refs and commit graph."""
+        from ckvc.fsck import run_fsck
+
+        return run_fsck(self, rebuild_index=rebuild_index, progress=progress)
+
+    def du(self) -> Any:
+        """Logical vs stored bytes, dedup and compression ratios, unique bytes per commit."""
+        from ckvc.stats import disk_usage
+
+        return disk_usage(self)
+
+
+_INT_DTYPES = {torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8}
+
+
+def _same_value(a: Any, b: Any) -> bool:
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, float) and math.isnan(a) and math.isnan(b):
+        return True
+    try:
+        return bool(a == b)
+    except Exception:
+        return a is b
+
+
+def _display_value(v: Any) -> Any:
+    if isinstance(v, TensorInfo):
+        return f"<tensor {list(v.shape)}>"
+    return v

@@ -1,0 +1,1 @@
+"""Storage layer: packs, the LMDB index, the object store, file helpers and locks."""

@@ -1,0 +1,225 @@
+"""The object store: put objects into packs, find them through the index, and
+verify every byte read against its id."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from ckvc.codecs import Buffer, Codec, decoder_for, encode_smallest
+from ckvc.errors import CorruptObjectError, ObjectNotFoundError
+from ckvc.ids import ObjectType, object_id
+from ckvc.storage.index import Index, IndexEntry
+from ckvc.storage.packs import (
+    TMP_SUFFIX,
+    PackReader,
+    PackWriter,
+    RecordInfo,
+    list_packs,
+    pack_entries,
+    parse_record,
+)
+
+DEFAULT_MAX_PACK_SIZE = 256 << 20
+
+
+@dataclass(frozen=True, slots=True)
+class StoredObject:
+    """What the index knows about one object, plus its pack location."""
+
+    oid: bytes
+    kind: ObjectType
+    codec: int
+    raw_size: int
+    stored_size: int
+    pack: str
+
+
+class ObjectStore:
+    def __init__(self, root: Path) -> None:
+        self.pack_dir = root / "packs"
+        self.index = Index(root / "index")
+        self.reader = PackReader(self.pack_dir)
+        self._refresh_lock = threading.Lock()
+
+    def close(self) -> None:
+        self.reader.close()
+        self.index.close()
+
+    # ---- lookup -------------------------------------------------------------
+    def has(self, oid: bytes) -> bool:
+        return self.index.has(oid)
+
+    def locate(self, oid: bytes) -> IndexEntry:
+        entry = self.index.get(oid)
+        if entry is None and self.refresh():
+            entry = self.index.get(oid)
+        if entry is None:
+            raise ObjectNotFoundError(f"object {oid.hex()} not found")
+        return entry
+
+    def stat(self, oid: bytes) -> StoredObject:
+        e = self.locate(oid)
+        return StoredObject(oid, ObjectType(e.kind), e.codec, e.raw_size, e.record_size, e.pack)
+
+    def refresh(self) -> int:
+        """Index sealed packs that the index does not know yet (written by a
+        process that died before indexing them, or after the index was lost).
+        Returns how many packs were added."""
+        with self._refresh_lock:
+            known = self.index.indexed_packs()
+            added = 0
+            for name in list_packs(self.pack_dir):
+                if name in known:
+                    continue
+                fd = self.reader.fd(name)
+                try:
+                    entries, _ = pack_entries(fd, name)
+                except CorruptObjectError:
+                    continue  # fsck reports it; nothing in it is readable by index
+                self.index.add_pack(name, entries)
+                added += 1
+            return added
+
+    def rebuild_index(self) -> int:
+        """Drop the index and rebuild it from the packs alone. Returns the object count."""
+        self.index.clear()
+        self.refresh()
+        return self.index.count()
+
+    def iter_stored(self, prefix: bytes = b"") -> Iterator[StoredObject]:
+        for oid, e in self.index.iter_entries(prefix):
+            yield StoredObject(oid, ObjectType(e.kind), e.codec, e.raw_size, e.record_size, e.pack)
+
+    # ---- reads --------------------------------------------------------------
+    def read(self, oid: bytes, kind: ObjectType | None = None) -> Buffer:
+        """The object's plain bytes, verified against ``oid``."""
+        entry = self.locate(oid)
+        return self._read_entry(oid, entry, kind)
+
+    def _read_entry(self, oid: bytes, entry: IndexEntry, kind: ObjectType | None) -> Buffer:
+        hex_id = oid.hex()
+        try:
+            raw = self.reader.read(entry.pack, entry.offset, entry.record_size)
+            record = parse_record(raw, entry.record_size)
+            if record.oid != oid:
+                raise CorruptObjectError("record holds a different object than the index says")
+            if kind is not None and record.kind != kind:
+                raise CorruptObjectError(f"expected a {kind.name.lower()} object, found type {record.kind}")
+            plain = decoder_for(record.codec).decode(record.payload, record.raw_size)
+            if object_id(ObjectType(record.kind), plain) != oid:
+                raise CorruptObjectError("content does not match its id")
+        except CorruptObjectError as exc:
+            raise CorruptObjectError(f"{exc.reason} in pack {entry.pack}", object_id=hex_id) from None
+        except ValueError as exc:  # an unknown type byte
+            raise CorruptObjectError(f"unreadable record in pack {entry.pack}: {exc}", object_id=hex_id) from None
+        return plain
+
+    def read_into(self, oid: bytes, out: memoryview) -> None:
+        """Read a chunk straight into ``out``, which must be exactly its size."""
+        plain = self.read(oid, ObjectType.CHUNK)
+        if len(plain) != len(out):
+            raise CorruptObjectError(
+                f"chunk is {len(plain)} bytes where {len(out)} were expected", object_id=oid.hex()
+            )
+        out[:] = plain
+
+    def verify(self, oid: bytes) -> None:
+        """Read and verify one object; raises CorruptObjectError or ObjectNotFoundError."""
+        self.read(oid)
+
+    # ---- writes -------------------------------------------------------------
+    def writer(self, codec: Codec, max_pack_size: int = DEFAULT_MAX_PACK_SIZE) -> ObjectWriter:
+        return ObjectWriter(self, codec, max_pack_size)
+
+    def remove_stale_temp_packs(self, older_than_s: float) -> int:
+        """Delete unfinished packs left by dead writers. Live writers' packs are younger."""
+        import time
+
+        removed = 0
+        now = time.time()
+        for p in self.pack_dir.iterdir():
+            if p.name.endswith(TMP_SUFFIX):
+                with contextlib.suppress(FileNotFoundError):
+                    if now - p.stat().st_mtime > older_than_s:
+                        os.unlink(p)
+                        removed += 1
+        return removed
+
+
+class ObjectWriter:
+    """One batch of new objects. Records go to fresh packs; :meth:`commit` seals
+    them (fsync) and indexes them. Until then nothing is visible to readers."""
+
+    def __init__(self, store: ObjectStore, codec: Codec, max_pack_size: int) -> None:
+        self.store = store
+        self.codec = codec
+        self.max_pack_size = max_pack_size
+        self._pack: PackWriter | None = None
+        self._sealed: list[tuple[str, list[RecordInfo]]] = []
+        self._written: set[bytes] = set()
+        self.bytes_written = 0  # stored bytes of new records
+
+    def __enter__(self) -> ObjectWriter:
+        return self
+
+    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
+        if exc_type is not None:
+            self.abort()
+
+    def wants(self, oid: bytes) -> bool:
+        """False when the object is already stored or written in this batch."""
+        return oid not in self._written and not self.store.has(oid)
+
+    def encode(self, data: Buffer) -> tuple[int, Buffer]:
+        """(codec id, payload) for ``data``: thread-safe, to run on a pool."""
+        return encode_smallest(self.codec, data)
+
+    def add_encoded(self, kind: ObjectType, oid: bytes, raw_size: int, codec_id: int, payload: Buffer) -> bool:
+        """Append an already-encoded object. Returns False if it was already stored."""
+        if oid in self._written:
+            return False
+        if self._pack is None:
+            self._pack = PackWriter(self.store.pack_dir)
+        info = self._pack.append(oid, int(kind), codec_id, raw_size, payload)
+        self._written.add(oid)
+        self.bytes_written += info.record_size
+        if self._pack.size >= self.max_pack_size:
+            self._seal_current()
+        return True
+
+    def put(self, kind: ObjectType, data: Buffer) -> bytes:
+        """Hash, encode and append ``data`` unless stored already. Returns its id."""
+        oid = object_id(kind, data)
+        if self.wants(oid):
+            codec_id, payload = self.encode(data)
+            self.add_encoded(kind, oid, len(data), codec_id, payload)
+        return oid
+
+    def _seal_current(self) -> None:
+        if self._pack is not None:
+            pack, self._pack = self._pack, None
+            pack.seal()
+            self._sealed.append((pack.name, pack.entries))
+
+    def commit(self) -> None:
+        """Make every object of this batch durable and indexed."""
+        self._seal_current()
+        for name, entries in self._sealed:
+            self.store.index.add_pack(name, entries)
+        self._sealed.clear()
+
+    def abort(self) -> None:
+        if self._pack is not None:
+            self._pack.abort()
+            self._pack = None
+        # Sealed but unindexed packs hold only unreferenced objects; index them
+        # anyway so the bytes are not written twice, gc reclaims them if unused.
+        for name, entries in self._sealed:
+            with contextlib.suppress(Exception):
+                self.store.index.add_pack(name, entries)
+        self._sealed.clear()

@@ -1,0 +1,266 @@
+"""Pack files: append-only containers of object records with a table of contents.
+
+Byte layout (all integers little-endian; see docs/FORMAT.md):
+
+    pack   := header record* toc footer
+    header := "CKVCPACK" u32 version u32 flags(0) u8[16] pack uuid            (32 bytes)
+    record := "CKR1" u8 type u8 codec u16 reserved(0) u64 raw_size
+              u64 payload_size u8[32] id u8[32] base_id u32 crc32(bytes 0..88)
+              payload                                                       (92 + payload)
+    toc    := "CKTC" u32 reserved(0) entry*                                  (8 + 60 * n)
+    entry  := u8[32] id u8 type u8 codec u16 reserved(0) u64 offset u64 record_size u64 raw_size
+    footer := "CKVCTOC1" u64 toc_offset u64 entry_count u32 crc32(toc) u32 reserved(0)  (32 bytes)
+
+A pack is written under a temporary name and renamed into place only once it is
+complete and fsynced, so every ``*.pack`` file is whole. Records are
+self-describing, so a pack whose table of contents is damaged can still be
+read by scanning.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import struct
+import threading
+import uuid
+import zlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from ckvc.codecs import Buffer
+from ckvc.errors import CorruptObjectError, ObjectNotFoundError, UnsupportedFormatError
+from ckvc.ids import ID_SIZE
+from ckvc.storage.files import fsync_dir
+
+PACK_MAGIC = b"CKVCPACK"
+PACK_VERSION = 1
+PACK_HEADER = struct.Struct("<8sII16s")
+RECORD_MAGIC = b"CKR1"
+RECORD_HEADER = struct.Struct("<4sBBHQQ32s32s")  # followed by u32 crc32 of these 88 bytes
+RECORD_CRC = struct.Struct("<I")
+RECORD_HEADER_SIZE = RECORD_HEADER.size + RECORD_CRC.size  # 92
+TOC_MAGIC = b"CKTC"
+TOC_HEADER = struct.Struct("<4sI")
+TOC_ENTRY = struct.Struct("<32sBBHQQQ")
+FOOTER_MAGIC = b"CKVCTOC1"
+FOOTER = struct.Struct("<8sQQII")
+NO_BASE = bytes(ID_SIZE)
+PACK_SUFFIX = ".pack"
+TMP_SUFFIX = ".pack.tmp"
+
+
+@dataclass(frozen=True, slots=True)
+class RecordInfo:
+    """Where one object record lives inside a pack, and what it holds."""
+
+    oid: bytes
+    kind: int
+    codec: int
+    offset: int
+    record_size: int
+    raw_size: int
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    oid: bytes
+    kind: int
+    codec: int
+    raw_size: int
+    base: bytes | None
+    payload: memoryview
+
+
+def encode_record_header(
+    oid: bytes, kind: int, codec: int, raw_size: int, payload_size: int, base: bytes | None
+) -> bytes:
+    head = RECORD_HEADER.pack(RECORD_MAGIC, kind, codec, 0, raw_size, payload_size, oid, base or NO_BASE)
+    return head + RECORD_CRC.pack(zlib.crc32(head))
+
+
+def parse_record_header(head: Buffer) -> tuple[int, int, int, int, bytes, bytes | None]:
+    """(kind, codec, raw_size, payload_size, id, base id) from a record's first 92 bytes."""
+    view = memoryview(head)
+    if len(view) < RECORD_HEADER_SIZE:
+        raise CorruptObjectError("record truncated before its header ends")
+    fixed = view[: RECORD_HEADER.size]
+    (crc,) = RECORD_CRC.unpack_from(view, RECORD_HEADER.size)
+    if zlib.crc32(fixed) != crc:
+        raise CorruptObjectError("record header checksum mismatch")
+    magic, kind, codec, _reserved, raw_size, payload_size, oid, base = RECORD_HEADER.unpack(fixed)
+    if magic != RECORD_MAGIC:
+        raise CorruptObjectError("bad record magic")
+    return kind, codec, raw_size, payload_size, oid, None if base == NO_BASE else base
+
+
+def parse_record(buf: Buffer, expected_size: int | None = None) -> Record:
+    """Parse one whole record from ``buf``; checks the header CRC and the length."""
+    view = memoryview(buf)
+    kind, codec, raw_size, payload_size, oid, base = parse_record_header(view)
+    end = RECORD_HEADER_SIZE + payload_size
+    if len(view) < end or (expected_size is not None and end != expected_size):
+        raise CorruptObjectError("record payload size does not match its location")
+    return Record(oid, kind, codec, raw_size, base, view[RECORD_HEADER_SIZE:end])
+
+
+class PackWriter:
+    """Appends records to a new pack. Nothing is visible under the final name
+    until :meth:`seal` has written the table of contents, fsynced and renamed."""
+
+    def __init__(self, pack_dir: Path) -> None:
+        self.pack_dir = pack_dir
+        self.pack_uuid = uuid.uuid4()
+        self.name = f"pack-{self.pack_uuid.hex}{PACK_SUFFIX}"
+        self._tmp_path = pack_dir / f"pack-{self.pack_uuid.hex}{TMP_SUFFIX}"
+        self._fd = os.open(self._tmp_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        self.entries: list[RecordInfo] = []
+        self.size = 0
+        self._write(PACK_HEADER.pack(PACK_MAGIC, PACK_VERSION, 0, self.pack_uuid.bytes))
+
+    def _write(self, *parts: Buffer) -> None:
+        total = sum(len(p) for p in parts)
+        written = os.writev(self._fd, parts)
+        if written != total:  # short write: finish it the slow way
+            rest = b"".join(bytes(p) for p in parts)[written:]
+            while rest:
+                rest = rest[os.write(self._fd, rest) :]
+        self.size += total
+
+    def append(
+        self, oid: bytes, kind: int, codec: int, raw_size: int, payload: Buffer, base: bytes | None = None
+    ) -> RecordInfo:
+        header = encode_record_header(oid, kind, codec, raw_size, len(payload), base)
+        info = RecordInfo(oid, kind, codec, self.size, len(header) + len(payload), raw_size)
+        self._write(header, payload)
+        self.entries.append(info)
+        return info
+
+    def seal(self) -> Path:
+        """Write the table of contents and footer, fsync, and rename into place."""
+        toc = bytearray(TOC_HEADER.pack(TOC_MAGIC, 0))
+        for e in self.entries:
+            toc += TOC_ENTRY.pack(e.oid, e.kind, e.codec, 0, e.offset, e.record_size, e.raw_size)
+        toc_offset = self.size
+        footer = FOOTER.pack(FOOTER_MAGIC, toc_offset, len(self.entries), zlib.crc32(toc), 0)
+        self._write(toc, footer)
+        os.fsync(self._fd)
+        os.close(self._fd)
+        self._fd = -1
+        final = self.pack_dir / self.name
+        os.rename(self._tmp_path, final)
+        fsync_dir(self.pack_dir)
+        return final
+
+    def abort(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+        with contextlib.suppress(OSError):
+            os.unlink(self._tmp_path)
+
+
+def read_pack_header(fd: int, name: str) -> None:
+    head = os.pread(fd, PACK_HEADER.size, 0)
+    if len(head) < PACK_HEADER.size:
+        raise CorruptObjectError(f"pack {name} is shorter than its header")
+    magic, version, _flags, _uuid = PACK_HEADER.unpack(head)
+    if magic != PACK_MAGIC:
+        raise CorruptObjectError(f"pack {name} has a bad magic number")
+    if version != PACK_VERSION:
+        raise UnsupportedFormatError(f"pack {name} has format version {version}; this ckvc reads {PACK_VERSION}")
+
+
+def read_toc(fd: int, name: str) -> list[RecordInfo] | None:
+    """The pack's table of contents, or None when footer or TOC are damaged."""
+    size = os.fstat(fd).st_size
+    if size < PACK_HEADER.size + TOC_HEADER.size + FOOTER.size:
+        return None
+    magic, toc_offset, count, crc, _ = FOOTER.unpack(os.pread(fd, FOOTER.size, size - FOOTER.size))
+    toc_size = TOC_HEADER.size + count * TOC_ENTRY.size
+    if magic != FOOTER_MAGIC or toc_offset + toc_size + FOOTER.size != size:
+        return None
+    toc = os.pread(fd, toc_size, toc_offset)
+    if zlib.crc32(toc) != crc or toc[:4] != TOC_MAGIC:
+        return None
+    entries = []
+    for i in range(count):
+        oid, kind, codec, _r, offset, record_size, raw_size = TOC_ENTRY.unpack_from(
+            toc, TOC_HEADER.size + i * TOC_ENTRY.size
+        )
+        entries.append(RecordInfo(oid, kind, codec, offset, record_size, raw_size))
+    return entries
+
+
+def scan_records(fd: int) -> Iterator[RecordInfo]:
+    """Walk records from the start of the pack, stopping at the first header that
+    does not parse (the table of contents, or damage)."""
+    size = os.fstat(fd).st_size
+    offset = PACK_HEADER.size
+    while offset + RECORD_HEADER_SIZE <= size:
+        try:
+            kind, codec, raw_size, payload_size, oid, _base = parse_record_header(
+                os.pread(fd, RECORD_HEADER_SIZE, offset)
+            )
+        except CorruptObjectError:
+            return
+        record_size = RECORD_HEADER_SIZE + payload_size
+        if offset + record_size > size:
+            return
+        yield RecordInfo(oid, kind, codec, offset, record_size, raw_size)
+        offset += record_size
+
+
+def pack_entries(fd: int, name: str) -> tuple[list[RecordInfo], bool]:
+    """(entries, from_toc): the TOC when intact, else what a scan recovers."""
+    read_pack_header(fd, name)
+    toc = read_toc(fd, name)
+    if toc is not None:
+        return toc, True
+    return list(scan_records(fd)), False
+
+
+class PackReader:
+    """Positional reads from sealed packs. Thread-safe: pread needs no seek."""
+
+    def __init__(self, pack_dir: Path) -> None:
+        self.pack_dir = pack_dir
+        self._fds: dict[str, int] = {}
+        self._lock = threading.Lock()
+
+    def fd(self, name: str) -> int:
+        fd = self._fds.get(name)
+        if fd is not None:
+            return fd
+        with self._lock:
+            fd = self._fds.get(name)
+            if fd is None:
+                try:
+                    fd = os.open(self.pack_dir / name, os.O_RDONLY)
+                except FileNotFoundError:
+                    raise ObjectNotFoundError(f"pack {name} is missing") from None
+                self._fds[name] = fd
+            return fd
+
+    def read(self, name: str, offset: int, size: int) -> bytes:
+        data = os.pread(self.fd(name), size, offset)
+        if len(data) != size:
+            raise CorruptObjectError(f"pack {name} is truncated at offset {offset}")
+        return data
+
+    def forget(self, name: str) -> None:
+        with self._lock:
+            fd = self._fds.pop(name, None)
+        if fd is not None:
+            os.close(fd)
+
+    def close(self) -> None:
+        with self._lock:
+            fds, self._fds = list(self._fds.values()), {}
+        for fd in fds:
+            os.close(fd)
+
+
+def list_packs(pack_dir: Path) -> list[str]:
+    return sorted(p.name for p in pack_dir.iterdir() if p.name.endswith(PACK_SUFFIX))
