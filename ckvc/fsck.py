@@ -125,8 +125,7 @@ def run_fsck(repo: Repo, *, rebuild_index: bool = False, progress: ProgressCallb
             add(MISSING_OBJECT, oid, f"commit {oid} is missing")
             continue
         try:
-            kind = store.stat(raw_id).kind
-            if kind == ObjectType.TAG:
+            if store.stat(raw_id).kind == ObjectType.TAG:
                 stack.append(repo.read_tag(oid).target)
                 continue
             commit: Commit = repo.read_commit(oid)

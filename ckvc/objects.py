@@ -24,7 +24,7 @@ def pack_canonical(value: Any) -> bytes:
     return msgpack.packb(value, use_bin_type=True, strict_types=True, use_single_float=False)
 
 
-def _unpack(data: bytes | memoryview, what: str) -> Any:
+def _unpack(data: bytes | bytearray | memoryview, what: str) -> Any:
     try:
         return msgpack.unpackb(data, raw=False, strict_map_key=False, use_list=True)
     except Exception as exc:
@@ -92,7 +92,7 @@ class Snapshot:
         return pack_canonical({"v": OBJECT_VERSION, "blobs": [b.to_wire() for b in self.blobs], "tree": self.tree})
 
     @classmethod
-    def decode(cls, data: bytes | memoryview) -> Snapshot:
+    def decode(cls, data: bytes | bytearray | memoryview) -> Snapshot:
         obj = _unpack(data, "snapshot")
         _check_fields(obj, "snapshot", ("v", "blobs", "tree"))
         _require(isinstance(obj["blobs"], list) and isinstance(obj["tree"], bytes), "snapshot", "bad field types")
@@ -127,7 +127,7 @@ class Commit:
         )
 
     @classmethod
-    def decode(cls, data: bytes | memoryview, oid: str = "") -> Commit:
+    def decode(cls, data: bytes | bytearray | memoryview, oid: str = "") -> Commit:
         obj = _unpack(data, "commit")
         _check_fields(
             obj, "commit", ("v", "tree", "parents", "author", "time", "message", "metrics", "metadata", "pickled")
@@ -183,7 +183,7 @@ class Tag:
         )
 
     @classmethod
-    def decode(cls, data: bytes | memoryview, oid: str = "") -> Tag:
+    def decode(cls, data: bytes | bytearray | memoryview, oid: str = "") -> Tag:
         obj = _unpack(data, "tag")
         _check_fields(obj, "tag", ("v", "object", "name", "tagger", "time", "message"))
         ok = (

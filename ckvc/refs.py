@@ -126,7 +126,7 @@ class RefStore:
             raise RefNotFoundError(f"HEAD is damaged: {value[:80]!r}")
         return None, value
 
-    def list(self, prefix: str = "refs/") -> dict[str, str]:
+    def list_refs(self, prefix: str = "refs/") -> dict[str, str]:
         """All refs under ``prefix`` (a directory prefix like "refs/heads/"), sorted."""
         out: dict[str, str] = {}
         base = self.root / "refs"
@@ -161,9 +161,7 @@ class RefStore:
         with file_lock(self._lock_path):
             current = self.read(name)
             if current != old:
-                raise RefConflictError(
-                    f"{name} moved: expected {old or '(no ref)'}, found {current or '(no ref)'}"
-                )
+                raise RefConflictError(f"{name} moved: expected {old or '(no ref)'}, found {current or '(no ref)'}")
             if current is None:
                 self._check_no_dir_file_conflict(name)
             path = self._path(name)

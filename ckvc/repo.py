@@ -37,7 +37,7 @@ from ckvc.errors import (
 )
 from ckvc.ids import ObjectType, is_full_hex_id, object_id
 from ckvc.objects import Blob, Commit, Snapshot, Tag, validate_metadata, validate_metrics
-from ckvc.refs import BRANCH_PREFIX, HEAD, TAG_PREFIX, RefStore, ReflogEntry, branch_ref, check_ref_name, tag_ref
+from ckvc.refs import BRANCH_PREFIX, HEAD, TAG_PREFIX, ReflogEntry, RefStore, branch_ref, check_ref_name, tag_ref
 from ckvc.state import MapLocation, PendingBlob, TensorInfo
 from ckvc.storage.object_store import ObjectStore, ObjectWriter
 
@@ -515,8 +515,9 @@ class Repo:
             ta, tb = torch.from_numpy(np.asarray(ta)), torch.from_numpy(np.asarray(tb))
         if not (ta.dtype.is_floating_point or ta.dtype.is_complex or ta.dtype in _INT_DTYPES):
             return TensorChange(path, old, new, None, None)
-        xa, xb = ta.detach().to(torch.float64 if not ta.is_complex() else torch.complex128), tb.detach().to(
-            torch.float64 if not tb.is_complex() else torch.complex128
+        xa, xb = (
+            ta.detach().to(torch.float64 if not ta.is_complex() else torch.complex128),
+            tb.detach().to(torch.float64 if not tb.is_complex() else torch.complex128),
         )
         delta = (xb - xa).abs()
         norm_a = float(torch.linalg.vector_norm(xa)) if xa.numel() else 0.0
@@ -553,7 +554,7 @@ class Repo:
         return current
 
     def branches(self) -> dict[str, str]:
-        return {k[len(BRANCH_PREFIX) :]: v for k, v in self.refs.list(BRANCH_PREFIX).items()}
+        return {k[len(BRANCH_PREFIX) :]: v for k, v in self.refs.list_refs(BRANCH_PREFIX).items()}
 
     def tag(self, name: str, rev: str = "HEAD", message: str | None = None) -> str:
         """Create a tag: annotated (a tag object) when ``message`` is given,
@@ -579,7 +580,7 @@ class Repo:
 
     def tags(self) -> dict[str, str]:
         """Tag name -> commit id (annotated tags peeled)."""
-        return {k[len(TAG_PREFIX) :]: self._peel(v) for k, v in self.refs.list(TAG_PREFIX).items()}
+        return {k[len(TAG_PREFIX) :]: self._peel(v) for k, v in self.refs.list_refs(TAG_PREFIX).items()}
 
     def reflog(self, ref: str = "HEAD") -> list[ReflogEntry]:
         if ref != HEAD and not ref.startswith("refs/"):
@@ -627,9 +628,7 @@ class Repo:
             return commit_id
         if is_full_hex_id(base):
             return self._peel_checked(rev, base)
-        candidates = (
-            [base] if base.startswith("refs/") else [BRANCH_PREFIX + base, TAG_PREFIX + base, "refs/" + base]
-        )
+        candidates = [base] if base.startswith("refs/") else [BRANCH_PREFIX + base, TAG_PREFIX + base, "refs/" + base]
         for full in candidates:
             try:
                 check_ref_name(full)
@@ -682,7 +681,7 @@ class Repo:
     def ref_tips(self, *, include_reflogs: bool = True) -> dict[str, str]:
         """Every commit a ref, HEAD or (optionally) a reflog names: label -> commit id."""
         tips: dict[str, str] = {}
-        for name, oid in self.refs.list().items():
+        for name, oid in self.refs.list_refs().items():
             tips[name] = oid
         try:
             _, head_id = self.refs.head()

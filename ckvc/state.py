@@ -76,15 +76,15 @@ class PendingBlob:
     owner: Any  # keeps the memory behind ``data`` alive
 
 
-class _Tuple(list):  # type: ignore[type-arg]
+class _Tuple(list[Any]):
     """Marker during encoding: becomes EXT_TUPLE once tensor nodes are complete."""
 
 
-class _ODict(dict):  # type: ignore[type-arg]
+class _ODict(dict[Any, Any]):
     """Marker during encoding: becomes EXT_ODICT."""
 
 
-class _TensorNode(list):  # type: ignore[type-arg]
+class _TensorNode(list[Any]):
     """Marker: [blob, shape, stride|None, offset, kind, device, requires_grad]."""
 
 
@@ -107,7 +107,7 @@ def _bytes_of(t: torch.Tensor) -> memoryview:
     flat = t.reshape(-1)
     if flat.dtype.itemsize:
         flat = flat.view(torch.uint8)
-    return memoryview(flat.numpy()).cast("B")
+    return flat.numpy().data.cast("B")
 
 
 def _join(path: str, key: object) -> str:
@@ -187,7 +187,7 @@ class _Encoder:
             return self._fallback(value, path, f"numpy dtype {value.dtype} is not supported")
         arr = np.ascontiguousarray(value)
         index = len(self.blobs)
-        data = memoryview(arr.reshape(-1).view(np.uint8)) if arr.size else memoryview(b"")
+        data = arr.reshape(-1).view(np.uint8).data.cast("B") if arr.size else memoryview(b"")
         self.blobs.append(PendingBlob(NUMPY_DTYPE_PREFIX + arr.dtype.str, arr.dtype.itemsize, data, path, arr))
         return _TensorNode([index, list(arr.shape), None, 0, KIND_NUMPY, "cpu", False])
 
@@ -305,7 +305,9 @@ def _target_device(recorded: str, map_location: MapLocation) -> torch.device:
         return device
     if recorded not in _warned_devices:
         _warned_devices.add(recorded)
-        warnings.warn(f"ckvc: tensors saved on {recorded} are loaded on the CPU ({recorded} is not available)", stacklevel=3)
+        warnings.warn(
+            f"ckvc: tensors saved on {recorded} are loaded on the CPU ({recorded} is not available)", stacklevel=3
+        )
     return torch.device("cpu")
 
 
@@ -392,7 +394,9 @@ def _parse_tree(tree: bytes, on_tensor: Callable[[TensorInfo], Any], allow_pickl
                 if allow_pickle is None:
                     return PickledValue(len(data))
                 if not allow_pickle:
-                    raise UnsafeContentError("this commit holds pickled values; load with allow_pickle=True to run them")
+                    raise UnsafeContentError(
+                        "this commit holds pickled values; load with allow_pickle=True to run them"
+                    )
                 return pickle.loads(data)  # noqa: S301 - explicit opt-in above
         except (CorruptObjectError, UnsafeContentError):
             raise
@@ -510,7 +514,7 @@ def allocate_blob(dtype: str, nbytes: int) -> tuple[torch.Tensor | np.ndarray, m
         if np_dtype.kind not in _NUMPY_KINDS or np_dtype.itemsize == 0 or nbytes % np_dtype.itemsize:
             raise CorruptObjectError(f"blob of {nbytes} bytes cannot hold numpy dtype {np_dtype}")
         raw = np.empty(nbytes, dtype=np.uint8)
-        return raw.view(np_dtype), memoryview(raw).cast("B")
+        return raw.view(np_dtype), raw.data.cast("B")
     try:
         torch_dtype = _TORCH_DTYPES[dtype]
     except KeyError:
@@ -518,7 +522,7 @@ def allocate_blob(dtype: str, nbytes: int) -> tuple[torch.Tensor | np.ndarray, m
     if nbytes % torch_dtype.itemsize:
         raise CorruptObjectError(f"blob of {nbytes} bytes cannot hold {dtype}")
     raw_t = torch.empty(nbytes, dtype=torch.uint8)
-    view = memoryview(raw_t.numpy()).cast("B")
+    view = raw_t.numpy().data.cast("B")
     return raw_t.view(torch_dtype), view
 
 

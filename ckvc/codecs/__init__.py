@@ -79,9 +79,7 @@ class ZstdCodec(Codec):
         except zstandard.ZstdError as exc:
             raise CorruptObjectError(f"bad zstd frame header: {exc}") from None
         if params.content_size != raw_size:
-            raise CorruptObjectError(
-                f"zstd frame declares {params.content_size} bytes, expected {raw_size}"
-            )
+            raise CorruptObjectError(f"zstd frame declares {params.content_size} bytes, expected {raw_size}")
         try:
             out = self._decompressor().decompress(data, max_output_size=raw_size)
         except zstandard.ZstdError as exc:

@@ -123,9 +123,7 @@ class ObjectStore:
         """Read a chunk straight into ``out``, which must be exactly its size."""
         plain = self.read(oid, ObjectType.CHUNK)
         if len(plain) != len(out):
-            raise CorruptObjectError(
-                f"chunk is {len(plain)} bytes where {len(out)} were expected", object_id=oid.hex()
-            )
+            raise CorruptObjectError(f"chunk is {len(plain)} bytes where {len(out)} were expected", object_id=oid.hex())
         out[:] = plain
 
     def verify(self, oid: bytes) -> None:

@@ -1,0 +1,3 @@
+from ckvc.cli import main
+
+main()
