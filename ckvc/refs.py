@@ -73,7 +73,7 @@ def tag_ref(short: str) -> str:
 def _check_short(short: str, what: str) -> str:
     if not isinstance(short, str) or not short:
         raise InvalidRefNameError(f"invalid {what} name {short!r}: empty")
-    if short == HEAD or short.startswith("-") or is_full_hex_id(short):
+    if short in (HEAD, "@") or short.startswith("-") or is_full_hex_id(short):
         raise InvalidRefNameError(f"invalid {what} name {short!r}: reserved or looks like an option or an id")
     return short
 

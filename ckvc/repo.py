@@ -12,7 +12,7 @@ import shutil
 import socket
 import time
 import uuid
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -213,11 +213,15 @@ class Repo:
         metrics: Mapping[str, Any] | None = None,
         metadata: Mapping[str, str] | None = None,
         *,
+        merge: Sequence[str] = (),
         allow_pickle: bool = False,
         progress: ProgressCallback | None = None,
     ) -> str:
         """Store ``state`` as a new commit on the current branch (or detached HEAD)
-        and return its id. Everything is durable before the branch moves."""
+        and return its id. Everything is durable before the branch moves.
+
+        ``merge`` names further revisions to record as parents (e.g. the runs a
+        weight average was made from); HEAD's commit stays the first parent."""
         started = time.perf_counter()
         if not isinstance(message, str):
             raise InvalidInputError("message must be a str")
@@ -227,6 +231,7 @@ class Repo:
         except ValueError as exc:
             raise InvalidInputError(str(exc)) from None
         target, parent = self.refs.head()
+        extra_parents = tuple(dict.fromkeys(self.resolve(r) for r in merge))
         tree, pending, pickled = state_mod.encode_state(state, allow_pickle=allow_pickle)
         stats = CommitStats(commit="")
         with self.store.writer(self._codec, self.config.max_pack_size) as writer:
@@ -234,7 +239,7 @@ class Repo:
             snapshot_id = writer.put(ObjectType.SNAPSHOT, Snapshot(tuple(blobs), tree).encode())
             commit = Commit(
                 tree=snapshot_id.hex(),
-                parents=(parent,) if parent else (),
+                parents=tuple(dict.fromkeys(((parent,) if parent else ()) + extra_parents)),
                 author=_default_author(),
                 time_ns=time.time_ns(),
                 message=message,
