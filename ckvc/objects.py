@@ -39,7 +39,7 @@ def _require(cond: bool, what: str, detail: str) -> None:
 def _check_fields(obj: Any, what: str, keys: tuple[str, ...]) -> None:
     _require(isinstance(obj, dict), what, "not a map")
     _require(tuple(obj) == keys, what, f"fields {tuple(obj)} != {keys}")
-    _require(obj["v"] == OBJECT_VERSION, what, f"unknown version {obj['v']!r}")
+    _require(type(obj["v"]) is int and obj["v"] == OBJECT_VERSION, what, f"unknown version {obj['v']!r}")
 
 
 def _is_id(value: Any) -> bool:
@@ -67,8 +67,8 @@ class Blob:
             and len(wire) == 5
             and isinstance(wire[0], str)
             and isinstance(wire[1], str)
-            and isinstance(wire[2], int)
-            and isinstance(wire[3], int)
+            and type(wire[2]) is int
+            and type(wire[3]) is int
             and isinstance(wire[4], bytes)
             and wire[2] >= 0
             and wire[3] > 0
@@ -120,8 +120,9 @@ class Commit:
                 "author": self.author,
                 "time": self.time_ns,
                 "message": self.message,
-                "metrics": {k: float(v) for k, v in self.metrics.items()},
-                "metadata": dict(self.metadata),
+                # Sorted: the caller's insertion order must not change the id.
+                "metrics": {k: float(self.metrics[k]) for k in sorted(self.metrics)},
+                "metadata": {k: self.metadata[k] for k in sorted(self.metadata)},
                 "pickled": self.pickled,
             }
         )
@@ -137,12 +138,14 @@ class Commit:
             and isinstance(obj["parents"], list)
             and all(_is_id(p) for p in obj["parents"])
             and isinstance(obj["author"], str)
-            and isinstance(obj["time"], int)
+            and type(obj["time"]) is int
             and isinstance(obj["message"], str)
             and isinstance(obj["metrics"], dict)
             and all(isinstance(k, str) and isinstance(v, float) for k, v in obj["metrics"].items())
+            and list(obj["metrics"]) == sorted(obj["metrics"])
             and isinstance(obj["metadata"], dict)
             and all(isinstance(k, str) and isinstance(v, str) for k, v in obj["metadata"].items())
+            and list(obj["metadata"]) == sorted(obj["metadata"])
             and isinstance(obj["pickled"], bool)
         )
         _require(ok, "commit", "bad field types")
@@ -190,7 +193,7 @@ class Tag:
             _is_id(obj["object"])
             and isinstance(obj["name"], str)
             and isinstance(obj["tagger"], str)
-            and isinstance(obj["time"], int)
+            and type(obj["time"]) is int
             and isinstance(obj["message"], str)
         )
         _require(ok, "tag", "bad field types")

@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -76,6 +77,19 @@ def _check_short(short: str, what: str) -> str:
     if short in (HEAD, "@") or short.startswith("-") or is_full_hex_id(short):
         raise InvalidRefNameError(f"invalid {what} name {short!r}: reserved or looks like an option or an id")
     return short
+
+
+def _remove_empty_parents(path: Path, stop: Path) -> None:
+    """Remove directories left empty above ``path``, up to (not including) ``stop``
+    and the refs/heads, refs/tags roots."""
+    keep = {stop, stop / "heads", stop / "tags", stop / "refs", stop / "refs" / "heads", stop / "refs" / "tags"}
+    parent = path.parent
+    while parent not in keep and stop in parent.parents:
+        try:
+            parent.rmdir()
+        except OSError:
+            break
+        parent = parent.parent
 
 
 @dataclass(frozen=True)
@@ -164,6 +178,7 @@ class RefStore:
                 raise RefConflictError(f"{name} moved: expected {old or '(no ref)'}, found {current or '(no ref)'}")
             if current is None:
                 self._check_no_dir_file_conflict(name)
+                self._clear_stale_logs(name)
             path = self._path(name)
             path.parent.mkdir(parents=True, exist_ok=True)
             write_atomic(path, (new + "\n").encode())
@@ -180,15 +195,26 @@ class RefStore:
             path = self._path(name)
             path.unlink()
             fsync_dir(path.parent)
-            # Remove directories left empty (refs/heads/a/ after deleting a/b).
-            parent = path.parent
-            while parent not in (self.root / "refs" / "heads", self.root / "refs" / "tags", self.root):
-                try:
-                    parent.rmdir()
-                except OSError:
-                    break
-                parent = parent.parent
-            self._log(name, old, None, message)
+            _remove_empty_parents(path, self.root / "refs")
+            # Like git, a deleted ref's reflog goes with it; HEAD's reflog keeps the history.
+            log = self.root / "logs" / name
+            if log.is_file():
+                log.unlink()
+                _remove_empty_parents(log, self.root / "logs")
+
+    def _clear_stale_logs(self, name: str) -> None:
+        """Remove reflogs of deleted refs that would collide with ``name``'s
+        (logs/refs/heads/a when creating a/b, or the reverse). The refs
+        themselves were checked for such conflicts already."""
+        logs = self.root / "logs"
+        log = logs / name
+        if log.is_dir():
+            shutil.rmtree(log)
+        parent = log.parent
+        while parent != logs:
+            if parent.is_file():
+                parent.unlink()
+            parent = parent.parent
 
     def set_head(self, *, branch: str | None = None, detached: str | None = None, message: str) -> None:
         """Point HEAD at a branch (symbolic) or at a commit (detached)."""

@@ -262,9 +262,10 @@ class Repo:
         return commit_id
 
     def _chunk_size_for(self, itemsize: int) -> int:
-        """The repo chunk size rounded down to whole elements (odd numpy itemsizes)."""
+        """The repo chunk size rounded down to whole elements (odd numpy itemsizes),
+        and never less than one element."""
         size = self.config.chunk_size
-        return size - size % itemsize if itemsize > 1 else size
+        return max(itemsize, size - size % itemsize) if itemsize > 1 else size
 
     def _store_blobs(
         self,

@@ -110,6 +110,15 @@ def _bytes_of(t: torch.Tensor) -> memoryview:
     return flat.numpy().data.cast("B")
 
 
+def _is_utf8(text: str) -> bool:
+    """False for strings holding lone surrogates, which UTF-8 cannot encode."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def _join(path: str, key: object) -> str:
     return f"{path}.{key}" if path else str(key)
 
@@ -123,8 +132,10 @@ class _Encoder:
 
     def encode(self, value: Any, path: str) -> Any:
         t = type(value)
-        if value is None or t in (bool, str, bytes, float):
+        if value is None or t in (bool, bytes, float):
             return value
+        if t is str:
+            return value if _is_utf8(value) else self._fallback(value, path, "string is not valid UTF-8")
         if t is int:
             if _INT64_MIN <= value <= _UINT64_MAX:
                 return value
@@ -136,8 +147,8 @@ class _Encoder:
         if t is dict or t is collections.OrderedDict:
             encoded = {}
             for k, v in value.items():
-                if type(k) not in (str, int):
-                    return self._fallback(value, path, f"dict key {k!r} is not a str or int")
+                if not ((type(k) is str and _is_utf8(k)) or (type(k) is int and _INT64_MIN <= k <= _UINT64_MAX)):
+                    return self._fallback(value, path, f"dict key {k!r:.50} is not a UTF-8 str or a 64-bit int")
                 encoded[k] = self.encode(v, _join(path, k))
             return encoded if t is dict else _ODict(encoded)
         if isinstance(value, torch.Tensor):

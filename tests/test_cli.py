@@ -161,7 +161,9 @@ def test_fsck_rebuild_index(work: Path) -> None:
         (["checkout", "HEAD", "-o", "out.unknown"], ckvc.InvalidInputError),
     ],
 )
-def test_user_errors_one_line_distinct_code_repo_unchanged(work: Path, args: list[str], error: type) -> None:
+def test_user_errors_one_line_distinct_code_repo_unchanged(
+    work: Path, args: list[str], error: type[ckvc.CkvcError]
+) -> None:
     run(work, "commit", "e1.pt", "-m", "one")
     torch.save({"obj": Path("x")}, work / "pickled.pt")  # needs unpickling code: refused by weights_only
     before = files_of(work / ".ckvc")

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -27,13 +29,13 @@ def ckvc_files(repo: ckvc.Repo) -> dict[str, bytes]:
 
 
 @pytest.fixture
-def repo(tmp_path: Path) -> ckvc.Repo:
+def repo(tmp_path: Path) -> Iterator[ckvc.Repo]:
     r = ckvc.Repo.init(tmp_path / "r", chunk_size=64 << 10)
     yield r
     r.close()
 
 
-def small_state(seed: int, n: int = 3) -> dict:
+def small_state(seed: int, n: int = 3) -> dict[str, Any]:
     g = torch.Generator().manual_seed(seed)
     return {"model": {f"w{i}": torch.randn(100, 100, generator=g) for i in range(n)}, "step": seed}
 
@@ -256,7 +258,7 @@ def test_bad_input_leaves_repository_unchanged(repo: ckvc.Repo) -> None:
 
 def test_diff_reports_changes_with_norms(repo: ckvc.Repo) -> None:
     a = small_state(0)
-    b = {"model": dict(a["model"]), "step": 7}
+    b: dict[str, Any] = {"model": dict(a["model"]), "step": 7}
     b["model"]["w0"] = a["model"]["w0"] * 1.5
     del b["model"]["w2"]
     b["model"]["new"] = torch.zeros(3)
@@ -321,3 +323,34 @@ def test_du_counts_logical_and_unique_bytes(repo: ckvc.Repo) -> None:
         blob = next(b for b in snap.blobs if b.path == "model.w0")
         stored_w0[cid] = sum(repo.store.stat(o).stored_size for o in blob.chunks)
     assert per == stored_w0
+
+
+def test_recreating_refs_across_file_directory_boundaries(repo: ckvc.Repo) -> None:
+    cid = repo.commit(small_state(0))
+    repo.branch("a")
+    repo.delete_branch("a")
+    repo.branch("a/b")
+    assert [e.new for e in repo.reflog("a/b")] == [cid]
+    repo.delete_branch("a/b")
+    repo.branch("a")
+    assert repo.branches() == {"a": cid, "main": cid}
+    assert [e.message for e in repo.reflog("a")] == ["branch: created from HEAD"]
+
+
+def test_element_larger_than_chunk_size(tmp_path: Path) -> None:
+    import numpy as np
+
+    with ckvc.Repo.init(tmp_path, chunk_size=4096) as repo:
+        arr = np.array(["x" * 2000, "y" * 1999, "z"])  # itemsize 8000 > chunk size
+        repo.commit({"a": arr})
+        assert (repo.load()["a"] == arr).all()
+        snap = repo.read_snapshot(repo.read_commit(repo.resolve("HEAD")))
+        assert snap.blobs[0].chunk_size == 8000 and len(snap.blobs[0].chunks) == 3
+
+
+def test_metric_and_metadata_order_do_not_change_the_id() -> None:
+    common = {"tree": "ab" * 32, "parents": (), "author": "a", "time_ns": 1, "message": "m"}
+    one = Commit(**common, metrics={"a": 1.0, "b": 2.0}, metadata={"x": "1", "y": "2"})  # type: ignore[arg-type]
+    two = Commit(**common, metrics={"b": 2.0, "a": 1.0}, metadata={"y": "2", "x": "1"})  # type: ignore[arg-type]
+    assert one.encode() == two.encode()
+    assert Commit.decode(one.encode()).metrics == {"a": 1.0, "b": 2.0}

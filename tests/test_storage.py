@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -29,7 +30,7 @@ from ckvc.storage.packs import (
 
 
 @pytest.fixture
-def store(tmp_path: Path) -> ObjectStore:
+def store(tmp_path: Path) -> Iterator[ObjectStore]:
     (tmp_path / "packs").mkdir()
     s = ObjectStore(tmp_path)
     yield s

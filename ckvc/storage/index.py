@@ -76,7 +76,6 @@ class Index:
         self._packs = self._env.open_db(b"packs")  # pack name -> pack number
         self._packnames = self._env.open_db(b"packnames")  # pack number -> pack name
         self._meta = self._env.open_db(b"meta")
-        self._names: dict[int, str] = {}
 
     def close(self) -> None:
         if self._env is not None:
@@ -84,14 +83,12 @@ class Index:
             self._env = None  # type: ignore[assignment]
 
     def _pack_name(self, txn: lmdb.Transaction, number: int) -> str:
-        name = self._names.get(number)
-        if name is None:
-            raw = txn.get(_PACKNO.pack(number), db=self._packnames)
-            if raw is None:
-                raise KeyError(number)
-            name = bytes(raw).decode()
-            self._names[number] = name
-        return name
+        # Not cached across transactions: another process may rebuild the index
+        # and renumber the packs.
+        raw = txn.get(_PACKNO.pack(number), db=self._packnames)
+        if raw is None:
+            raise KeyError(number)
+        return bytes(raw).decode()
 
     def get(self, oid: bytes) -> IndexEntry | None:
         with self._env.begin(db=self._objects, buffers=True) as txn:
@@ -128,7 +125,6 @@ class Index:
         with self._env.begin(write=True) as txn:
             for db in (self._objects, self._packs, self._packnames, self._meta):
                 txn.drop(db, delete=False)
-        self._names.clear()
 
     def iter_entries(self, prefix: bytes = b"") -> Iterator[tuple[bytes, IndexEntry]]:
         with self._env.begin(db=self._objects, buffers=True) as txn:
