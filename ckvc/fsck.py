@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 from ckvc.errors import CkvcError, CorruptObjectError, ObjectNotFoundError
 from ckvc.ids import ObjectType
 from ckvc.objects import Commit
-from ckvc.storage.packs import list_packs, pack_entries
+from ckvc.storage.packs import TMP_SUFFIX, list_packs, pack_entries
 
 if TYPE_CHECKING:
     from ckvc.repo import ProgressCallback, Repo
@@ -19,6 +19,8 @@ if TYPE_CHECKING:
 MISSING_OBJECT = "missing-object"
 BAD_CHECKSUM = "bad-checksum"
 DANGLING_REF = "dangling-ref"
+DAMAGED_REF = "damaged-ref"
+UNFINISHED_PACK = "unfinished-pack"
 BAD_PACK = "bad-pack"
 UNINDEXED_PACK = "unindexed-pack"
 
@@ -81,6 +83,8 @@ def run_fsck(repo: Repo, *, rebuild_index: bool = False, progress: ProgressCallb
             add(BAD_PACK, None, f"pack {name}: {exc}")
         if name not in indexed:
             add(UNINDEXED_PACK, None, f"pack {name} is not in the index", "warning")
+    for tmp in sorted(p.name for p in store.pack_dir.iterdir() if p.name.endswith(TMP_SUFFIX)):
+        add(UNFINISHED_PACK, None, f"{tmp}: being written, or left by a writer that died", "warning")
 
     # 2. Every indexed object: read, decode, re-hash.
     entries = list(store.iter_stored())
@@ -109,7 +113,10 @@ def run_fsck(repo: Repo, *, rebuild_index: bool = False, progress: ProgressCallb
             progress(done, total)
 
     # 3. Refs and connectivity: every reachable commit, snapshot and chunk exists.
-    tips = repo.ref_tips(include_reflogs=False)
+    damaged_refs: list[str] = []
+    tips = repo.ref_tips(include_reflogs=False, damaged=damaged_refs)
+    for detail in damaged_refs:
+        add(DAMAGED_REF, None, detail)
     stack = list(dict.fromkeys(tips.values()))
     for label, oid in tips.items():
         if not store.has(bytes.fromhex(oid)):
@@ -129,7 +136,10 @@ def run_fsck(repo: Repo, *, rebuild_index: bool = False, progress: ProgressCallb
                 stack.append(repo.read_tag(oid).target)
                 continue
             commit: Commit = repo.read_commit(oid)
-        except (CorruptObjectError, ObjectNotFoundError) as exc:
+        except ObjectNotFoundError as exc:
+            add(MISSING_OBJECT, oid, str(exc))
+            continue
+        except CorruptObjectError as exc:
             add(BAD_CHECKSUM, oid, str(exc))
             continue
         report.commits_reachable += 1

@@ -116,6 +116,8 @@ class RefStore:
             text = self._path(name).read_text(encoding="utf-8")
         except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
             return None
+        except UnicodeDecodeError:
+            raise RefNotFoundError(f"ref {name} is damaged: not UTF-8 text") from None
         return text.strip()
 
     def read(self, name: str) -> str | None:
@@ -140,8 +142,10 @@ class RefStore:
             raise RefNotFoundError(f"HEAD is damaged: {value[:80]!r}")
         return None, value
 
-    def list_refs(self, prefix: str = "refs/") -> dict[str, str]:
-        """All refs under ``prefix`` (a directory prefix like "refs/heads/"), sorted."""
+    def list_refs(self, prefix: str = "refs/", *, damaged: list[str] | None = None) -> dict[str, str]:
+        """All refs under ``prefix`` (a directory prefix like "refs/heads/"), sorted.
+        A damaged ref file raises RefNotFoundError, or, when ``damaged`` is given,
+        is skipped and its name and error appended there."""
         out: dict[str, str] = {}
         base = self.root / "refs"
         if not base.is_dir():
@@ -150,7 +154,13 @@ class RefStore:
             for fname in files:
                 full = Path(dirpath, fname).relative_to(self.root).as_posix()
                 if full.startswith(prefix) and not fname.startswith("."):
-                    value = self.read(full)
+                    try:
+                        value = self.read(full)
+                    except RefNotFoundError as exc:
+                        if damaged is None:
+                            raise
+                        damaged.append(str(exc))
+                        continue
                     if value is not None:
                         out[full] = value
         return dict(sorted(out.items()))

@@ -684,17 +684,18 @@ class Repo:
         return oid
 
     # ---- reachability -------------------------------------------------------
-    def ref_tips(self, *, include_reflogs: bool = True) -> dict[str, str]:
-        """Every commit a ref, HEAD or (optionally) a reflog names: label -> commit id."""
-        tips: dict[str, str] = {}
-        for name, oid in self.refs.list_refs().items():
-            tips[name] = oid
+    def ref_tips(self, *, include_reflogs: bool = True, damaged: list[str] | None = None) -> dict[str, str]:
+        """Every commit a ref, HEAD or (optionally) a reflog names: label -> commit id.
+        Damaged refs raise RefNotFoundError, or are listed in ``damaged`` when given."""
+        tips: dict[str, str] = dict(self.refs.list_refs(damaged=damaged))
         try:
             _, head_id = self.refs.head()
             if head_id:
                 tips[HEAD] = head_id
-        except RefNotFoundError:
-            pass
+        except RefNotFoundError as exc:
+            if damaged is None:
+                raise
+            damaged.append(str(exc))
         if include_reflogs:
             for i, oid in enumerate(dict.fromkeys(self.refs.iter_reflog_ids())):
                 tips.setdefault(f"reflog:{i}", oid)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import collections
 import pickle
 import random
+import sys
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -110,6 +111,17 @@ def _bytes_of(t: torch.Tensor) -> memoryview:
     return flat.numpy().data.cast("B")
 
 
+def _caller_stacklevel() -> int:
+    """The warnings stacklevel of the first frame outside ckvc, as seen from the
+    function that calls warnings.warn (which calls this)."""
+    frame = sys._getframe(2)
+    level = 2
+    while frame is not None and frame.f_globals.get("__name__", "").startswith("ckvc"):
+        frame = frame.f_back  # type: ignore[assignment]
+        level += 1
+    return level
+
+
 def _is_utf8(text: str) -> bool:
     """False for strings holding lone surrogates, which UTF-8 cannot encode."""
     try:
@@ -174,7 +186,7 @@ class _Encoder:
             data = pickle.dumps(value, protocol=5)
         except Exception as exc:
             raise UnsupportedTypeError(path, f"{why}, and pickling failed: {exc}") from None
-        warnings.warn(f"ckvc: pickling the value at {path or '<root>'} ({why})", stacklevel=4)
+        warnings.warn(f"ckvc: pickling the value at {path or '<root>'} ({why})", stacklevel=_caller_stacklevel())
         self.pickled = True
         return msgpack.ExtType(EXT_PICKLE, data)
 
@@ -200,7 +212,8 @@ class _Encoder:
         index = len(self.blobs)
         data = arr.reshape(-1).view(np.uint8).data.cast("B") if arr.size else memoryview(b"")
         self.blobs.append(PendingBlob(NUMPY_DTYPE_PREFIX + arr.dtype.str, arr.dtype.itemsize, data, path, arr))
-        return _TensorNode([index, list(arr.shape), None, 0, KIND_NUMPY, "cpu", False])
+        # value.shape, not arr.shape: ascontiguousarray turns 0-d arrays into 1-d.
+        return _TensorNode([index, list(value.shape), None, 0, KIND_NUMPY, "cpu", False])
 
     def assign_blobs(self) -> None:
         """Give every tensor use a blob: one per storage, shared where views overlap."""
