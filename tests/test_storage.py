@@ -129,7 +129,8 @@ def test_unindexed_pack_is_found_on_miss(store: ObjectStore) -> None:
     """A writer that died after sealing its pack but before indexing it."""
     w = store.writer(ZstdCodec(1))
     oid = w.put(ObjectType.CHUNK, b"orphan" * 100)
-    w._seal_current()  # sealed and durable, never indexed
+    w._seal_current()
+    w._wait_for_seals()  # sealed and durable, never indexed
     assert not store.has(oid)
     assert bytes(store.read(oid)) == b"orphan" * 100  # the miss triggers a refresh
     assert store.has(oid)

@@ -7,6 +7,7 @@ import contextlib
 import os
 import threading
 from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,7 +19,6 @@ from ckvc.storage.packs import (
     TMP_SUFFIX,
     PackReader,
     PackWriter,
-    RecordInfo,
     list_packs,
     pack_entries,
     parse_record,
@@ -158,7 +158,10 @@ class ObjectWriter:
         self.codec = codec
         self.max_pack_size = max_pack_size
         self._pack: PackWriter | None = None
-        self._sealed: list[tuple[str, list[RecordInfo]]] = []
+        # Full packs are sealed (TOC, fsync, rename) on a background thread so
+        # the fsync overlaps encoding of the next chunks.
+        self._sealer: ThreadPoolExecutor | None = None
+        self._sealing: list[tuple[PackWriter, Future[Path]]] = []
         self._written: set[bytes] = set()
         self.bytes_written = 0  # stored bytes of new records
 
@@ -201,15 +204,33 @@ class ObjectWriter:
     def _seal_current(self) -> None:
         if self._pack is not None:
             pack, self._pack = self._pack, None
-            pack.seal()
-            self._sealed.append((pack.name, pack.entries))
+            if self._sealer is None:
+                self._sealer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ckvc-seal")
+            self._sealing.append((pack, self._sealer.submit(pack.seal)))
+
+    def _wait_for_seals(self) -> list[PackWriter]:
+        """Wait for every pack being sealed; returns the sealed ones, raises the first error."""
+        sealed, error = [], None
+        for pack, fut in self._sealing:
+            try:
+                fut.result()
+                sealed.append(pack)
+            except BaseException as exc:
+                pack.abort()
+                error = error or exc
+        self._sealing.clear()
+        if self._sealer is not None:
+            self._sealer.shutdown()
+            self._sealer = None
+        if error is not None:
+            raise error
+        return sealed
 
     def commit(self) -> None:
         """Make every object of this batch durable and indexed."""
         self._seal_current()
-        for name, entries in self._sealed:
-            self.store.index.add_pack(name, entries)
-        self._sealed.clear()
+        for pack in self._wait_for_seals():
+            self.store.index.add_pack(pack.name, pack.entries)
 
     def abort(self) -> None:
         if self._pack is not None:
@@ -217,7 +238,6 @@ class ObjectWriter:
             self._pack = None
         # Sealed but unindexed packs hold only unreferenced objects; index them
         # anyway so the bytes are not written twice, gc reclaims them if unused.
-        for name, entries in self._sealed:
-            with contextlib.suppress(Exception):
-                self.store.index.add_pack(name, entries)
-        self._sealed.clear()
+        with contextlib.suppress(BaseException):
+            for pack in self._wait_for_seals():
+                self.store.index.add_pack(pack.name, pack.entries)
