@@ -231,7 +231,7 @@ class RefStore:
         if (branch is None) == (detached is None):
             raise ValueError("give exactly one of branch or detached")
         with file_lock(self._lock_path):
-            old_id = self._head_id_unlocked()
+            old_id = self._head_id_or_none()
             if branch is not None:
                 check_ref_name(branch)
                 write_atomic(self.root / HEAD, f"{_SYMREF_PREFIX}{branch}\n".encode())
@@ -247,7 +247,7 @@ class RefStore:
     def set_head_if_equals(self, old: str, new: str, message: str) -> None:
         """Move a detached HEAD from ``old`` to ``new`` (a commit on a detached HEAD)."""
         with file_lock(self._lock_path):
-            target, current = self._head_unlocked()
+            target, current = self.head()
             if target is not None or current != old:
                 raise RefConflictError(f"HEAD moved: expected detached at {old}")
             write_atomic(self.root / HEAD, f"{new}\n".encode())
@@ -256,10 +256,7 @@ class RefStore:
     def init_head(self, branch: str) -> None:
         write_atomic(self.root / HEAD, f"{_SYMREF_PREFIX}{check_ref_name(branch)}\n".encode())
 
-    def _head_unlocked(self) -> tuple[str | None, str | None]:
-        return self.head()
-
-    def _head_id_unlocked(self) -> str | None:
+    def _head_id_or_none(self) -> str | None:
         try:
             return self.head()[1]
         except RefNotFoundError:
