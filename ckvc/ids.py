@@ -44,16 +44,5 @@ def object_id(kind: ObjectType, data: bytes | bytearray | memoryview) -> bytes:
     return hasher.digest()
 
 
-def to_hex(oid: bytes) -> str:
-    return oid.hex()
-
-
-def from_hex(text: str) -> bytes:
-    """Parse a full 64-character lowercase hex id; raises ValueError otherwise."""
-    if len(text) != HEX_ID_LENGTH or text.lower() != text:
-        raise ValueError(f"not a full object id: {text!r}")
-    return bytes.fromhex(text)
-
-
 def is_full_hex_id(text: str) -> bool:
     return len(text) == HEX_ID_LENGTH and all(c in "0123456789abcdef" for c in text)

@@ -13,6 +13,7 @@ from typing import Any
 
 import msgpack
 
+from ckvc.chunking import chunk_count
 from ckvc.errors import CorruptObjectError
 from ckvc.ids import ID_SIZE
 
@@ -77,7 +78,7 @@ class Blob:
         _require(ok, "snapshot", "bad blob entry")
         path, dtype, nbytes, chunk_size, ids = wire
         chunks = tuple(ids[i : i + ID_SIZE] for i in range(0, len(ids), ID_SIZE))
-        _require(len(chunks) == -(-nbytes // chunk_size), "snapshot", "chunk count does not cover the blob")
+        _require(len(chunks) == chunk_count(nbytes, chunk_size), "snapshot", "chunk count does not cover the blob")
         return cls(path, dtype, nbytes, chunk_size, chunks)
 
 

@@ -289,16 +289,15 @@ class Repo:
         # Enough chunks in flight to keep every core busy while a pack is sealed
         # (fsync); at 4 MiB chunks this bounds extra memory to a few tens of MiB.
         max_in_flight = 4 * (os.cpu_count() or 2) + 2
-        in_flight: collections.deque[tuple[int, Future[tuple[bytes, int, Any]]]] = collections.deque()
+        in_flight: collections.deque[tuple[int, Future[tuple[bytes, int, Any]], int]] = collections.deque()
         chunk_ids: list[list[bytes]] = [[] for _ in pending]
 
         def drain_one() -> None:
             nonlocal done
-            blob_index, fut = in_flight.popleft()
+            blob_index, fut, raw_size = in_flight.popleft()
             oid, codec_id, payload = fut.result()
             chunk_ids[blob_index].append(oid)
             stats.chunks += 1
-            raw_size = fut_sizes.pop(id(fut))
             if payload is not None:
                 before = writer.bytes_written
                 if writer.add_encoded(ObjectType.CHUNK, oid, raw_size, codec_id, payload):
@@ -309,20 +308,17 @@ class Repo:
             if progress is not None:
                 progress(done, total)
 
-        fut_sizes: dict[int, int] = {}
         try:
             for index, blob in enumerate(pending):
                 stats.logical_bytes += len(blob.data)
                 for start, end in chunk_spans(len(blob.data), self._chunk_size_for(blob.itemsize)):
-                    fut = self.pool.submit(work, blob.data[start:end])
-                    fut_sizes[id(fut)] = end - start
-                    in_flight.append((index, fut))
+                    in_flight.append((index, self.pool.submit(work, blob.data[start:end]), end - start))
                     if len(in_flight) >= max_in_flight:
                         drain_one()
             while in_flight:
                 drain_one()
         finally:
-            for _, fut in in_flight:
+            for _, fut, _ in in_flight:
                 fut.cancel()
         return [
             Blob(b.path, b.dtype, len(b.data), self._chunk_size_for(b.itemsize), tuple(ids))
@@ -432,19 +428,23 @@ class Repo:
         state loaded cleanly."""
         commit_id = self.resolve(rev)
         state = self.load(commit_id, map_location, allow_pickle=allow_pickle, progress=progress)
-        self.switch(rev, _resolved=commit_id)
+        self._move_head(rev, commit_id)
         return state
 
-    def switch(self, rev: str, *, _resolved: str | None = None) -> str:
+    def switch(self, rev: str) -> str:
         """Move HEAD to ``rev`` without loading it. Returns the commit id."""
-        commit_id = _resolved or self.resolve(rev)
+        commit_id = self.resolve(rev)
+        self._move_head(rev, commit_id)
+        return commit_id
+
+    def _move_head(self, rev: str, commit_id: str) -> None:
+        """HEAD onto the branch ``rev`` names, or detached at ``commit_id``."""
         full_branch = self._branch_named(rev)
         message = f"checkout: moving to {rev}"
         if full_branch is not None:
             self.refs.set_head(branch=full_branch, message=message)
         else:
             self.refs.set_head(detached=commit_id, message=message)
-        return commit_id
 
     def _branch_named(self, rev: str) -> str | None:
         """The full branch ref ``rev`` names exactly, if it is a branch name."""

@@ -4,7 +4,6 @@ verify every byte read against its id."""
 from __future__ import annotations
 
 import contextlib
-import os
 import threading
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -16,7 +15,6 @@ from ckvc.errors import CorruptObjectError, ObjectNotFoundError
 from ckvc.ids import ObjectType, object_id
 from ckvc.storage.index import Index, IndexEntry
 from ckvc.storage.packs import (
-    TMP_SUFFIX,
     PackReader,
     PackWriter,
     list_packs,
@@ -133,20 +131,6 @@ class ObjectStore:
     # ---- writes -------------------------------------------------------------
     def writer(self, codec: Codec, max_pack_size: int = DEFAULT_MAX_PACK_SIZE) -> ObjectWriter:
         return ObjectWriter(self, codec, max_pack_size)
-
-    def remove_stale_temp_packs(self, older_than_s: float) -> int:
-        """Delete unfinished packs left by dead writers. Live writers' packs are younger."""
-        import time
-
-        removed = 0
-        now = time.time()
-        for p in self.pack_dir.iterdir():
-            if p.name.endswith(TMP_SUFFIX):
-                with contextlib.suppress(FileNotFoundError):
-                    if now - p.stat().st_mtime > older_than_s:
-                        os.unlink(p)
-                        removed += 1
-        return removed
 
 
 class ObjectWriter:
