@@ -28,12 +28,23 @@ class RepoConfig:
     codec: dict[str, Any] = field(default_factory=lambda: {"name": "zstd", "level": 1})
     max_pack_size: int = DEFAULT_MAX_PACK_SIZE
     default_branch: str = "main"
+    # Lifecycle (docs/GUIDE.md): reflog entries younger than this keep their commits;
+    # gc never touches packs younger than the grace period (unless --now); it
+    # rewrites packs whose live fraction is below the repack threshold.
+    reflog_expiry_s: float = 90 * 86400
+    gc_grace_s: float = 3600
+    repack_threshold: float = 0.8
+    retention: dict[str, Any] | None = None
 
     def validate(self) -> RepoConfig:
         validate_chunk_size(self.chunk_size)
         make_codec(str(self.codec.get("name")), self.codec.get("level"))
         if self.max_pack_size < 1 << 20:
             raise ValueError("max_pack_size must be at least 1 MiB")
+        if not 0.0 <= self.repack_threshold <= 1.0:
+            raise ValueError("repack_threshold must be between 0 and 1")
+        if self.reflog_expiry_s < 0 or self.gc_grace_s < 0:
+            raise ValueError("reflog_expiry_s and gc_grace_s must not be negative")
         return self
 
     def save(self, root: Path) -> None:

@@ -92,6 +92,21 @@ class UnsafeContentError(CkvcError):
     exit_code = 12
 
 
+class PrunedCommitError(CkvcError):
+    """The commit's data was released by a retention policy; its history stays."""
+
+    exit_code = 15
+
+    def __init__(self, commit: str, policy: str, time_ns: int) -> None:
+        import datetime as dt
+
+        self.commit = commit
+        self.policy = policy
+        self.time_ns = time_ns
+        when = dt.datetime.fromtimestamp(time_ns / 1e9, tz=dt.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+        super().__init__(f"commit {commit[:12]} was pruned by retention policy [{policy}] at {when}; data released")
+
+
 class UnsupportedTypeError(CkvcError, TypeError):
     """A value ckvc cannot store, named by its path in the state."""
 
@@ -116,6 +131,7 @@ __all__ = [
     "InvalidRevisionError",
     "NotARepositoryError",
     "ObjectNotFoundError",
+    "PrunedCommitError",
     "RefConflictError",
     "RefNotFoundError",
     "RepositoryLockedError",

@@ -4,6 +4,7 @@ refs, and that every commit a ref reaches has all its objects."""
 from __future__ import annotations
 
 import os
+import random
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -21,6 +22,7 @@ BAD_CHECKSUM = "bad-checksum"
 DANGLING_REF = "dangling-ref"
 DAMAGED_REF = "damaged-ref"
 UNFINISHED_PACK = "unfinished-pack"
+UNREFERENCED = "unreferenced"
 BAD_PACK = "bad-pack"
 UNINDEXED_PACK = "unindexed-pack"
 
@@ -39,6 +41,8 @@ class FsckReport:
     bytes_checked: int = 0
     packs_checked: int = 0
     commits_reachable: int = 0
+    unreferenced_objects: int = 0
+    unreferenced_bytes: int = 0
     rebuilt_index: bool = False
     problems: list[Problem] = field(default_factory=list)
 
@@ -55,7 +59,26 @@ class FsckReport:
         return out
 
 
-def run_fsck(repo: Repo, *, rebuild_index: bool = False, progress: ProgressCallback | None = None) -> FsckReport:
+LEVELS = ("refs", "metadata", "full")
+
+
+def run_fsck(
+    repo: Repo,
+    *,
+    rebuild_index: bool = False,
+    level: str = "full",
+    sample: float | None = None,
+    progress: ProgressCallback | None = None,
+) -> FsckReport:
+    """Check the repository. Levels, each including the one before:
+    "refs" (refs, commit graph), "metadata" (snapshots and tags read and
+    verified, every chunk present in the index), "full" (every stored object
+    re-read and re-hashed). ``sample`` (0 < f <= 1) re-hashes that random
+    fraction of the objects instead of all of them."""
+    if level not in LEVELS:
+        raise ValueError(f"fsck level must be one of {LEVELS}, got {level!r}")
+    if sample is not None and not 0 < sample <= 1:
+        raise ValueError(f"sample must be a fraction in (0, 1], got {sample!r}")
     report = FsckReport()
     store = repo.store
     if rebuild_index:
@@ -86,41 +109,46 @@ def run_fsck(repo: Repo, *, rebuild_index: bool = False, progress: ProgressCallb
     for tmp in sorted(p.name for p in store.pack_dir.iterdir() if p.name.endswith(TMP_SUFFIX)):
         add(UNFINISHED_PACK, None, f"{tmp}: being written, or left by a writer that died", "warning")
 
-    # 2. Every indexed object: read, decode, re-hash.
-    entries = list(store.iter_stored())
-    total = sum(e.stored_size for e in entries)
-    done = 0
+    # 2. Stored objects: read, decode, re-hash (all, or a random sample).
+    if level == "full" or sample is not None:
+        entries = list(store.iter_stored())
+        if sample is not None:
+            entries = random.sample(entries, max(1, round(len(entries) * sample))) if entries else []
+        total = sum(e.stored_size for e in entries)
+        done = 0
 
-    def check(oid: bytes) -> str | None:
-        try:
-            store.verify(oid)
-        except (CorruptObjectError, ObjectNotFoundError) as exc:
-            return str(exc)
-        return None
+        def check(oid: bytes) -> str | None:
+            try:
+                store.verify(oid)
+            except (CorruptObjectError, ObjectNotFoundError) as exc:
+                return str(exc)
+            return None
 
-    workers = repo.pool
-    window = 4 * (os.cpu_count() or 2)
-    for i in range(0, len(entries), window):
-        batch = entries[i : i + window]
-        for stored, err in zip(batch, workers.map(lambda s: check(s.oid), batch), strict=True):
-            report.objects_checked += 1
-            report.bytes_checked += stored.stored_size
-            done += stored.stored_size
-            if err is not None:
-                kind = MISSING_OBJECT if "missing" in err or "not found" in err else BAD_CHECKSUM
-                add(kind, stored.oid.hex(), err)
-        if progress is not None:
-            progress(done, total)
+        window = 4 * (os.cpu_count() or 2)
+        for i in range(0, len(entries), window):
+            batch = entries[i : i + window]
+            for stored, err in zip(batch, repo.pool.map(lambda s: check(s.oid), batch), strict=True):
+                report.objects_checked += 1
+                report.bytes_checked += stored.stored_size
+                done += stored.stored_size
+                if err is not None:
+                    kind = MISSING_OBJECT if "missing" in err or "not found" in err else BAD_CHECKSUM
+                    add(kind, stored.oid.hex(), err)
+            if progress is not None:
+                progress(done, total)
 
-    # 3. Refs and connectivity: every reachable commit, snapshot and chunk exists.
+    # 3. Refs and the commit graph; from "metadata" on, each unpruned commit's
+    #    snapshot and the presence of every chunk it needs.
     damaged_refs: list[str] = []
     tips = repo.ref_tips(include_reflogs=False, damaged=damaged_refs)
     for detail in damaged_refs:
         add(DAMAGED_REF, None, detail)
-    stack = list(dict.fromkeys(tips.values()))
     for label, oid in tips.items():
         if not store.has(bytes.fromhex(oid)):
             add(DANGLING_REF, oid, f"{label} points at missing object {oid}")
+    pruned = repo.pruned()
+    reachable: set[bytes] = set()
+    stack = list(dict.fromkeys(tips.values()))
     visited: set[str] = set()
     while stack:
         oid = stack.pop()
@@ -131,6 +159,7 @@ def run_fsck(repo: Repo, *, rebuild_index: bool = False, progress: ProgressCallb
         if not store.has(raw_id):
             add(MISSING_OBJECT, oid, f"commit {oid} is missing")
             continue
+        reachable.add(raw_id)
         try:
             if store.stat(raw_id).kind == ObjectType.TAG:
                 stack.append(repo.read_tag(oid).target)
@@ -144,6 +173,9 @@ def run_fsck(repo: Repo, *, rebuild_index: bool = False, progress: ProgressCallb
             continue
         report.commits_reachable += 1
         stack.extend(commit.parents)
+        if level == "refs" or oid in pruned:
+            continue  # a pruned commit keeps only its commit object
+        reachable.add(bytes.fromhex(commit.tree))
         try:
             snapshot = repo.read_snapshot(commit)
         except ObjectNotFoundError:
@@ -154,6 +186,24 @@ def run_fsck(repo: Repo, *, rebuild_index: bool = False, progress: ProgressCallb
             continue
         for blob in snapshot.blobs:
             for chunk in blob.chunks:
+                reachable.add(chunk)
                 if not store.has(chunk):
                     add(MISSING_OBJECT, chunk.hex(), f"chunk of tensor {blob.path!r} in commit {oid} is missing")
+
+    # 4. Objects nothing reaches (released by retention, or left by crashes): gc
+    #    reclaims them. Only meaningful when the graph walk met no damage.
+    if level != "refs" and report.ok:
+        count, size = 0, 0
+        for stored in store.iter_stored():
+            if stored.oid not in reachable:
+                count += 1
+                size += stored.stored_size
+        report.unreferenced_objects, report.unreferenced_bytes = count, size
+        if count:
+            add(
+                UNREFERENCED,
+                None,
+                f"{count} objects ({size} bytes) are unreferenced; `ckvc gc` reclaims them",
+                "warning",
+            )
     return report

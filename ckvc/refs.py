@@ -287,8 +287,8 @@ class RefStore:
                 continue
         return out[::-1]
 
-    def iter_reflog_ids(self) -> Iterator[str]:
-        """Every id any reflog mentions (kept reachable by fsck and gc)."""
+    def iter_reflog_ids(self, since_ns: int = 0) -> Iterator[str]:
+        """Every id a reflog entry at or after ``since_ns`` mentions (gc keeps them)."""
         logs = self.root / "logs"
         if not logs.is_dir():
             return
@@ -300,6 +300,8 @@ class RefStore:
                 except Exception:
                     continue
                 for e in entries:
+                    if e.time_ns < since_ns:
+                        continue
                     for value in (e.old, e.new):
                         if value:
                             yield value

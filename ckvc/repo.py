@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -32,14 +32,20 @@ from ckvc.errors import (
     InvalidRevisionError,
     NotARepositoryError,
     ObjectNotFoundError,
+    PrunedCommitError,
     RefNotFoundError,
     UnsafeContentError,
 )
 from ckvc.ids import ObjectType, is_full_hex_id, object_id
 from ckvc.objects import Blob, Commit, Snapshot, Tag, validate_metadata, validate_metrics
+from ckvc.pruned import PruneLog, PruneRecord
 from ckvc.refs import BRANCH_PREFIX, HEAD, TAG_PREFIX, ReflogEntry, RefStore, branch_ref, check_ref_name, tag_ref
 from ckvc.state import MapLocation, PendingBlob, TensorInfo
 from ckvc.storage.object_store import ObjectStore, ObjectWriter
+
+if TYPE_CHECKING:
+    from ckvc.gc import GcReport
+    from ckvc.retention import RetentionPlan, RetentionPolicy
 
 REPO_DIR = ".ckvc"
 MIN_PREFIX = 4
@@ -131,6 +137,7 @@ class Repo:
         self.config = RepoConfig.load(self.dir)
         self.store = ObjectStore(self.dir)
         self.refs = RefStore(self.dir)
+        self.prune_log = PruneLog(self.dir)
         self._codec = make_codec(str(self.config.codec["name"]), self.config.codec.get("level"))
         self._pool: ThreadPoolExecutor | None = None
         self.last_commit_stats: CommitStats | None = None
@@ -172,6 +179,8 @@ class Repo:
             for sub in ("packs", "refs/heads", "refs/tags", "logs"):
                 (staging / sub).mkdir(parents=True)
             config.save(staging)
+            for lock in ("gc.lock", "refs.lock", "pruned.lock"):  # present from the start: flock targets
+                (staging / lock).touch()
             RefStore(staging).init_head(branch_ref(default_branch))
             os.rename(staging, target)
         except BaseException:
@@ -215,13 +224,16 @@ class Repo:
         *,
         merge: Sequence[str] = (),
         allow_pickle: bool = False,
+        retain: bool | None = None,
         progress: ProgressCallback | None = None,
     ) -> str:
         """Store ``state`` as a new commit on the current branch (or detached HEAD)
         and return its id. Everything is durable before the branch moves.
 
         ``merge`` names further revisions to record as parents (e.g. the runs a
-        weight average was made from); HEAD's commit stays the first parent."""
+        weight average was made from); HEAD's commit stays the first parent.
+        ``retain`` applies the stored retention policy afterwards (default: when
+        the policy says ``auto``)."""
         started = time.perf_counter()
         if not isinstance(message, str):
             raise InvalidInputError("message must be a str")
@@ -230,11 +242,13 @@ class Repo:
             clean_metadata = validate_metadata(metadata)
         except ValueError as exc:
             raise InvalidInputError(str(exc)) from None
-        target, parent = self.refs.head()
-        extra_parents = tuple(dict.fromkeys(self.resolve(r) for r in merge))
         tree, pending, pickled = state_mod.encode_state(state, allow_pickle=allow_pickle)
         stats = CommitStats(commit="")
-        with self.store.writer(self._codec, self.config.max_pack_size) as writer:
+        # The pin keeps gc from removing anything this commit deduplicates against
+        # until its branch has moved (gc then sees the commit from the refs).
+        with self.store.pin(), self.store.writer(self._codec, self.config.max_pack_size) as writer:
+            target, parent = self.refs.head()
+            extra_parents = tuple(dict.fromkeys(self.resolve(r) for r in merge))
             blobs = self._store_blobs(writer, pending, stats, progress)
             snapshot_id = writer.put(ObjectType.SNAPSHOT, Snapshot(tuple(blobs), tree).encode())
             commit = Commit(
@@ -249,16 +263,21 @@ class Repo:
             )
             commit_id = writer.put(ObjectType.COMMIT, commit.encode()).hex()
             writer.commit()
+            reflog_message = f"commit: {message.splitlines()[0] if message else ''}".rstrip()
+            if target is not None:
+                self.refs.set_if_equals(target, parent, commit_id, reflog_message, also_log=HEAD)
+            else:
+                assert parent is not None
+                self.refs.set_head_if_equals(parent, commit_id, reflog_message)
         stats.stored_bytes = writer.bytes_written
-        reflog_message = f"commit: {message.splitlines()[0] if message else ''}".rstrip()
-        if target is not None:
-            self.refs.set_if_equals(target, parent, commit_id, reflog_message, also_log=HEAD)
-        else:
-            assert parent is not None
-            self.refs.set_head_if_equals(parent, commit_id, reflog_message)
         stats.commit = commit_id
         stats.seconds = time.perf_counter() - started
         self.last_commit_stats = stats
+        policy = self.retention_policy()
+        if policy is not None and (retain or (retain is None and policy.auto)):
+            self.retain(policy)
+        elif retain:
+            raise InvalidInputError("retain=True but no retention policy is set (Repo.set_retention)")
         return commit_id
 
     def _chunk_size_for(self, itemsize: int) -> int:
@@ -352,6 +371,7 @@ class Repo:
     ) -> Any:
         """The state stored in ``rev``; HEAD does not move. Every byte is verified."""
         commit = self.read_commit(self.resolve(rev))
+        self._check_not_pruned(commit.id)
         if commit.pickled and not allow_pickle:
             raise UnsafeContentError(
                 f"commit {commit.id[:12]} holds pickled values, which can run code; "
@@ -460,8 +480,14 @@ class Repo:
 
     # ---- history ------------------------------------------------------------
     def log(self, rev: str = "HEAD", *, limit: int | None = None, first_parent: bool = False) -> list[Commit]:
-        """Commits reachable from ``rev``, newest first (by commit time)."""
+        """Commits reachable from ``rev``, newest first (by commit time); with
+        ``first_parent``, the first-parent chain from ``rev`` down to the root."""
         start = self.resolve(rev)
+        if first_parent:  # the chain itself, whatever the commit times say
+            chain = [self.read_commit(start)]
+            while chain[-1].parents and (limit is None or len(chain) < limit):
+                chain.append(self.read_commit(chain[-1].parents[0]))
+            return chain
         seen = {start}
         first = self.read_commit(start)
         heap: list[tuple[int, int, Commit]] = [(-first.time_ns, 0, first)]
@@ -470,8 +496,7 @@ class Repo:
         while heap and (limit is None or len(out) < limit):
             _, _, commit = heapq.heappop(heap)
             out.append(commit)
-            parents = commit.parents[:1] if first_parent else commit.parents
-            for parent in parents:
+            for parent in commit.parents:
                 if parent not in seen:
                     seen.add(parent)
                     pc = self.read_commit(parent)
@@ -552,6 +577,11 @@ class Repo:
         rel = norm_d / norm_a if norm_a else (0.0 if norm_d == 0 else math.inf)
         return TensorChange(path, old, new, rel, float(delta.max()) if delta.numel() else 0.0)
 
+    def _check_not_pruned(self, commit_id: str) -> None:
+        record = self.pruned().get(commit_id)
+        if record is not None:
+            raise PrunedCommitError(commit_id, record.policy, record.time_ns)
+
     def _load_tensor(self, commit: Commit, snapshot: Snapshot, info: TensorInfo) -> Any:
         (base,) = self._read_blobs(commit, [snapshot.blobs[info.blob]])
         return state_mod.materialize(info, base)
@@ -560,8 +590,9 @@ class Repo:
     def branch(self, name: str, rev: str = "HEAD") -> str:
         """Create branch ``name`` at ``rev``; RefConflictError if it exists."""
         full = branch_ref(name)
-        commit_id = self.resolve(rev)
-        self.refs.set_if_equals(full, None, commit_id, f"branch: created from {rev}")
+        with self.store.pin():  # the commit may be one gc is about to collect
+            commit_id = self.resolve(rev)
+            self.refs.set_if_equals(full, None, commit_id, f"branch: created from {rev}")
         return commit_id
 
     def delete_branch(self, name: str) -> str:
@@ -582,14 +613,15 @@ class Repo:
         """Create a tag: annotated (a tag object) when ``message`` is given,
         lightweight otherwise. Returns what the tag ref points at."""
         full = tag_ref(name)
-        commit_id = self.resolve(rev)
-        target = commit_id
-        if message is not None:
-            tag = Tag(commit_id, name, _default_author(), time.time_ns(), message)
-            with self.store.writer(self._codec) as writer:
-                target = writer.put(ObjectType.TAG, tag.encode()).hex()
-                writer.commit()
-        self.refs.set_if_equals(full, None, target, f"tag: {name}")
+        with self.store.pin():
+            commit_id = self.resolve(rev)
+            target = commit_id
+            if message is not None:
+                tag = Tag(commit_id, name, _default_author(), time.time_ns(), message)
+                with self.store.writer(self._codec) as writer:
+                    target = writer.put(ObjectType.TAG, tag.encode()).hex()
+                    writer.commit()
+            self.refs.set_if_equals(full, None, target, f"tag: {name}")
         return target
 
     def delete_tag(self, name: str) -> str:
@@ -739,11 +771,83 @@ class Repo:
             yield commit
             stack.extend(commit.parents)
 
-    def fsck(self, *, rebuild_index: bool = False, progress: ProgressCallback | None = None) -> Any:
-        """Check every stored object against its id, and the refs and commit graph."""
+    # ---- lifecycle ----------------------------------------------------------
+    def pruned(self) -> dict[str, PruneRecord]:
+        """Commits whose data a retention policy released: id -> when and by which policy."""
+        return self.prune_log.records()
+
+    def retention_policy(self) -> RetentionPolicy | None:
+        from ckvc.retention import RetentionPolicy
+
+        raw = self.config.retention
+        return RetentionPolicy.from_config(raw) if raw else None
+
+    def set_retention(self, policy: RetentionPolicy | None) -> None:
+        """Store ``policy`` in the repository config (None removes it)."""
+        config = RepoConfig.load(self.dir)
+        config.retention = policy.to_config() if policy is not None else None
+        config.save(self.dir)
+        self.config = config
+
+    def set_config(self, **values: Any) -> RepoConfig:
+        """Change lifecycle settings: reflog_expiry_s, gc_grace_s, repack_threshold."""
+        allowed = {"reflog_expiry_s", "gc_grace_s", "repack_threshold"}
+        unknown = set(values) - allowed
+        if unknown:
+            raise InvalidInputError(f"unknown or read-only setting(s): {sorted(unknown)}; settable: {sorted(allowed)}")
+        config = RepoConfig.load(self.dir)
+        for key, value in values.items():
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise InvalidInputError(f"{key} must be a number, got {value!r}")
+            setattr(config, key, float(value))
+        try:
+            config.validate()
+        except ValueError as exc:
+            raise InvalidInputError(str(exc)) from None
+        config.save(self.dir)
+        self.config = config
+        return config
+
+    def retain(self, policy: RetentionPolicy | None = None, *, dry_run: bool = False) -> RetentionPlan:
+        """Apply ``policy`` (default: the stored one): record every commit no rule
+        keeps as pruned. History stays; ``gc`` frees the data. Returns the plan,
+        with the rules that keep each kept commit."""
+        from ckvc.retention import apply_retention, plan_retention
+
+        policy = policy or self.retention_policy()
+        if policy is None:
+            raise InvalidInputError("no retention policy given or stored (ckvc retain --keep-last N ...)")
+        plan = plan_retention(self, policy)
+        if not dry_run:
+            apply_retention(self, plan)
+        return plan
+
+    def gc(self, *, dry_run: bool = False, now: bool = False, grace_s: float | None = None) -> GcReport:
+        """Delete what nothing reachable needs and repack mostly-dead packs.
+        ``now`` skips the grace period (only when nothing else is writing)."""
+        from ckvc.gc import GcReport, execute_gc, plan_gc
+
+        grace = 0.0 if now else (self.config.gc_grace_s if grace_s is None else grace_s)
+        expiry = self.config.reflog_expiry_s
+        plan = plan_gc(self, grace_s=grace, repack_threshold=self.config.repack_threshold, reflog_expiry_s=expiry)
+        if dry_run:
+            return GcReport(plan)
+        return execute_gc(self, plan, reflog_expiry_s=expiry)
+
+    def fsck(
+        self,
+        *,
+        rebuild_index: bool = False,
+        level: str = "full",
+        sample: float | None = None,
+        progress: ProgressCallback | None = None,
+    ) -> Any:
+        """Check the refs, the commit graph and (level "full", the default) every
+        stored object against its id; "metadata" and "refs" check less, faster;
+        ``sample`` re-hashes a random fraction of the objects."""
         from ckvc.fsck import run_fsck
 
-        return run_fsck(self, rebuild_index=rebuild_index, progress=progress)
+        return run_fsck(self, rebuild_index=rebuild_index, level=level, sample=sample, progress=progress)
 
     def du(self) -> Any:
         """Logical vs stored bytes, dedup and compression ratios, unique bytes per commit."""

@@ -121,6 +121,46 @@ class Index:
                 value = _ENTRY.pack(number, e.offset, e.record_size, e.kind, e.codec, e.raw_size)
                 txn.put(e.oid, value, db=self._objects, overwrite=False)
 
+    def swap_packs(
+        self, added: list[tuple[str, list[RecordInfo]]], removed: list[tuple[str, list[RecordInfo]]]
+    ) -> None:
+        """gc's one durable transaction: index the ``added`` packs (their entries
+        become the canonical copies), then forget the ``removed`` packs and every
+        entry still pointing into them."""
+        with self._env.begin(write=True) as txn:
+            for name, entries in added:
+                raw_number = txn.get(name.encode(), db=self._packs)
+                if raw_number is None:
+                    raw_next = txn.get(_NEXT_PACK_KEY, db=self._meta)
+                    number = _PACKNO.unpack(raw_next)[0] if raw_next else 0
+                    txn.put(_NEXT_PACK_KEY, _PACKNO.pack(number + 1), db=self._meta)
+                    txn.put(name.encode(), _PACKNO.pack(number), db=self._packs)
+                    txn.put(_PACKNO.pack(number), name.encode(), db=self._packnames)
+                else:
+                    number = _PACKNO.unpack(raw_number)[0]
+                for e in entries:
+                    txn.put(
+                        e.oid,
+                        _ENTRY.pack(number, e.offset, e.record_size, e.kind, e.codec, e.raw_size),
+                        db=self._objects,
+                    )
+            for name, entries in removed:
+                raw_number = txn.get(name.encode(), db=self._packs)
+                if raw_number is None:
+                    continue  # never indexed (left by a writer that died)
+                number = _PACKNO.unpack(raw_number)[0]
+                for e in entries:
+                    raw = txn.get(e.oid, db=self._objects)
+                    if raw is not None and _ENTRY.unpack(raw)[0] == number:
+                        txn.delete(e.oid, db=self._objects)
+                txn.delete(name.encode(), db=self._packs)
+                txn.delete(_PACKNO.pack(number), db=self._packnames)
+
+    def location(self, oid: bytes) -> tuple[str, int] | None:
+        """(pack, offset) of the canonical copy of ``oid``."""
+        entry = self.get(oid)
+        return None if entry is None else (entry.pack, entry.offset)
+
     def clear(self) -> None:
         with self._env.begin(write=True) as txn:
             for db in (self._objects, self._packs, self._packnames, self._meta):

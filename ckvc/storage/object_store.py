@@ -13,6 +13,7 @@ from pathlib import Path
 from ckvc.codecs import Buffer, Codec, decoder_for, encode_smallest
 from ckvc.errors import CorruptObjectError, ObjectNotFoundError
 from ckvc.ids import ObjectType, object_id
+from ckvc.storage.files import file_lock
 from ckvc.storage.index import Index, IndexEntry
 from ckvc.storage.packs import (
     PackReader,
@@ -37,12 +38,38 @@ class StoredObject:
     pack: str
 
 
+# Writers (commits, tags, index refreshes) hold a shared flock on this file while
+# they work; gc takes it exclusively for its short critical section. So gc never
+# removes an object that an in-flight writer deduplicated against, and a writer
+# never sees an index entry that gc is about to drop.
+GC_LOCK = "gc.lock"
+PIN_TIMEOUT_S = 120.0
+
+
 class ObjectStore:
     def __init__(self, root: Path) -> None:
+        self.root = root
         self.pack_dir = root / "packs"
         self.index = Index(root / "index")
         self.reader = PackReader(self.pack_dir)
         self._refresh_lock = threading.Lock()
+        self._exclusive_held = False
+
+    def pin(self, timeout: float = PIN_TIMEOUT_S) -> contextlib.AbstractContextManager[None]:
+        """Shared lock held by writers: gc's sweep waits for them and they for it."""
+        if self._exclusive_held:  # this process is gc, inside its critical section
+            return contextlib.nullcontext()
+        return file_lock(self.root / GC_LOCK, shared=True, timeout=timeout)
+
+    @contextlib.contextmanager
+    def exclusive(self, timeout: float) -> Iterator[None]:
+        """gc's critical section: no writer is in flight while it is held."""
+        with file_lock(self.root / GC_LOCK, shared=False, timeout=timeout):
+            self._exclusive_held = True
+            try:
+                yield
+            finally:
+                self._exclusive_held = False
 
     def close(self) -> None:
         self.reader.close()
@@ -68,17 +95,16 @@ class ObjectStore:
         """Index sealed packs that the index does not know yet (written by a
         process that died before indexing them, or after the index was lost).
         Returns how many packs were added."""
-        with self._refresh_lock:
+        with self._refresh_lock, self.pin():
             known = self.index.indexed_packs()
             added = 0
             for name in list_packs(self.pack_dir):
                 if name in known:
                     continue
-                fd = self.reader.fd(name)
                 try:
-                    entries, _ = pack_entries(fd, name)
-                except CorruptObjectError:
-                    continue  # fsck reports it; nothing in it is readable by index
+                    entries, _ = pack_entries(self.reader.fd(name), name)
+                except (CorruptObjectError, ObjectNotFoundError):
+                    continue  # damaged (fsck reports it) or removed by gc meanwhile
                 self.index.add_pack(name, entries)
                 added += 1
             return added
@@ -97,7 +123,16 @@ class ObjectStore:
     def read(self, oid: bytes, kind: ObjectType | None = None) -> Buffer:
         """The object's plain bytes, verified against ``oid``."""
         entry = self.locate(oid)
-        return self._read_entry(oid, entry, kind)
+        try:
+            return self._read_entry(oid, entry, kind)
+        except ObjectNotFoundError:
+            # gc may have repacked the object and removed the pack between our
+            # index lookup and the read: look it up once more.
+            self.reader.forget(entry.pack)
+            retry = self.locate(oid)
+            if (retry.pack, retry.offset) == (entry.pack, entry.offset):
+                raise
+            return self._read_entry(oid, retry, kind)
 
     def _read_entry(self, oid: bytes, entry: IndexEntry, kind: ObjectType | None) -> Buffer:
         hex_id = oid.hex()

@@ -1,0 +1,288 @@
+"""Garbage collection: keep what refs, recent reflog entries and unpruned commits
+reach; delete the rest; repack packs that are mostly garbage.
+
+Plan and execute are separate. Execution has three steps:
+
+1. (no lock) copy the live objects of mostly-dead packs into new packs, verified;
+2. (exclusive gc lock: waits for in-flight writers, which hold it shared, and
+   blocks new ones) re-mark from the refs as they are now, so anything a commit
+   made or deduplicated against meanwhile stays; swap the index in one LMDB
+   transaction; rename the removed packs to ``*.trash``;
+3. (no lock) unlink the trash.
+
+A crash anywhere leaves every reachable object readable: before the index
+transaction the old packs are untouched; after it the new copies are indexed
+and durable. Leftovers (unindexed copies, trash, temporary packs) are reclaimed
+by the next gc.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from ckvc.codecs import decoder_for
+from ckvc.errors import CkvcError, CorruptObjectError, ObjectNotFoundError
+from ckvc.ids import ObjectType, object_id
+from ckvc.storage.files import fsync_dir
+from ckvc.storage.packs import TMP_SUFFIX, PackWriter, RecordInfo, list_packs, pack_entries, parse_record
+
+if TYPE_CHECKING:
+    from ckvc.repo import Repo
+
+TRASH_SUFFIX = ".trash"
+CRITICAL_SECTION_TIMEOUT_S = 600.0
+
+
+@dataclass
+class PackPlan:
+    name: str
+    size: int
+    live_bytes: int
+    action: str  # "keep", "delete", "repack", "young" (inside the grace period), "unreadable"
+    entries: list[RecordInfo] = field(repr=False)
+    live: list[RecordInfo] = field(repr=False)
+
+
+@dataclass
+class GcPlan:
+    grace_s: float
+    repack_threshold: float
+    live_objects: int = 0
+    live_bytes: int = 0
+    packs: list[PackPlan] = field(default_factory=list)
+    leftovers: list[str] = field(default_factory=list)  # *.trash and stale *.pack.tmp files
+    leftover_bytes: int = 0
+    live: set[bytes] = field(default_factory=set, repr=False)
+    visited: set[str] = field(default_factory=set, repr=False)
+
+    @property
+    def reclaimable_bytes(self) -> int:
+        total = self.leftover_bytes
+        for p in self.packs:
+            if p.action == "delete":
+                total += p.size
+            elif p.action == "repack":
+                total += p.size - p.live_bytes
+        return total
+
+    def count(self, action: str) -> int:
+        return sum(1 for p in self.packs if p.action == action)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "live_objects": self.live_objects,
+            "live_bytes": self.live_bytes,
+            "reclaimable_bytes": self.reclaimable_bytes,
+            "packs": len(self.packs),
+            "packs_to_delete": self.count("delete"),
+            "packs_to_repack": self.count("repack"),
+            "packs_in_grace_period": self.count("young"),
+            "leftover_files": len(self.leftovers),
+            "grace_s": self.grace_s,
+            "repack_threshold": self.repack_threshold,
+        }
+
+
+@dataclass
+class GcReport:
+    plan: GcPlan
+    executed: bool = False
+    bytes_freed: int = 0
+    packs_deleted: int = 0
+    packs_repacked: int = 0
+    packs_written: int = 0
+    objects_copied: int = 0
+    kept_revived: list[str] = field(default_factory=list)  # packs spared: a writer revived objects in them
+    seconds: float = 0.0
+    critical_section_s: float = 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            **self.plan.to_json(),
+            "executed": self.executed,
+            "bytes_freed": self.bytes_freed,
+            "packs_deleted": self.packs_deleted,
+            "packs_repacked": self.packs_repacked,
+            "packs_written": self.packs_written,
+            "objects_copied": self.objects_copied,
+            "kept_revived": self.kept_revived,
+            "seconds": self.seconds,
+            "critical_section_s": self.critical_section_s,
+        }
+
+
+def _tips(repo: Repo, reflog_expiry_s: float) -> list[str]:
+    damaged: list[str] = []
+    tips = list(repo.ref_tips(include_reflogs=False, damaged=damaged).values())
+    if damaged:
+        raise CorruptObjectError(f"gc refuses to run with damaged refs ({damaged[0]}); run `ckvc fsck`")
+    since = time.time_ns() - int(reflog_expiry_s * 1e9)
+    tips.extend(repo.refs.iter_reflog_ids(since_ns=since))
+    return list(dict.fromkeys(tips))
+
+
+def mark(repo: Repo, live: set[bytes], visited: set[str], *, reflog_expiry_s: float) -> set[bytes]:
+    """Add to ``live`` every object reachable from the refs and recent reflog
+    entries: commit and tag objects always, snapshots and chunks of unpruned
+    commits. Commits in ``visited`` are not walked again (incremental re-mark).
+    Returns the ids newly added. Refuses to go on past a missing or corrupt
+    reachable commit: its ancestors would look dead."""
+    pruned = repo.pruned()
+    added: set[bytes] = set()
+
+    def add(oid: bytes) -> None:
+        if oid not in live:
+            live.add(oid)
+            added.add(oid)
+
+    stack = [t for t in _tips(repo, reflog_expiry_s) if t not in visited]
+    reflog_only = set(repo.refs.iter_reflog_ids())
+    while stack:
+        oid = stack.pop()
+        if oid in visited:
+            continue
+        visited.add(oid)
+        raw = bytes.fromhex(oid)
+        try:
+            kind = repo.store.stat(raw).kind
+        except ObjectNotFoundError:
+            if oid in reflog_only:
+                continue  # a reflog may name a commit gc already removed
+            raise CorruptObjectError(f"gc refuses to run: reachable object {oid} is missing; run `ckvc fsck`") from None
+        add(raw)
+        if kind == ObjectType.TAG:
+            stack.append(repo.read_tag(oid).target)
+            continue
+        commit = repo.read_commit(oid)
+        stack.extend(p for p in commit.parents if p not in visited)
+        if oid in pruned:
+            continue
+        add(bytes.fromhex(commit.tree))
+        # Delta codecs (compression work) must also mark each live chunk's base here.
+        for blob in repo.read_snapshot(commit).blobs:
+            for chunk in blob.chunks:
+                add(chunk)
+    return added
+
+
+def plan_gc(repo: Repo, *, grace_s: float, repack_threshold: float, reflog_expiry_s: float) -> GcPlan:
+    """Decide what to delete and repack. Writes nothing."""
+    store = repo.store
+    store.refresh()  # every sealed pack indexed: a live object always has an index entry
+    plan = GcPlan(grace_s=grace_s, repack_threshold=repack_threshold)
+    mark(repo, plan.live, plan.visited, reflog_expiry_s=reflog_expiry_s)
+    plan.live_objects = len(plan.live)
+    now = time.time()
+    for name in list_packs(store.pack_dir):
+        path = store.pack_dir / name
+        try:
+            stat = path.stat()
+            entries, _ = pack_entries(store.reader.fd(name), name)
+        except (CkvcError, OSError):
+            plan.packs.append(PackPlan(name, 0, 0, "unreadable", [], []))
+            continue
+        live = [e for e in entries if e.oid in plan.live and store.index.location(e.oid) == (name, e.offset)]
+        live_bytes = sum(e.record_size for e in live)
+        plan.live_bytes += live_bytes
+        if now - stat.st_mtime < grace_s:
+            action = "young"
+        elif not live:
+            action = "delete"
+        elif live_bytes < repack_threshold * stat.st_size:
+            action = "repack"
+        else:
+            action = "keep"
+        plan.packs.append(PackPlan(name, stat.st_size, live_bytes, action, entries, live))
+    for p in store.pack_dir.iterdir():
+        stale_tmp = p.name.endswith(TMP_SUFFIX) and now - p.stat().st_mtime >= grace_s
+        if p.name.endswith(TRASH_SUFFIX) or stale_tmp:
+            plan.leftovers.append(p.name)
+            plan.leftover_bytes += p.stat().st_size
+    return plan
+
+
+def _copy_live(repo: Repo, plan: GcPlan) -> tuple[list[tuple[str, list[RecordInfo]]], set[bytes], set[str]]:
+    """Copy the live records of packs to repack into new sealed packs, verifying
+    each. Returns (new packs, copied ids, packs whose copy failed)."""
+    store = repo.store
+    new_packs: list[tuple[str, list[RecordInfo]]] = []
+    copied: set[bytes] = set()
+    failed: set[str] = set()
+    writer: PackWriter | None = None
+    for pack in (p for p in plan.packs if p.action == "repack"):
+        for e in pack.live:
+            try:
+                record = parse_record(store.reader.read(pack.name, e.offset, e.record_size), e.record_size)
+                plain = decoder_for(record.codec).decode(record.payload, record.raw_size)
+                if record.oid != e.oid or object_id(ObjectType(record.kind), plain) != e.oid:
+                    raise CorruptObjectError("content does not match its id")
+            except (CkvcError, ValueError):
+                failed.add(pack.name)  # never drop the only copy of a damaged object
+                continue
+            if writer is None:
+                writer = PackWriter(store.pack_dir)
+            writer.append(record.oid, record.kind, record.codec, record.raw_size, record.payload, record.base)
+            copied.add(e.oid)
+            if writer.size >= repo.config.max_pack_size:
+                writer.seal()
+                new_packs.append((writer.name, writer.entries))
+                writer = None
+    if writer is not None:
+        writer.seal()
+        new_packs.append((writer.name, writer.entries))
+    return new_packs, copied, failed
+
+
+def execute_gc(repo: Repo, plan: GcPlan, *, reflog_expiry_s: float) -> GcReport:
+    started = time.perf_counter()
+    store = repo.store
+    report = GcReport(plan)
+    new_packs, copied, failed = _copy_live(repo, plan)
+    report.packs_written = len(new_packs)
+    report.objects_copied = len(copied)
+    doomed = [p for p in plan.packs if p.action in ("delete", "repack") and p.name not in failed]
+    with store.exclusive(CRITICAL_SECTION_TIMEOUT_S):
+        entered = time.perf_counter()
+        # Writers that finished while we planned may reference objects we saw as
+        # dead (deduplicated against them, or a branch now names an old commit).
+        revived = mark(repo, set(plan.live), set(plan.visited), reflog_expiry_s=reflog_expiry_s)
+        removed = []
+        for pack in doomed:
+            if any(e.oid in revived and e.oid not in copied for e in pack.entries):
+                report.kept_revived.append(pack.name)
+            else:
+                removed.append(pack)
+        store.index.swap_packs(new_packs, [(p.name, p.entries) for p in removed])
+        for pack in removed:
+            os.rename(store.pack_dir / pack.name, store.pack_dir / (pack.name + TRASH_SUFFIX))
+            store.reader.forget(pack.name)
+            report.bytes_freed += pack.size
+            if pack.action == "delete":
+                report.packs_deleted += 1
+            else:
+                report.packs_repacked += 1
+        # No writer is in flight now, so temporary packs past the grace period are orphans.
+        for name in plan.leftovers:
+            if name.endswith(TMP_SUFFIX):
+                _unlink(store.pack_dir / name)
+        fsync_dir(store.pack_dir)
+        report.critical_section_s = time.perf_counter() - entered
+    report.bytes_freed -= sum(os.path.getsize(store.pack_dir / name) for name, _ in new_packs)
+    report.bytes_freed += plan.leftover_bytes
+    for p in list(store.pack_dir.iterdir()):
+        if p.name.endswith(TRASH_SUFFIX):
+            _unlink(p)
+    fsync_dir(store.pack_dir)
+    report.executed = True
+    report.seconds = time.perf_counter() - started
+    return report
+
+
+def _unlink(path: os.PathLike[str]) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
