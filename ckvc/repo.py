@@ -452,8 +452,10 @@ class Repo:
         return state
 
     def switch(self, rev: str) -> str:
-        """Move HEAD to ``rev`` without loading it. Returns the commit id."""
+        """Move HEAD to ``rev`` without loading it. Returns the commit id.
+        A pruned commit is refused: there is no state to resume from."""
         commit_id = self.resolve(rev)
+        self._check_not_pruned(commit_id)
         self._move_head(rev, commit_id)
         return commit_id
 

@@ -1,4 +1,5 @@
-"""Storage reports: logical vs stored bytes, dedup and compression, unique bytes per commit."""
+"""Storage reports: logical vs stored bytes, dedup and compression, unique bytes per
+commit, and a breakdown by top-level key (model vs optimizer)."""
 
 from __future__ import annotations
 
@@ -17,18 +18,29 @@ class CommitUsage:
     commit: str
     message: str
     logical_bytes: int
-    unique_stored_bytes: int  # chunks no other reachable commit uses: what dropping it frees
+    unique_stored_bytes: int  # chunks no other live commit uses: what pruning it would free
+    pruned: bool = False
+
+
+@dataclass
+class KeyUsage:
+    key: str  # top-level key of the state ("model", "optimizer", ...)
+    logical_bytes: int = 0  # over every live commit
+    unique_raw_bytes: int = 0  # distinct chunks first seen under this key
+    stored_bytes: int = 0  # their stored size
 
 
 @dataclass
 class DiskUsage:
     commits: int = 0
-    logical_bytes: int = 0  # sum of every reachable commit's tensor bytes
+    pruned_commits: int = 0
+    logical_bytes: int = 0  # sum of every live (unpruned, reachable) commit's tensor bytes
     unique_raw_bytes: int = 0  # distinct chunks, before compression
     stored_chunk_bytes: int = 0  # distinct chunks as stored (compressed, with record headers)
     pack_bytes: int = 0  # all pack files on disk, reachable or not
     pack_count: int = 0
     per_commit: list[CommitUsage] = field(default_factory=list)
+    by_key: list[KeyUsage] = field(default_factory=list)
 
     @property
     def dedup_ratio(self) -> float:
@@ -50,25 +62,42 @@ class DiskUsage:
 
 def disk_usage(repo: Repo) -> DiskUsage:
     usage = DiskUsage()
+    pruned = repo.pruned()
     per_commit_chunks: list[tuple[str, str, int, set[bytes]]] = []
     refcount: Counter[bytes] = Counter()
-    chunk_sizes: dict[bytes, tuple[int, int]] = {}
+    first_key: dict[bytes, str] = {}
+    keys: dict[str, KeyUsage] = {}
     for commit in repo.iter_reachable_commits(repo.ref_tips(include_reflogs=False)):
+        if commit.id in pruned:
+            usage.pruned_commits += 1
+            usage.per_commit.append(CommitUsage(commit.id, commit.message, 0, 0, pruned=True))
+            continue
         snapshot = repo.read_snapshot(commit)
-        chunks = {oid for blob in snapshot.blobs for oid in blob.chunks}
+        chunks: set[bytes] = set()
+        for blob in snapshot.blobs:
+            key = blob.path.split(".", 1)[0]
+            keys.setdefault(key, KeyUsage(key)).logical_bytes += blob.nbytes
+            for oid in blob.chunks:
+                chunks.add(oid)
+                first_key.setdefault(oid, key)
         logical = sum(blob.nbytes for blob in snapshot.blobs)
         per_commit_chunks.append((commit.id, commit.message, logical, chunks))
         refcount.update(chunks)
         usage.commits += 1
         usage.logical_bytes += logical
+    sizes: dict[bytes, int] = {}
     for oid in refcount:
         st = repo.store.stat(oid)
-        chunk_sizes[oid] = (st.raw_size, st.stored_size)
+        sizes[oid] = st.stored_size
         usage.unique_raw_bytes += st.raw_size
         usage.stored_chunk_bytes += st.stored_size
+        key_usage = keys[first_key[oid]]
+        key_usage.unique_raw_bytes += st.raw_size
+        key_usage.stored_bytes += st.stored_size
     for cid, message, logical, chunks in per_commit_chunks:
-        unique = sum(chunk_sizes[o][1] for o in chunks if refcount[o] == 1)
+        unique = sum(sizes[o] for o in chunks if refcount[o] == 1)
         usage.per_commit.append(CommitUsage(cid, message, logical, unique))
+    usage.by_key = sorted(keys.values(), key=lambda k: -k.stored_bytes)
     for name in list_packs(repo.store.pack_dir):
         usage.pack_count += 1
         usage.pack_bytes += (repo.store.pack_dir / name).stat().st_size

@@ -184,3 +184,39 @@ def test_exit_codes_are_distinct() -> None:
     codes = [c.exit_code for c in classes]
     assert len(set(codes)) == len(codes)
     assert all(code not in (0, 1, 2) for code in codes)
+
+
+def test_retain_gc_config_and_pruned_log(work: Path) -> None:
+    for i in range(5):
+        torch.save({"w": torch.full((64, 64), float(i)), "epoch": i}, work / "e.pt")
+        assert run(work, "commit", "e.pt", "-m", f"epoch {i}", "--metric", f"val_loss={5 - i}").exit_code == 0
+    dry = json.loads(run(work, "retain", "--keep-last", "2", "--keep-every", "4", "--dry-run", "--json").output)
+    log = json.loads(run(work, "log", "--json").output)
+    ids = [c["id"] for c in reversed(log)]  # root first
+    assert dry["dry_run"] is True and sorted(dry["released"]) == sorted([ids[1], ids[2]])
+    assert "keep-every 4 on main" in dry["kept"][ids[0]] and "keep-last 2 on main" in dry["kept"][ids[3]]
+    assert json.loads(run(work, "log", "--json").output)[3]["pruned"] is None  # dry run changed nothing
+    r = run(work, "retain", "--keep-last", "2", "--keep-every", "4")
+    assert r.exit_code == 0 and "released 2 commits" in r.output
+    stored = json.loads(run(work, "config", "--json").output)["retention"]
+    assert (stored["keep_last"], stored["keep_every"], stored["keep_best"]) == (2, 4, [])
+    log = json.loads(run(work, "log", "--json").output)
+    assert [c["pruned"] is not None for c in log] == [False, False, True, True, False]
+    assert "[pruned]" in run(work, "log", "--oneline").output
+    # Loading or checking out a pruned commit: one-line typed error.
+    bad = run(work, "checkout", ids[1])
+    assert bad.exit_code == ckvc.PrunedCommitError.exit_code and "pruned" in bad.output
+    dry_gc = json.loads(run(work, "gc", "--dry-run", "--json").output)
+    assert dry_gc["executed"] is False and dry_gc["reclaimable_bytes"] == 0  # all packs inside the grace period
+    done = json.loads(run(work, "gc", "--now", "--json").output)
+    assert done["executed"] is True and done["bytes_freed"] > 0
+    fsck = json.loads(run(work, "fsck", "--json").output)
+    assert fsck["ok"] and fsck["unreferenced_objects"] == 0
+    assert json.loads(run(work, "fsck", "--sample", "50%", "--json").output)["ok"]
+    assert run(work, "fsck", "--sample", "150%").exit_code == ckvc.InvalidInputError.exit_code
+    du = json.loads(run(work, "du", "--json").output)
+    assert du["commits"] == 3 and du["pruned_commits"] == 2 and [k["key"] for k in du["by_key"]] == ["w"]
+    assert run(work, "config", "reflog_expiry", "30d").exit_code == 0
+    assert json.loads(run(work, "config", "--json").output)["reflog_expiry_s"] == 30 * 86400
+    assert run(work, "config", "nope", "1").exit_code == ckvc.InvalidInputError.exit_code
+    assert run(work, "retain", "--keep-best", "bad").exit_code == ckvc.InvalidInputError.exit_code

@@ -7,6 +7,7 @@ prints one line on stderr, never a traceback.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import json
 import math
@@ -229,18 +230,32 @@ def log(obj: Context, rev: str, oneline: bool, max_count: int | None, as_json: b
     """Show the commits reachable from REV, newest first, with their metrics."""
     repo = obj.repo
     commits = repo.log(rev, limit=max_count)
+    pruned = repo.pruned()
     if as_json:
-        _emit_json([_commit_json(c) for c in commits])
+        _emit_json(
+            [
+                {
+                    **_commit_json(c),
+                    "pruned": (
+                        {"policy": pruned[c.id].policy, "time": _time(pruned[c.id].time_ns)} if c.id in pruned else None
+                    ),
+                }
+                for c in commits
+            ]
+        )
         return
     labels = _labels(repo)
     for c in commits:
         deco = f" ({', '.join(labels[c.id])})" if c.id in labels else ""
         first_line = c.message.splitlines()[0] if c.message else ""
+        mark = " [pruned]" if c.id in pruned else ""
         if oneline:
             metrics = f"  [{_metrics_text(c.metrics)}]" if c.metrics else ""
-            click.echo(f"{c.id[:12]}{deco} {first_line}{metrics}")
+            click.echo(f"{c.id[:12]}{deco}{mark} {first_line}{metrics}")
             continue
-        click.echo(f"commit {c.id}{deco}")
+        click.echo(f"commit {c.id}{deco}{mark}")
+        if c.id in pruned:
+            click.echo(f"Pruned: {_time(pruned[c.id].time_ns)} by [{pruned[c.id].policy}]")
         if len(c.parents) > 1:
             click.echo("Merge:  " + " ".join(p[:12] for p in c.parents))
         click.echo(f"Author: {c.author}\nDate:   {_time(c.time_ns)}")
@@ -443,15 +458,41 @@ def _done(as_json: bool, payload: dict[str, Any], text: str) -> None:
         click.echo(text)
 
 
+def _parse_fraction(text: str | None) -> float | None:
+    if text is None:
+        return None
+    try:
+        value = float(text[:-1]) / 100 if text.endswith("%") else float(text)
+    except ValueError:
+        raise InvalidInputError(f"--sample takes a percentage like 10% or a fraction like 0.1, got {text!r}") from None
+    if not 0 < value <= 1:
+        raise InvalidInputError(f"--sample must be in (0%, 100%], got {text!r}")
+    return value
+
+
 @cli.command()
 @click.option("--rebuild-index", is_flag=True, help="Rebuild the index from the pack files first.")
+@click.option(
+    "--level",
+    type=click.Choice(["refs", "metadata", "full"]),
+    default="full",
+    show_default=True,
+    help="refs: refs and commit graph; metadata: also snapshots and chunk presence; full: also re-hash all data.",
+)
+@click.option("--full", "full_flag", is_flag=True, help="Same as --level full (the default).")
+@click.option("--sample", default=None, metavar="PCT", help="Re-hash a random sample of objects, e.g. 10%.")
 @json_option
 @click.pass_obj
-def fsck(obj: Context, rebuild_index: bool, as_json: bool) -> None:
-    """Verify every stored byte against its hash, and the refs and commit graph.
+def fsck(obj: Context, rebuild_index: bool, level: str, full_flag: bool, sample: str | None, as_json: bool) -> None:
+    """Verify the refs, the commit graph and every stored byte against its hash.
     Exits 1 and names each damaged object when anything is wrong."""
+    fraction = _parse_fraction(sample)
+    if full_flag:
+        level = "full"
+    elif fraction is not None and level == "full":
+        level = "metadata"  # the sample replaces the full read
     with _progress_bar("fsck", not as_json) as progress:
-        report = obj.repo.fsck(rebuild_index=rebuild_index, progress=progress)
+        report = obj.repo.fsck(rebuild_index=rebuild_index, level=level, sample=fraction, progress=progress)
     if as_json:
         _emit_json(report.to_json())
     else:
@@ -487,11 +528,148 @@ def du(obj: Context, as_json: bool) -> None:
         f"packs on disk:     {human_bytes(usage.pack_bytes)} in {usage.pack_count} packs   "
         f"overall x{usage.total_ratio:.2f}"
     )
+    if usage.pruned_commits:
+        click.echo(f"pruned commits:    {usage.pruned_commits} (history kept, data released)")
+    if usage.by_key:
+        click.echo("by top-level key:  logical / stored (distinct chunks)")
+        for k in usage.by_key:
+            click.echo(f"  {k.key:<16} {human_bytes(k.logical_bytes):>10} / {human_bytes(k.stored_bytes):>10}")
     if usage.per_commit:
-        click.echo("unique bytes per commit (what dropping it alone would free):")
+        click.echo("unique bytes per commit (what pruning it alone would free):")
         for c in usage.per_commit:
             first = c.message.splitlines()[0] if c.message else ""
-            click.echo(f"  {c.commit[:12]}  {human_bytes(c.unique_stored_bytes):>10}  {first}")
+            size = "pruned" if c.pruned else human_bytes(c.unique_stored_bytes)
+            click.echo(f"  {c.commit[:12]}  {size:>10}  {first}")
+
+
+@cli.command()
+@click.option("--keep-last", type=int, default=None, metavar="N", help="Keep the last N commits of each branch.")
+@click.option("--keep-best", multiple=True, metavar="METRIC:min|max:N", help="Keep the N best by a metric.")
+@click.option("--keep-every", type=int, default=None, metavar="K", help="Keep every K-th commit (root = 0).")
+@click.option("--keep-within", default=None, metavar="DURATION", help="Keep commits younger than e.g. 7d, 12h.")
+@click.option("--branch", "branches", multiple=True, metavar="B", help="Only prune on these branches.")
+@click.option("--auto/--no-auto", default=None, help="Apply the stored policy after every commit.")
+@click.option("--dry-run", is_flag=True, help="Show what would be released and why the rest is kept.")
+@json_option
+@click.pass_obj
+def retain(
+    obj: Context,
+    keep_last: int | None,
+    keep_best: tuple[str, ...],
+    keep_every: int | None,
+    keep_within: str | None,
+    branches: tuple[str, ...],
+    auto: bool | None,
+    dry_run: bool,
+    as_json: bool,
+) -> None:
+    """Apply a retention policy: commits no rule keeps are pruned (history and
+    metrics stay; `ckvc gc` frees their data). Rules given here are stored as the
+    repository's policy; with none, the stored policy is used."""
+    from ckvc.retention import KeepBest, RetentionPolicy, parse_duration
+
+    repo = obj.repo
+    stored = repo.retention_policy()
+    if keep_last or keep_best or keep_every or keep_within:
+        policy = RetentionPolicy(
+            keep_last=keep_last,
+            keep_best=tuple(KeepBest.parse(b) for b in keep_best),
+            keep_every=keep_every,
+            keep_within_s=parse_duration(keep_within) if keep_within else None,
+            branches=branches or None,
+            auto=bool(auto) if auto is not None else bool(stored and stored.auto),
+        )
+    elif stored is not None:
+        policy = stored
+        if branches or auto is not None:
+            policy = dataclasses.replace(
+                policy, branches=branches or policy.branches, auto=policy.auto if auto is None else auto
+            )
+    else:
+        raise InvalidInputError("no retention policy stored; give rules, e.g. ckvc retain --keep-last 3")
+    plan = repo.retain(policy, dry_run=dry_run)
+    if not dry_run and policy != stored:
+        repo.set_retention(policy)
+    if as_json:
+        _emit_json({**plan.to_json(), "dry_run": dry_run})
+        return
+    click.echo(f"policy: {policy.describe()}{' (auto)' if policy.auto else ''}")
+    verb = "would release" if dry_run else "released"
+    click.echo(
+        f"{verb} {len(plan.released)} commits; keeping {len(plan.kept)}; {len(plan.already_pruned)} pruned before"
+    )
+    messages = {c.id: c for name in repo.branches() for c in repo.log(name)}
+    for cid, reasons in plan.kept.items():
+        msg = messages[cid].message.splitlines()[0] if cid in messages and messages[cid].message else ""
+        click.echo(f"  keep    {cid[:12]}  {msg:<24.24} {'; '.join(reasons)}")
+    for cid in plan.released:
+        msg = messages[cid].message.splitlines()[0] if cid in messages and messages[cid].message else ""
+        click.echo(f"  release {cid[:12]}  {msg}")
+    if not dry_run and plan.released:
+        click.echo("run `ckvc gc` to reclaim the space")
+
+
+@cli.command()
+@click.option("--dry-run", is_flag=True, help="Only print what would be reclaimed.")
+@click.option("--now", is_flag=True, help="Skip the grace period (only when nothing else is writing).")
+@click.option("--grace", default=None, metavar="DURATION", help="Grace period for young packs (default from config).")
+@json_option
+@click.pass_obj
+def gc(obj: Context, dry_run: bool, now: bool, grace: str | None, as_json: bool) -> None:
+    """Reclaim space: delete what no ref, recent reflog entry or unpruned commit
+    needs, and repack mostly-dead packs."""
+    from ckvc.retention import parse_duration
+
+    report = obj.repo.gc(dry_run=dry_run, now=now, grace_s=parse_duration(grace) if grace else None)
+    if as_json:
+        _emit_json(report.to_json())
+        return
+    plan = report.plan
+    click.echo(
+        f"live: {plan.live_objects} objects, {human_bytes(plan.live_bytes)}; "
+        f"reclaimable: {human_bytes(plan.reclaimable_bytes)} "
+        f"({plan.count('delete')} packs to delete, {plan.count('repack')} to repack, "
+        f"{plan.count('young')} in the grace period)"
+    )
+    if report.executed:
+        click.echo(
+            f"freed {human_bytes(report.bytes_freed)}: {report.packs_deleted} packs deleted, "
+            f"{report.packs_repacked} repacked into {report.packs_written}, in {report.seconds:.2f} s "
+            f"(writers blocked {report.critical_section_s * 1000:.0f} ms)"
+        )
+        if report.kept_revived:
+            click.echo(f"{len(report.kept_revived)} packs kept: a concurrent commit needs them")
+
+
+@cli.command("config")
+@click.argument("key", required=False)
+@click.argument("value", required=False)
+@json_option
+@click.pass_obj
+def config_cmd(obj: Context, key: str | None, value: str | None, as_json: bool) -> None:
+    """Show the repository config, or set reflog_expiry (e.g. 30d), gc_grace (e.g. 1h)
+    or repack_threshold (0..1)."""
+    from ckvc.retention import parse_duration
+
+    repo = obj.repo
+    if key is not None:
+        if value is None:
+            raise InvalidInputError(f"give a value for {key}")
+        if key in ("reflog_expiry", "gc_grace"):
+            repo.set_config(**{f"{key}_s": parse_duration(value)})
+        elif key == "repack_threshold":
+            try:
+                repo.set_config(repack_threshold=float(value))
+            except ValueError:
+                raise InvalidInputError(f"repack_threshold must be a number, got {value!r}") from None
+        else:
+            raise InvalidInputError(f"unknown setting {key!r}; settable: reflog_expiry, gc_grace, repack_threshold")
+    data = dataclasses.asdict(repo.config)
+    if as_json:
+        _emit_json(data)
+    else:
+        for k, v in sorted(data.items()):
+            click.echo(f"{k} = {json.dumps(v)}")
 
 
 @cli.command()
