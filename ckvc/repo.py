@@ -179,7 +179,7 @@ class Repo:
             for sub in ("packs", "refs/heads", "refs/tags", "logs"):
                 (staging / sub).mkdir(parents=True)
             config.save(staging)
-            for lock in ("gc.lock", "refs.lock", "pruned.lock"):  # present from the start: flock targets
+            for lock in ("gc.lock", "gc-intent.lock", "refs.lock", "pruned.lock"):  # flock targets, from the start
                 (staging / lock).touch()
             RefStore(staging).init_head(branch_ref(default_branch))
             os.rename(staging, target)

@@ -43,6 +43,7 @@ class StoredObject:
 # removes an object that an in-flight writer deduplicated against, and a writer
 # never sees an index entry that gc is about to drop.
 GC_LOCK = "gc.lock"
+GC_INTENT_LOCK = "gc-intent.lock"
 PIN_TIMEOUT_S = 120.0
 
 
@@ -55,16 +56,26 @@ class ObjectStore:
         self._refresh_lock = threading.Lock()
         self._exclusive_held = False
 
-    def pin(self, timeout: float = PIN_TIMEOUT_S) -> contextlib.AbstractContextManager[None]:
+    @contextlib.contextmanager
+    def pin(self, timeout: float = PIN_TIMEOUT_S) -> Iterator[None]:
         """Shared lock held by writers: gc's sweep waits for them and they for it."""
         if self._exclusive_held:  # this process is gc, inside its critical section
-            return contextlib.nullcontext()
-        return file_lock(self.root / GC_LOCK, shared=True, timeout=timeout)
+            yield
+            return
+        # Passing through the intent lock first gives a waiting gc priority: flock
+        # would otherwise let a stream of overlapping writers starve it.
+        with file_lock(self.root / GC_INTENT_LOCK, shared=True, timeout=timeout):
+            pass
+        with file_lock(self.root / GC_LOCK, shared=True, timeout=timeout):
+            yield
 
     @contextlib.contextmanager
     def exclusive(self, timeout: float) -> Iterator[None]:
         """gc's critical section: no writer is in flight while it is held."""
-        with file_lock(self.root / GC_LOCK, shared=False, timeout=timeout):
+        with (
+            file_lock(self.root / GC_INTENT_LOCK, shared=False, timeout=timeout),
+            file_lock(self.root / GC_LOCK, shared=False, timeout=timeout),
+        ):
             self._exclusive_held = True
             try:
                 yield
