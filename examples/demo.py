@@ -1,5 +1,6 @@
 """ckvc demo: train a small model on CPU, commit every epoch, branch a fine-tuning
-experiment from an earlier epoch, check out, and show the log and storage stats.
+experiment from an earlier epoch, check out, and show the log, storage stats and
+what a retention policy would keep.
 
     python examples/demo.py [--dir DIR] [--epochs N]
 """
@@ -139,6 +140,7 @@ def main() -> None:
     cli(work, "log", "--oneline", "lr-sweep")
     cli(work, "branch")
     cli(work, "du")
+    cli(work, "retain", "--keep-last", "2", "--keep-best", "val_loss:min:1", "--dry-run")
     print(f"\ndemo finished in {time.perf_counter() - started:.1f} s; repository left at {work}")
 
 
