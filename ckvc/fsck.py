@@ -8,7 +8,7 @@ import random
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from ckvc.errors import CkvcError, CorruptObjectError, ObjectNotFoundError
+from ckvc.errors import CkvcError, CorruptObjectError, InvalidInputError, ObjectNotFoundError
 from ckvc.ids import ObjectType
 from ckvc.objects import Commit
 from ckvc.storage.packs import TMP_SUFFIX, list_packs, pack_entries
@@ -76,9 +76,9 @@ def run_fsck(
     re-read and re-hashed). ``sample`` (0 < f <= 1) re-hashes that random
     fraction of the objects instead of all of them."""
     if level not in LEVELS:
-        raise ValueError(f"fsck level must be one of {LEVELS}, got {level!r}")
+        raise InvalidInputError(f"fsck level must be one of {LEVELS}, got {level!r}")
     if sample is not None and not 0 < sample <= 1:
-        raise ValueError(f"sample must be a fraction in (0, 1], got {sample!r}")
+        raise InvalidInputError(f"sample must be a fraction in (0, 1], got {sample!r}")
     report = FsckReport()
     store = repo.store
     if rebuild_index:

@@ -153,16 +153,20 @@ def mark(repo: Repo, live: set[bytes], visited: set[str], *, reflog_expiry_s: fl
                 continue  # a reflog may name a commit gc already removed
             raise CorruptObjectError(f"gc refuses to run: reachable object {oid} is missing; run `ckvc fsck`") from None
         add(raw)
-        if kind == ObjectType.TAG:
-            stack.append(repo.read_tag(oid).target)
-            continue
-        commit = repo.read_commit(oid)
-        stack.extend(p for p in commit.parents if p not in visited)
-        if oid in pruned:
-            continue
-        add(bytes.fromhex(commit.tree))
+        try:
+            if kind == ObjectType.TAG:
+                stack.append(repo.read_tag(oid).target)
+                continue
+            commit = repo.read_commit(oid)
+            stack.extend(p for p in commit.parents if p not in visited)
+            if oid in pruned:
+                continue
+            add(bytes.fromhex(commit.tree))
+            snapshot = repo.read_snapshot(commit)
+        except ObjectNotFoundError as exc:
+            raise CorruptObjectError(f"gc refuses to run: reachable data is missing ({exc}); run `ckvc fsck`") from None
         # Delta codecs (compression work) must also mark each live chunk's base here.
-        for blob in repo.read_snapshot(commit).blobs:
+        for blob in snapshot.blobs:
             for chunk in blob.chunks:
                 add(chunk)
     return added
@@ -186,12 +190,13 @@ def plan_gc(repo: Repo, *, grace_s: float, repack_threshold: float, reflog_expir
             continue
         live = [e for e in entries if e.oid in plan.live and store.index.location(e.oid) == (name, e.offset)]
         live_bytes = sum(e.record_size for e in live)
+        record_bytes = sum(e.record_size for e in entries)  # the live share ignores header, TOC and footer
         plan.live_bytes += live_bytes
         if now - stat.st_mtime < grace_s:
             action = "young"
         elif not live:
             action = "delete"
-        elif live_bytes < repack_threshold * stat.st_size:
+        elif live_bytes < repack_threshold * record_bytes:
             action = "repack"
         else:
             action = "keep"

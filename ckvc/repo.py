@@ -237,6 +237,9 @@ class Repo:
         started = time.perf_counter()
         if not isinstance(message, str):
             raise InvalidInputError("message must be a str")
+        policy = self.retention_policy()
+        if retain and policy is None:
+            raise InvalidInputError("retain=True but no retention policy is set (Repo.set_retention)")
         try:
             clean_metrics = validate_metrics(metrics)
             clean_metadata = validate_metadata(metadata)
@@ -273,11 +276,8 @@ class Repo:
         stats.commit = commit_id
         stats.seconds = time.perf_counter() - started
         self.last_commit_stats = stats
-        policy = self.retention_policy()
         if policy is not None and (retain or (retain is None and policy.auto)):
             self.retain(policy)
-        elif retain:
-            raise InvalidInputError("retain=True but no retention policy is set (Repo.set_retention)")
         return commit_id
 
     def _chunk_size_for(self, itemsize: int) -> int:
@@ -514,6 +514,7 @@ class Repo:
 
     def show(self, rev: str = "HEAD") -> CommitInfo:
         commit = self.read_commit(self.resolve(rev))
+        self._check_not_pruned(commit.id)
         snapshot = self.read_snapshot(commit)
         leaves = state_mod.describe_state(snapshot.tree)
         tensors: list[TensorSummary] = []
@@ -540,6 +541,8 @@ class Repo:
         """Tensors added, removed and changed from ``a`` to ``b`` (with relative L2
         change and max abs difference), and changed non-tensor values."""
         ca, cb = self.read_commit(self.resolve(a)), self.read_commit(self.resolve(b))
+        self._check_not_pruned(ca.id)
+        self._check_not_pruned(cb.id)
         sa, sb = self.read_snapshot(ca), self.read_snapshot(cb)
         la, lb = state_mod.describe_state(sa.tree), state_mod.describe_state(sb.tree)
         result = StateDiff(ca.id, cb.id)

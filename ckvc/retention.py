@@ -46,6 +46,13 @@ class KeepBest:
     mode: str  # "min" or "max"
     count: int
 
+    def __post_init__(self) -> None:
+        if not isinstance(self.metric, str) or not self.metric:
+            raise InvalidInputError(f"keep-best needs a metric name, got {self.metric!r}")
+        if self.mode not in ("min", "max"):
+            raise InvalidInputError(f"keep-best mode must be 'min' or 'max', got {self.mode!r}")
+        _positive(self.count, "keep-best count")
+
     @classmethod
     def parse(cls, text: str) -> KeepBest:
         parts = text.rsplit(":", 2)
@@ -55,7 +62,7 @@ class KeepBest:
             count = int(parts[2])
         except ValueError:
             raise InvalidInputError(f"--keep-best count must be an integer, got {parts[2]!r}") from None
-        return cls(parts[0], parts[1], _positive(count, "--keep-best count"))
+        return cls(parts[0], parts[1], count)
 
     def __str__(self) -> str:
         return f"{self.metric}:{self.mode}:{self.count}"

@@ -43,9 +43,13 @@ def write_atomic(path: Path, data: bytes) -> None:
 
 
 def append_durable(path: Path, data: bytes) -> None:
-    """Append one record to a log file and fsync it."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    """Append line records to a log file and fsync it. A torn last line (a crash
+    mid-append) is closed first, so it cannot swallow the new record."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
     try:
+        size = os.fstat(fd).st_size
+        if size and os.pread(fd, 1, size - 1) != b"\n":
+            data = b"\n" + data
         os.write(fd, data)
         os.fsync(fd)
     finally:
