@@ -41,6 +41,7 @@ from ckvc.objects import Blob, Commit, Snapshot, Tag, validate_metadata, validat
 from ckvc.pruned import PruneLog, PruneRecord
 from ckvc.refs import BRANCH_PREFIX, HEAD, TAG_PREFIX, ReflogEntry, RefStore, branch_ref, check_ref_name, tag_ref
 from ckvc.state import MapLocation, PendingBlob, TensorInfo
+from ckvc.storage.files import file_lock
 from ckvc.storage.object_store import ObjectStore, ObjectWriter
 
 if TYPE_CHECKING:
@@ -179,7 +180,7 @@ class Repo:
             for sub in ("packs", "refs/heads", "refs/tags", "logs"):
                 (staging / sub).mkdir(parents=True)
             config.save(staging)
-            for lock in ("gc.lock", "gc-intent.lock", "refs.lock", "pruned.lock"):  # flock targets, from the start
+            for lock in ("gc.lock", "gc-intent.lock", "gc-run.lock", "refs.lock", "pruned.lock"):  # flock targets
                 (staging / lock).touch()
             RefStore(staging).init_head(branch_ref(default_branch))
             os.rename(staging, target)
@@ -834,10 +835,12 @@ class Repo:
 
         grace = 0.0 if now else (self.config.gc_grace_s if grace_s is None else grace_s)
         expiry = self.config.reflog_expiry_s
-        plan = plan_gc(self, grace_s=grace, repack_threshold=self.config.repack_threshold, reflog_expiry_s=expiry)
-        if dry_run:
-            return GcReport(plan)
-        return execute_gc(self, plan, reflog_expiry_s=expiry)
+        # One gc at a time: a second one could delete the first one's temporary packs.
+        with file_lock(self.dir / "gc-run.lock", timeout=0):
+            plan = plan_gc(self, grace_s=grace, repack_threshold=self.config.repack_threshold, reflog_expiry_s=expiry)
+            if dry_run:
+                return GcReport(plan)
+            return execute_gc(self, plan, reflog_expiry_s=expiry)
 
     def fsck(
         self,

@@ -73,9 +73,8 @@ def file_lock(path: Path, *, timeout: float = 30.0, shared: bool = False) -> Ite
                 if exc.errno not in (errno.EAGAIN, errno.EACCES):
                     raise
                 if time.monotonic() >= deadline:
-                    raise RepositoryLockedError(
-                        f"{path} is locked by another process (waited {timeout:.0f} s)"
-                    ) from None
+                    waited = f" (waited {timeout:.0f} s)" if timeout else ""
+                    raise RepositoryLockedError(f"{path} is locked by another process{waited}") from None
                 time.sleep(delay)
                 delay = min(delay * 2, 0.05)
         yield
