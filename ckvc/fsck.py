@@ -99,7 +99,8 @@ def run_fsck(
     for name in list_packs(store.pack_dir):
         report.packs_checked += 1
         try:
-            _, from_toc = pack_entries(store.reader.fd(name), name)
+            with store.reader.opened(name) as fd:
+                _, from_toc = pack_entries(fd, name)
             if not from_toc:
                 add(BAD_PACK, None, f"pack {name}: table of contents damaged (records recovered by scanning)")
         except CkvcError as exc:

@@ -184,7 +184,8 @@ def plan_gc(repo: Repo, *, grace_s: float, repack_threshold: float, reflog_expir
         path = store.pack_dir / name
         try:
             stat = path.stat()
-            entries, _ = pack_entries(store.reader.fd(name), name)
+            with store.reader.opened(name) as fd:
+                entries, _ = pack_entries(fd, name)
         except (CkvcError, OSError):
             plan.packs.append(PackPlan(name, 0, 0, "unreadable", [], []))
             continue
@@ -202,10 +203,15 @@ def plan_gc(repo: Repo, *, grace_s: float, repack_threshold: float, reflog_expir
             action = "keep"
         plan.packs.append(PackPlan(name, stat.st_size, live_bytes, action, entries, live))
     for p in store.pack_dir.iterdir():
-        stale_tmp = p.name.endswith(TMP_SUFFIX) and now - p.stat().st_mtime >= grace_s
-        if p.name.endswith(TRASH_SUFFIX) or stale_tmp:
+        if not p.name.endswith((TMP_SUFFIX, TRASH_SUFFIX)):
+            continue
+        try:
+            stat = p.stat()
+        except FileNotFoundError:
+            continue  # a writer sealed (renamed) its pack meanwhile
+        if p.name.endswith(TRASH_SUFFIX) or now - stat.st_mtime >= grace_s:
             plan.leftovers.append(p.name)
-            plan.leftover_bytes += p.stat().st_size
+            plan.leftover_bytes += stat.st_size
     return plan
 
 

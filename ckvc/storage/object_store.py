@@ -113,7 +113,8 @@ class ObjectStore:
                 if name in known:
                     continue
                 try:
-                    entries, _ = pack_entries(self.reader.fd(name), name)
+                    with self.reader.opened(name) as fd:
+                        entries, _ = pack_entries(fd, name)
                 except (CorruptObjectError, ObjectNotFoundError):
                     continue  # damaged (fsck reports it) or removed by gc meanwhile
                 self.index.add_pack(name, entries)

@@ -19,6 +19,7 @@ read by scanning.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import os
 import struct
@@ -221,44 +222,87 @@ def pack_entries(fd: int, name: str) -> tuple[list[RecordInfo], bool]:
     return list(scan_records(fd)), False
 
 
-class PackReader:
-    """Positional reads from sealed packs. Thread-safe: pread needs no seek."""
+MAX_OPEN_PACKS = 64
 
-    def __init__(self, pack_dir: Path) -> None:
+
+class PackReader:
+    """Positional reads from sealed packs. Thread-safe: pread needs no seek.
+
+    Open files are cached, least recently used first out, at most
+    ``max_open`` of them idle: a repository has a pack per commit, far more than
+    a process may keep open. A file in use by a read is never closed under it.
+    """
+
+    def __init__(self, pack_dir: Path, max_open: int = MAX_OPEN_PACKS) -> None:
         self.pack_dir = pack_dir
-        self._fds: dict[str, int] = {}
+        self.max_open = max_open
+        self._fds: collections.OrderedDict[str, list[int]] = collections.OrderedDict()  # name -> [fd, users]
+        self._retired: dict[int, int] = {}  # fd -> users, for files dropped from the cache while in use
         self._lock = threading.Lock()
 
-    def fd(self, name: str) -> int:
-        fd = self._fds.get(name)
-        if fd is not None:
-            return fd
+    @contextlib.contextmanager
+    def opened(self, name: str) -> Iterator[int]:
+        """An open file descriptor for pack ``name`` for the duration of the block."""
         with self._lock:
-            fd = self._fds.get(name)
-            if fd is None:
+            entry = self._fds.get(name)
+            if entry is not None:
+                self._fds.move_to_end(name)
+                entry[1] += 1
+            else:
                 try:
                     fd = os.open(self.pack_dir / name, os.O_RDONLY)
                 except FileNotFoundError:
                     raise ObjectNotFoundError(f"pack {name} is missing") from None
-                self._fds[name] = fd
-            return fd
+                entry = [fd, 1]
+                self._fds[name] = entry
+                self._evict_idle()
+            fd = entry[0]
+        try:
+            yield fd
+        finally:
+            with self._lock:
+                if self._fds.get(name) is entry:
+                    entry[1] -= 1
+                    self._evict_idle()
+                else:  # dropped from the cache while we used it
+                    self._retired[fd] -= 1
+                    if not self._retired[fd]:
+                        del self._retired[fd]
+                        os.close(fd)
+
+    def _evict_idle(self) -> None:
+        """Close least recently used idle files beyond the cap (lock held)."""
+        excess = len(self._fds) - self.max_open
+        for name in list(self._fds):
+            if excess <= 0:
+                break
+            fd, users = self._fds[name]
+            if users == 0:
+                del self._fds[name]
+                os.close(fd)
+                excess -= 1
 
     def read(self, name: str, offset: int, size: int) -> bytes:
-        data = os.pread(self.fd(name), size, offset)
+        with self.opened(name) as fd:
+            data = os.pread(fd, size, offset)
         if len(data) != size:
             raise CorruptObjectError(f"pack {name} is truncated at offset {offset}")
         return data
 
     def forget(self, name: str) -> None:
+        """Drop a pack's cached file (gc removed the pack)."""
         with self._lock:
-            fd = self._fds.pop(name, None)
-        if fd is not None:
-            os.close(fd)
+            entry = self._fds.pop(name, None)
+            if entry is not None:
+                if entry[1]:
+                    self._retired[entry[0]] = entry[1]
+                else:
+                    os.close(entry[0])
 
     def close(self) -> None:
         with self._lock:
-            fds, self._fds = list(self._fds.values()), {}
-        for fd in fds:
+            entries, self._fds = list(self._fds.values()), collections.OrderedDict()
+        for fd, _users in entries:
             os.close(fd)
 
 
