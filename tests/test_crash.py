@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from helpers import assert_state_equal
 
 import ckvc
 
@@ -70,27 +71,6 @@ def _child(root: str, log_path: str, start_k: int) -> None:
     except BaseException as exc:
         _write_line(fd, f"error {type(exc).__name__}: {exc}".replace("\n", " ") + "\n")
         os._exit(1)
-
-
-def tensor_bytes(t: torch.Tensor) -> bytes:
-    return bytes(t.detach().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
-
-
-def assert_state_equal(a: Any, b: Any, path: str = "") -> None:
-    assert type(a) is type(b), path
-    if isinstance(a, torch.Tensor):
-        assert (a.dtype, a.shape) == (b.dtype, b.shape), path
-        assert tensor_bytes(a) == tensor_bytes(b), path
-    elif isinstance(a, dict):
-        assert list(a) == list(b), path
-        for key in a:
-            assert_state_equal(a[key], b[key], f"{path}.{key}")
-    elif isinstance(a, (list, tuple)):
-        assert len(a) == len(b), path
-        for i, (x, y) in enumerate(zip(a, b, strict=True)):
-            assert_state_equal(x, y, f"{path}.{i}")
-    else:
-        assert a == b, path
 
 
 def read_events(log_path: Path, start: int) -> tuple[list[list[str]], int]:

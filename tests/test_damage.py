@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 import torch
+from helpers import assert_state_equal
 
 import ckvc
 from ckvc.fsck import BAD_CHECKSUM, BAD_PACK, MISSING_OBJECT
@@ -25,31 +26,10 @@ CHUNK = 4096
 X_PATH = "model.layers.0.weight"
 
 
-def tensor_bytes(t: torch.Tensor) -> bytes:
-    return bytes(t.detach().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
-
-
 def random_bytes_tensor(n: int, seed: int) -> torch.Tensor:
     """float32 with random bit patterns: incompressible, so stored raw."""
     g = torch.Generator().manual_seed(seed)
     return torch.randint(0, 256, (4 * n,), dtype=torch.uint8, generator=g).view(torch.float32)
-
-
-def assert_state_equal(a: Any, b: Any) -> None:
-    assert type(a) is type(b)
-    if isinstance(a, torch.Tensor):
-        assert (a.dtype, a.shape) == (b.dtype, b.shape)
-        assert tensor_bytes(a) == tensor_bytes(b)
-    elif isinstance(a, dict):
-        assert list(a) == list(b)
-        for k in a:
-            assert_state_equal(a[k], b[k])
-    elif isinstance(a, (list, tuple)):
-        assert len(a) == len(b)
-        for x, y in zip(a, b, strict=True):
-            assert_state_equal(x, y)
-    else:
-        assert a == b
 
 
 def pack_entries_of(repo: ckvc.Repo, oid: str) -> tuple[Path, list[RecordInfo]]:

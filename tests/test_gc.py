@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 import torch
+from helpers import assert_state_equal
 
 import ckvc
 from ckvc.fsck import BAD_CHECKSUM, UNFINISHED_PACK, UNREFERENCED
@@ -28,30 +29,6 @@ DEFAULT_EXPIRY_S = 90 * 86400
 
 
 # ---- helpers ----------------------------------------------------------------------
-def tensor_bytes(t: torch.Tensor) -> bytes:
-    return bytes(t.detach().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
-
-
-def flatten(state: Any, prefix: str = "") -> dict[str, Any]:
-    """Path -> (dtype, shape, raw bytes) for tensors, the value itself otherwise."""
-    out: dict[str, Any] = {}
-    if isinstance(state, dict):
-        for k, v in state.items():
-            out.update(flatten(v, f"{prefix}{k}."))
-    elif isinstance(state, torch.Tensor):
-        out[prefix.rstrip(".")] = (state.dtype, tuple(state.shape), tensor_bytes(state))
-    else:
-        out[prefix.rstrip(".")] = (type(state), state)
-    return out
-
-
-def assert_bit_exact(loaded: Any, expected: Any) -> None:
-    a, b = flatten(loaded), flatten(expected)
-    assert list(a) == list(b)
-    for key in a:
-        assert a[key] == b[key], key
-
-
 def state(seed: int) -> dict[str, Any]:
     """16 KiB of random floats: CHUNKS_PER_STATE chunks, none shared across seeds."""
     g = torch.Generator().manual_seed(7000 + seed)
@@ -162,7 +139,7 @@ def test_dry_run_reports_reclaimable_bytes_and_changes_nothing(repo: ckvc.Repo) 
     overhead = PACK_HEADER.size + TOC_HEADER.size + TOC_ENTRY.size * report.objects_copied + FOOTER.size
     assert total_after == total_before - plan.reclaimable_bytes + overhead
     for i in (4, 5):
-        assert_bit_exact(repo.load(ids[i]), state(i))
+        assert_state_equal(repo.load(ids[i]), state(i))
 
 
 # ---- unreachable commits of a deleted branch --------------------------------------------
@@ -179,8 +156,8 @@ def test_deleted_branch_is_kept_by_the_head_reflog_until_it_expires(repo: ckvc.R
     report = repo.gc(now=True)
     assert report.packs_deleted == 0
     assert dead_packs <= set(list_packs(repo.dir / "packs"))
-    assert_bit_exact(repo.load(dead[1]), state(101))
-    assert_bit_exact(repo.load(dead[0]), state(100))
+    assert_state_equal(repo.load(dead[1]), state(101))
+    assert_state_equal(repo.load(dead[0]), state(100))
 
     # Expiry 0: nothing keeps them; gc --now deletes their packs.
     repo.set_config(reflog_expiry_s=0)
@@ -193,7 +170,7 @@ def test_deleted_branch_is_kept_by_the_head_reflog_until_it_expires(repo: ckvc.R
         with pytest.raises(ckvc.InvalidRevisionError):
             repo.load(c)
     for i, c in enumerate(main):
-        assert_bit_exact(repo.load(c), state(i))
+        assert_state_equal(repo.load(c), state(i))
     fsck = repo.fsck()
     assert fsck.ok and fsck.problems == []
 
@@ -227,7 +204,7 @@ def test_grace_period_protects_young_packs(repo: ckvc.Repo, how: str) -> None:
         age_packs(repo, 2 * 3600)
         report = repo.gc()
     assert (report.packs_deleted, report.packs_repacked) == (2, 3)
-    assert_bit_exact(repo.load(ids[3]), state(3))
+    assert_state_equal(repo.load(ids[3]), state(3))
     for c in dead:
         with pytest.raises(ckvc.InvalidRevisionError):
             repo.resolve(c)
@@ -254,7 +231,7 @@ def test_mostly_dead_pack_is_rewritten_fully_live_pack_is_left_alone(repo: ckvc.
     # The fully live pack: same name, same bytes.
     assert pack_of(repo, ids[2]) == packs[ids[2]]
     assert (repo.dir / "packs" / packs[ids[2]]).read_bytes() == kept_bytes
-    assert_bit_exact(repo.load(ids[2]), state(2))
+    assert_state_equal(repo.load(ids[2]), state(2))
 
 
 def test_gc_reaches_a_fixed_point(repo: ckvc.Repo) -> None:
@@ -319,14 +296,14 @@ def test_object_revived_between_plan_and_execute_is_spared(repo: ckvc.Repo, how:
     assert report.kept_revived == [x_pack]
     assert report.packs_deleted == 0
     assert x_pack in list_packs(repo.dir / "packs")
-    assert_bit_exact(repo.load(revived), revived_state)
-    assert_bit_exact(repo.load(m0), state(0))
+    assert_state_equal(repo.load(revived), revived_state)
+    assert_state_equal(repo.load(m0), state(0))
     fsck = repo.fsck()
     assert fsck.ok and fsck.damaged_objects() == []
 
     # A later gc still keeps everything the revived commit needs.
     repo.gc(now=True)
-    assert_bit_exact(repo.load(revived), revived_state)
+    assert_state_equal(repo.load(revived), revived_state)
     assert repo.fsck().ok
 
 
@@ -361,7 +338,7 @@ def test_stale_tmp_and_trash_are_reclaimed_young_tmp_survives(repo: ckvc.Repo) -
     assert not young_tmp.exists()
     assert pack_files(repo) == sealed
     for i, c in enumerate(ids):
-        assert_bit_exact(repo.load(c), state(i))
+        assert_state_equal(repo.load(c), state(i))
     fsck = repo.fsck()
     assert fsck.ok and fsck.problems == []
 
@@ -382,7 +359,7 @@ def test_unindexed_duplicate_pack_is_reclaimed(repo: ckvc.Repo) -> None:
     assert not duplicate.exists()
     assert pack_files(repo) == before
     for i, c in enumerate(ids):
-        assert_bit_exact(repo.load(c), state(i))
+        assert_state_equal(repo.load(c), state(i))
     fsck = repo.fsck()
     assert fsck.ok and fsck.problems == []
 
@@ -424,7 +401,7 @@ def test_fsck_levels_on_a_flipped_chunk_byte(repo: ckvc.Repo) -> None:
     assert refs.ok and refs.problems == []
     with pytest.raises(ckvc.CorruptObjectError):
         repo.load(ids[0])
-    assert_bit_exact(repo.load(ids[1]), state(1))
+    assert_state_equal(repo.load(ids[1]), state(1))
 
 
 def test_fsck_warns_about_pruned_but_not_collected_objects(repo: ckvc.Repo) -> None:
@@ -466,7 +443,7 @@ def test_gc_refuses_with_a_damaged_ref(repo: ckvc.Repo, which: str) -> None:
     (repo.dir / ref).write_bytes(good)
     report = repo.gc(now=True)
     assert (report.packs_deleted, report.packs_repacked) == (1, 2)
-    assert_bit_exact(repo.load("side"), state(2))
+    assert_state_equal(repo.load("side"), state(2))
 
 
 def test_gc_refuses_when_a_reachable_commit_is_missing(repo: ckvc.Repo) -> None:

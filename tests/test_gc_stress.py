@@ -34,6 +34,7 @@ from typing import Any
 
 import pytest
 import torch
+from helpers import assert_state_equal
 
 import ckvc
 import ckvc.gc as ckvc_gc
@@ -62,27 +63,6 @@ def _ctx() -> Any:
 
 def _randn(seed: int) -> torch.Tensor:
     return torch.randn(ELEMENTS, generator=torch.Generator().manual_seed(seed))
-
-
-def tensor_bytes(t: torch.Tensor) -> bytes:
-    return bytes(t.detach().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
-
-
-def assert_state_equal(a: Any, b: Any, path: str = "") -> None:
-    assert type(a) is type(b), path
-    if isinstance(a, torch.Tensor):
-        assert (a.dtype, a.shape) == (b.dtype, b.shape), path
-        assert tensor_bytes(a) == tensor_bytes(b), path
-    elif isinstance(a, dict):
-        assert list(a) == list(b), path
-        for key in a:
-            assert_state_equal(a[key], b[key], f"{path}.{key}")
-    elif isinstance(a, (list, tuple)):
-        assert len(a) == len(b), path
-        for i, (x, y) in enumerate(zip(a, b, strict=True)):
-            assert_state_equal(x, y, f"{path}.{i}")
-    else:
-        assert a == b, path
 
 
 def _write_line(fd: int, line: str) -> None:

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 import torch
+from helpers import assert_state_equal
 
 import ckvc
 from ckvc.fsck import UNREFERENCED
@@ -24,30 +25,6 @@ CHUNK = 16 << 10
 
 
 # ---- helpers ----------------------------------------------------------------------
-def tensor_bytes(t: torch.Tensor) -> bytes:
-    return bytes(t.detach().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
-
-
-def flatten(state: Any, prefix: str = "") -> dict[str, Any]:
-    """Path -> (dtype, shape, raw bytes) for tensors, the value itself otherwise."""
-    out: dict[str, Any] = {}
-    if isinstance(state, dict):
-        for k, v in state.items():
-            out.update(flatten(v, f"{prefix}{k}."))
-    elif isinstance(state, torch.Tensor):
-        out[prefix.rstrip(".")] = (state.dtype, tuple(state.shape), tensor_bytes(state))
-    else:
-        out[prefix.rstrip(".")] = (type(state), state)
-    return out
-
-
-def assert_bit_exact(loaded: Any, expected: Any) -> None:
-    a, b = flatten(loaded), flatten(expected)
-    assert list(a) == list(b)
-    for key in a:
-        assert a[key] == b[key], key
-
-
 def big_state(seed: int) -> dict[str, Any]:
     """~97 KiB of incompressible-ish floats; different seeds share no chunk."""
     g = torch.Generator().manual_seed(1000 + seed)
@@ -169,10 +146,10 @@ def test_acceptance_keep_last_best_every_tags_then_gc(tmp_path: Path) -> None:
 
     with ckvc.Repo.open(repo.path) as again:
         for i in KEPT:
-            assert_bit_exact(again.load(ids[i]), states[i])
-        assert_bit_exact(again.load("light"), states[LIGHT])
-        assert_bit_exact(again.load("annotated"), states[ANNOTATED])
-        assert_bit_exact(again.load("HEAD"), states[N - 1])
+            assert_state_equal(again.load(ids[i]), states[i])
+        assert_state_equal(again.load("light"), states[LIGHT])
+        assert_state_equal(again.load("annotated"), states[ANNOTATED])
+        assert_state_equal(again.load("HEAD"), states[N - 1])
         for i in RELEASED:
             with pytest.raises(ckvc.PrunedCommitError) as info:
                 again.load(ids[i])
@@ -328,8 +305,8 @@ def test_policy_on_one_branch_spares_what_other_branches_reach(repo: ckvc.Repo) 
     assert plan.released == [exp[2], exp[1], exp[0]]
     repo.gc(now=True)
     for i, c in enumerate(main):
-        assert_bit_exact(repo.load(c), small_state(i))
-    assert_bit_exact(repo.load(exp[3]), small_state(103))
+        assert_state_equal(repo.load(c), small_state(i))
+    assert_state_equal(repo.load(exp[3]), small_state(103))
     for c in exp[:3]:
         with pytest.raises(ckvc.PrunedCommitError):
             repo.load(c)
@@ -351,8 +328,8 @@ def test_detached_head_keeps_its_commit(repo: ckvc.Repo) -> None:
     assert plan.kept == {ids[4]: ["keep-last 1 on main", "head of branch main"], ids[1]: ["HEAD"]}
     assert plan.released == [ids[3], ids[2], ids[0]]
     repo.gc(now=True)
-    assert_bit_exact(repo.load("HEAD"), small_state(1))
-    assert_bit_exact(repo.load("main"), small_state(4))
+    assert_state_equal(repo.load("HEAD"), small_state(1))
+    assert_state_equal(repo.load("main"), small_state(4))
     for i in (0, 2, 3):
         with pytest.raises(ckvc.PrunedCommitError):
             repo.load(ids[i])
@@ -396,8 +373,8 @@ def test_commit_retain_true_applies_the_stored_policy(repo: ckvc.Repo) -> None:
     last = repo.commit(small_state(4), retain=True)
     assert set(repo.pruned()) == set(ids[:3])
     assert {r.policy for r in repo.pruned().values()} == {"keep-last 2"}
-    assert_bit_exact(repo.load(last), small_state(4))
-    assert_bit_exact(repo.load(ids[3]), small_state(3))
+    assert_state_equal(repo.load(last), small_state(4))
+    assert_state_equal(repo.load(ids[3]), small_state(3))
     # retain=False overrides even an auto policy.
     repo.set_retention(RetentionPolicy(keep_last=1, auto=True))
     repo.commit(small_state(5), retain=False)
@@ -411,8 +388,8 @@ def test_auto_policy_applies_after_every_commit(repo: ckvc.Repo) -> None:
         ids.append(repo.commit(small_state(i)))
         assert set(repo.pruned()) == set(ids[:-2])
     repo.gc(now=True)
-    assert_bit_exact(repo.load(ids[3]), small_state(3))
-    assert_bit_exact(repo.load(ids[4]), small_state(4))
+    assert_state_equal(repo.load(ids[3]), small_state(3))
+    assert_state_equal(repo.load(ids[4]), small_state(4))
     with pytest.raises(ckvc.PrunedCommitError, match=r"\[keep-last 2\]"):
         repo.load(ids[2])
 
@@ -533,14 +510,14 @@ def test_pruned_commit_can_be_a_parent(repo: ckvc.Repo) -> None:
     grandchild = repo.commit(small_state(51), message="next", merge=[ids[0], ids[1]])
     assert repo.read_commit(child).parents == (ids[3], ids[1])
     assert repo.read_commit(grandchild).parents == (child, ids[0], ids[1])
-    assert_bit_exact(repo.load(child), small_state(50))
-    assert_bit_exact(repo.load(grandchild), small_state(51))
+    assert_state_equal(repo.load(child), small_state(50))
+    assert_state_equal(repo.load(grandchild), small_state(51))
     for i in range(3):
         with pytest.raises(ckvc.PrunedCommitError):
             repo.load(ids[i])  # pruning is never undone
     assert [c.id for c in repo.log()] == [grandchild, child, *ids[::-1]]
     repo.gc(now=True)
-    assert_bit_exact(repo.load(child), small_state(50))
+    assert_state_equal(repo.load(child), small_state(50))
     report = repo.fsck()
     assert report.ok and report.problems == []
     assert report.commits_reachable == 6
