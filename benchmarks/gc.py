@@ -1,8 +1,10 @@
 """gc benchmark: time and peak memory of ``Repo.gc(now=True)`` after a retention policy,
-as history grows with the live data fixed, and as the live data grows with history fixed.
+as history grows with the live data fixed, and as the live data grows with history fixed,
+once with all of the history as garbage and once in steady state (gc run regularly).
 
     .venv/bin/python benchmarks/gc.py [--commits 100] [--size-mb 100] [--keep 5,10,20]
-                                      [--history 25,50,100] [--repeats 3] [--quick] [--cold] [--json]
+                                      [--history 25,50,100] [--gc-every 3] [--repeats 3]
+                                      [--quick] [--cold] [--json]
 
 The repository: ``--commits`` commits of a GPT-like fp32 state of ``--size-mb`` MiB on one
 branch. A fixed, seeded set of tensors (``--changed`` of the bytes, default 30%) gets new
@@ -14,7 +16,16 @@ The matrix, in one run:
 * history series: ``--history`` commits (default N/4, N/2, N), keep-last = the smallest
   ``--keep``: live data fixed, garbage grows with history;
 * live series: N commits, keep-last each of ``--keep`` (default 5, 10, 20): history fixed,
-  live data grows.
+  live data grows;
+* steady-state series: for each ``--history`` size, the gc a user who runs retain + gc
+  regularly pays. In the two series above gc runs once, at the end, so all of the history
+  is garbage and deleting it grows with the history. Here a copy of the source gets
+  keep-last K (the smallest ``--keep``) and one gc, untimed (the backlog); then
+  ``--gc-every`` more commits (default 3, the same state evolution: each adds about
+  ``--changed`` new data), and the cell measures the next retain(keep_last=K) + gc exactly
+  as the other cells do. The garbage is the data of the ``--gc-every`` commits that fell
+  out of the window, so the history grows while both the live data and the garbage stay
+  fixed. Its "commits" column counts the N + ``--gc-every`` commits the repository holds.
 
 One build serves every cell: the N-commit repository is built once and copied (untimed) at
 the history sizes on the way; every cell copies its source with ``shutil.copytree``
@@ -36,7 +47,7 @@ Columns "copy s" and "unlink s" split gc's execution by wrapping PRIVATE helpers
 the critical section); they show "nan" if those helpers are renamed.
 
 Every cell is repeated ``--repeats`` times (default 3), each on a fresh copy, and the table
-shows medians. The default matrix took about 4 minutes on 2 cores (about 35 s of it the
+shows medians. The default matrix took about 5 minutes on 2 cores (about 30 s of it the
 build). Single gc runs on a busy 2-core machine vary by +-30%: compare the trend across
 rows, not one row.
 """
@@ -130,6 +141,34 @@ def build_sources(work: Path, shape: Shape, changed: list[str], sizes: list[int]
     finally:
         repo.close()
     return sources
+
+
+def build_steady_source(
+    src: Path, dst: Path, shape: Shape, changed: list[str], commits: int, keep: int, every: int
+) -> dict[str, Any]:
+    """Copy ``src`` (``commits`` commits) to ``dst``, clear its backlog (retain keep-last
+    ``keep`` + gc, untimed as a measurement), then add ``every`` commits continuing the
+    builder's state evolution, without retention: the repository a regular retain + gc meets.
+    Returns what the backlog gc did."""
+    remove(dst)
+    shutil.copytree(src, dst, symlinks=True)
+    with ckvc.Repo.open(dst) as repo:
+        t0 = time.perf_counter()
+        repo.retain(RetentionPolicy(keep_last=keep))
+        report = repo.gc(now=True)
+        backlog = {"seconds": time.perf_counter() - t0, "bytes_freed": report.bytes_freed}
+        # step_state replaces every changed tensor, so the state of step i is the base with
+        # step i's values: the same tensors the builder would have committed next.
+        state = build_state(shape)
+        for i in range(commits, commits + every):
+            state = step_state(state, changed, i)
+            repo.commit(state, message=f"step {i}", metrics={"step": i})
+        del state
+    log(
+        f"steady-state source: {commits} commits, backlog retain + gc {backlog['seconds']:.1f} s "
+        f"(freed {backlog['bytes_freed'] / MIB:.0f} MiB), then {every} commits"
+    )
+    return backlog
 
 
 def estimate_stored(state_bytes: int, changed_fraction: float, commits: int) -> int:
@@ -246,6 +285,9 @@ class Cell:
     packs_written: int = 0
     objects_copied: int = 0
     verified: str = ""
+    gc_every: int = 0  # steady state: commits since the last gc (0: one gc over the whole history)
+    backlog_gc_s: float | None = None  # steady state: the untimed gc that cleared the backlog
+    backlog_freed_bytes: int | None = None
 
     @property
     def gc_median(self) -> float:
@@ -389,6 +431,7 @@ def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
     base_dir.mkdir(parents=True, exist_ok=True)
     need = sum(estimate_stored(state_bytes, fraction, n) for n in sizes)
     need += estimate_stored(state_bytes, fraction, args.commits) + 2 * state_bytes + int(GB)
+    need += estimate_stored(state_bytes, fraction, history_keep + args.gc_every)  # a steady-state source
     free = shutil.disk_usage(base_dir).free
     if free < need:
         raise SystemExit(f"{base_dir} has {free / GB:.1f} GB free; this run needs about {need / GB:.1f} GB")
@@ -407,6 +450,7 @@ def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
         "history": history,
         "history_keep": history_keep,
         "keep": keeps,
+        "gc_every": args.gc_every,
         "repeats": args.repeats,
         "cache": "cold" if args.cold else "warm",
         "cpus": os.cpu_count(),
@@ -415,7 +459,7 @@ def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
         "ckvc": ckvc.__version__,
         "work_dir": str(work),
     }
-    cells: dict[tuple[int, int], Cell] = {}
+    cells: dict[tuple[int, int, int], Cell] = {}  # (commits, kept, gc_every)
     try:
         t0 = time.perf_counter()
         sources = build_sources(work, shape, changed, sizes)
@@ -424,12 +468,24 @@ def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
         wanted = [(n, history_keep) for n in history] + [(args.commits, k) for k in keeps]
         for n, k in dict.fromkeys(wanted):
             log(f"cell: {n} commits, keep-last {k}")
-            cells[(n, k)] = run_cell(sources[n], n, k, state_bytes, args, work)
+            cells[(n, k, 0)] = run_cell(sources[n], n, k, state_bytes, args, work)
+        for n in history:
+            src = work / f"steady-{n}"
+            backlog = build_steady_source(sources[n], src, shape, changed, n, history_keep, args.gc_every)
+            m = n + args.gc_every
+            log(f"cell: steady state, {m} commits, keep-last {history_keep}, gc every {args.gc_every} commits")
+            cell = run_cell(src, m, history_keep, state_bytes, args, work)
+            cell.gc_every = args.gc_every
+            cell.backlog_gc_s = backlog["seconds"]
+            cell.backlog_freed_bytes = backlog["bytes_freed"]
+            cells[(m, history_keep, args.gc_every)] = cell
+            remove(src)
     finally:
         log(f"cleaning up {work}")
         shutil.rmtree(work, ignore_errors=True)
-    hist_cells = [cells[(n, history_keep)] for n in history]
-    live_cells = [cells[(args.commits, k)] for k in keeps]
+    hist_cells = [cells[(n, history_keep, 0)] for n in history]
+    live_cells = [cells[(args.commits, k, 0)] for k in keeps]
+    steady_cells = [cells[(n + args.gc_every, history_keep, args.gc_every)] for n in history]
     config["loadavg_end"] = _loadavg()
     return {
         "config": config,
@@ -442,6 +498,10 @@ def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
             "live": {
                 "cells": [[c.commits, c.kept] for c in live_cells],
                 "growth": growth(live_cells, "live_bytes", [float(c.live_bytes) for c in live_cells]),
+            },
+            "steady": {
+                "cells": [[c.commits, c.kept, c.gc_every] for c in steady_cells],
+                "growth": growth(steady_cells, "history_bytes", [float(c.history_bytes) for c in steady_cells]),
             },
         },
     }
@@ -456,7 +516,7 @@ def _fmt(x: float | None, spec: str = ".2f") -> str:
 
 def print_table(res: dict[str, Any]) -> None:
     c = res["config"]
-    cells = {(d["commits"], d["kept"]): d for d in res["cells"]}
+    cells = {(d["commits"], d["kept"], d["gc_every"]): d for d in res["cells"]}
     print()
     print(
         f"ckvc gc benchmark: {c['state_bytes'] / MIB:.0f} MiB fp32 state per commit, "
@@ -478,12 +538,17 @@ def print_table(res: dict[str, Any]) -> None:
     for series, title in (
         ("history", f"history grows, live fixed (keep-last {c['history_keep']})"),
         ("live", f"live grows, history fixed ({c['commits']} commits)"),
+        (
+            "steady",
+            f"steady state: history grows, live fixed (keep-last {c['history_keep']}; "
+            f"gc after every {c['gc_every']} commits)",
+        ),
     ):
         print(f"[{title}]")
         print(head)
         print("-" * len(head))
-        for n, k in res["series"][series]["cells"]:
-            d = cells[(n, k)]
+        for n, k, *every in res["series"][series]["cells"]:
+            d = cells[(n, k, every[0] if every else 0)]
             print(
                 f"{n:>7}{k:>5}{d['history_bytes'] / GB:>8.2f}{d['live_bytes'] / MIB:>9.0f}"
                 f"{d['garbage_bytes'] / MIB:>9.0f}{d['freed_bytes'] / MIB:>9.0f}{d['repack_bytes'] / MIB:>10.0f}"
@@ -494,7 +559,7 @@ def print_table(res: dict[str, Any]) -> None:
                 f"{_fmt(d['gc_s_per_live_gb']):>10}{_fmt(d['gc_s_per_garbage_gb']):>10}"
             )
         g = res["series"][series]["growth"]
-        what = "garbage" if series == "history" else "live data"
+        what = {"history": "garbage", "live": "live data", "steady": "history"}[series]
         print(
             f"  growth: {what} x{_fmt(g['x_ratio'])} -> gc time x{_fmt(g['gc_time_ratio'])} "
             f"(slope {_fmt(g['gc_time_slope'])}), plan time x{_fmt(g['plan_time_ratio'])} "
@@ -505,8 +570,14 @@ def print_table(res: dict[str, Any]) -> None:
         print()
     print("details")
     for d in res["cells"]:
+        steady = (
+            f"steady: backlog gc {d['backlog_gc_s']:.1f} s freed {d['backlog_freed_bytes'] / MIB:.0f} MB, "
+            f"then {d['gc_every']} commits  "
+            if d["gc_every"]
+            else ""
+        )
         print(
-            f"  N={d['commits']:<4} keep={d['kept']:<3} released {d['released']:>4}  "
+            f"  N={d['commits']:<4} keep={d['kept']:<3} {steady}released {d['released']:>4}  "
             f"execute {d['execute_median_s']:.2f} s  packs {d['packs_before']} -> {d['packs_after']} "
             f"(written {d['packs_written']}, objects copied {d['objects_copied']})  "
             f"pack MB {d['pack_bytes_before'] / MIB:.0f} -> {d['pack_bytes_after'] / MIB:.0f}  "
@@ -545,6 +616,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--changed", type=float, default=0.30, help="fraction of bytes new in each commit (default 0.3)")
     ap.add_argument("--keep", type=_int_list, default=None, help="keep-last values for the live series (5,10,20)")
     ap.add_argument("--history", type=_int_list, default=None, help="commit counts for the history series (N/4,N/2,N)")
+    ap.add_argument("--gc-every", type=int, default=3, help="steady-state series: commits between two gcs (default 3)")
     ap.add_argument("--repeats", type=int, default=3, help="gc runs per cell, each on a fresh copy (default 3)")
     ap.add_argument("--quick", action="store_true", help="small check: 20 commits x 20 MiB, keep 2,4,8")
     ap.add_argument("--cold", action="store_true", help="evict the repository from the page cache before each gc")
@@ -561,8 +633,8 @@ def main(argv: list[str] | None = None) -> None:
     args.keep = args.keep or ([2, 4, 8] if args.quick else [5, 10, 20])
     n = args.commits
     args.history = args.history or sorted({max(1, n // 4), max(1, n // 2), n})
-    if args.repeats < 1 or args.size_mb < 1 or n < 2:
-        ap.error("--repeats and --size-mb must be positive and --commits at least 2")
+    if args.repeats < 1 or args.size_mb < 1 or args.gc_every < 1 or n < 2:
+        ap.error("--repeats, --size-mb and --gc-every must be positive and --commits at least 2")
     if not 0 < args.changed < 1:
         ap.error("--changed must be between 0 and 1")
     if max(args.history) > n:
