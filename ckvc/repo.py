@@ -449,15 +449,19 @@ class Repo:
         state loaded cleanly."""
         commit_id = self.resolve(rev)
         state = self.load(commit_id, map_location, allow_pickle=allow_pickle, progress=progress)
-        self._move_head(rev, commit_id)
+        with self.store.pin():
+            if not self.store.has(bytes.fromhex(commit_id)):  # gc took it while we loaded
+                raise InvalidRevisionError(f"revision {rev!r}: commit {commit_id[:12]} was garbage-collected")
+            self._move_head(rev, commit_id)
         return state
 
     def switch(self, rev: str) -> str:
         """Move HEAD to ``rev`` without loading it. Returns the commit id.
         A pruned commit is refused: there is no state to resume from."""
-        commit_id = self.resolve(rev)
-        self._check_not_pruned(commit_id)
-        self._move_head(rev, commit_id)
+        with self.store.pin():  # HEAD may name a commit only a reflog keeps: gc must see the move
+            commit_id = self.resolve(rev)
+            self._check_not_pruned(commit_id)
+            self._move_head(rev, commit_id)
         return commit_id
 
     def _move_head(self, rev: str, commit_id: str) -> None:
