@@ -9,8 +9,6 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ckvc.errors import CkvcError, CorruptObjectError, InvalidInputError, ObjectNotFoundError
-from ckvc.ids import ObjectType
-from ckvc.objects import Commit
 from ckvc.storage.packs import TMP_SUFFIX, list_packs, pack_entries
 
 if TYPE_CHECKING:
@@ -149,31 +147,19 @@ def run_fsck(
             add(DANGLING_REF, oid, f"{label} points at missing object {oid}")
     pruned = repo.pruned()
     reachable: set[bytes] = set()
-    stack = list(dict.fromkeys(tips.values()))
-    visited: set[str] = set()
-    while stack:
-        oid = stack.pop()
-        if oid in visited:
+    for reached in repo.walk(tips.values()):
+        oid = reached.oid
+        if isinstance(reached.error, ObjectNotFoundError):
+            add(MISSING_OBJECT, oid, f"commit {oid} is missing: {reached.error}")
             continue
-        visited.add(oid)
-        raw_id = bytes.fromhex(oid)
-        if not store.has(raw_id):
-            add(MISSING_OBJECT, oid, f"commit {oid} is missing")
+        reachable.add(bytes.fromhex(oid))
+        if reached.error is not None:
+            add(BAD_CHECKSUM, oid, str(reached.error))
             continue
-        reachable.add(raw_id)
-        try:
-            if store.stat(raw_id).kind == ObjectType.TAG:
-                stack.append(repo.read_tag(oid).target)
-                continue
-            commit: Commit = repo.read_commit(oid)
-        except ObjectNotFoundError as exc:
-            add(MISSING_OBJECT, oid, str(exc))
-            continue
-        except CorruptObjectError as exc:
-            add(BAD_CHECKSUM, oid, str(exc))
-            continue
+        commit = reached.commit
+        if commit is None:
+            continue  # a tag object; the walk follows it to its commit
         report.commits_reachable += 1
-        stack.extend(commit.parents)
         if level == "refs" or oid in pruned:
             continue  # a pruned commit keeps only its commit object
         reachable.add(bytes.fromhex(commit.tree))

@@ -18,6 +18,7 @@ by the next gc.
 
 from __future__ import annotations
 
+import itertools
 import os
 import time
 from dataclasses import dataclass, field
@@ -114,14 +115,14 @@ class GcReport:
         }
 
 
-def _tips(repo: Repo, reflog_expiry_s: float) -> list[str]:
+def _tips(repo: Repo, reflog_expiry_s: float) -> tuple[list[str], list[str]]:
+    """(commits refs and HEAD name, commits recent reflog entries name)."""
     damaged: list[str] = []
-    tips = list(repo.ref_tips(include_reflogs=False, damaged=damaged).values())
+    ref_tips = list(dict.fromkeys(repo.ref_tips(include_reflogs=False, damaged=damaged).values()))
     if damaged:
         raise CorruptObjectError(f"gc refuses to run with damaged refs ({damaged[0]}); run `ckvc fsck`")
     since = time.time_ns() - int(reflog_expiry_s * 1e9)
-    tips.extend(repo.refs.iter_reflog_ids(since_ns=since))
-    return list(dict.fromkeys(tips))
+    return ref_tips, list(dict.fromkeys(repo.refs.iter_reflog_ids(since_ns=since)))
 
 
 def mark(repo: Repo, live: set[bytes], visited: set[str], *, reflog_expiry_s: float) -> set[bytes]:
@@ -138,30 +139,26 @@ def mark(repo: Repo, live: set[bytes], visited: set[str], *, reflog_expiry_s: fl
             live.add(oid)
             added.add(oid)
 
-    stack = [t for t in _tips(repo, reflog_expiry_s) if t not in visited]
-    reflog_only = set(repo.refs.iter_reflog_ids())
-    while stack:
-        oid = stack.pop()
-        if oid in visited:
-            continue
-        visited.add(oid)
-        raw = bytes.fromhex(oid)
-        try:
-            kind = repo.store.stat(raw).kind
-        except ObjectNotFoundError:
-            if oid in reflog_only:
-                continue  # a reflog may name a commit gc already removed
-            raise CorruptObjectError(f"gc refuses to run: reachable object {oid} is missing; run `ckvc fsck`") from None
-        add(raw)
-        try:
-            if kind == ObjectType.TAG:
-                stack.append(repo.read_tag(oid).target)
+    ref_tips, reflog_tips = _tips(repo, reflog_expiry_s)
+    # Refs first, strictly; then what only reflogs reach, where a commit an
+    # earlier gc removed (its entry had expired then) is simply gone.
+    walks = itertools.chain(
+        ((reached, True) for reached in repo.walk(ref_tips, visited)),
+        ((reached, False) for reached in repo.walk(reflog_tips, visited)),
+    )
+    for reached, strict in walks:
+        if reached.error is not None:
+            if not strict and not repo.store.has(bytes.fromhex(reached.oid)):
                 continue
-            commit = repo.read_commit(oid)
-            stack.extend(p for p in commit.parents if p not in visited)
-            if oid in pruned:
-                continue
-            add(bytes.fromhex(commit.tree))
+            raise CorruptObjectError(
+                f"gc refuses to run: reachable object {reached.oid} is unreadable ({reached.error}); run `ckvc fsck`"
+            ) from None
+        add(bytes.fromhex(reached.oid))
+        commit = reached.commit
+        if commit is None or commit.id in pruned:
+            continue  # a tag object, or a pruned commit: only the object itself stays
+        add(bytes.fromhex(commit.tree))
+        try:
             snapshot = repo.read_snapshot(commit)
         except ObjectNotFoundError as exc:
             raise CorruptObjectError(f"gc refuses to run: reachable data is missing ({exc}); run `ckvc fsck`") from None

@@ -12,7 +12,7 @@ import shutil
 import socket
 import time
 import uuid
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -86,6 +86,16 @@ class CommitInfo:
     values: dict[str, Any]  # non-tensor leaves by path
     logical_bytes: int
     stored_bytes: int  # stored size of the chunks this commit uses (shared ones included)
+
+
+@dataclass(frozen=True)
+class Reached:
+    """An object met by Repo.walk: a commit, a tag object (``commit`` None), or
+    an object that could not be read (``error``)."""
+
+    oid: str
+    commit: Commit | None = None
+    error: ObjectNotFoundError | CorruptObjectError | None = None
 
 
 @dataclass(frozen=True)
@@ -759,27 +769,36 @@ class Repo:
                 tips.setdefault(f"reflog:{i}", oid)
         return tips
 
-    def iter_reachable_commits(self, tips: Mapping[str, str]) -> Iterator[Commit]:
-        """Each commit reachable from ``tips`` once (tags peeled)."""
-        seen: set[str] = set()
-        stack: list[str] = []
-        for oid in tips.values():
-            stack.append(oid)
+    def walk(self, tips: Iterable[str], visited: set[str] | None = None) -> Iterator[Reached]:
+        """Every commit and tag object reachable from ``tips``, once each (tags
+        peeled, all parents followed). An object that cannot be read is yielded
+        with its error and not followed: the caller decides whether that is fatal
+        (gc), a finding (fsck) or to be skipped. Ids in ``visited`` are not
+        walked; every id met is added to it."""
+        visited = set() if visited is None else visited
+        stack = list(tips)
         while stack:
             oid = stack.pop()
-            if oid in seen:
+            if oid in visited:
                 continue
-            seen.add(oid)
+            visited.add(oid)
             try:
-                kind = self.store.stat(bytes.fromhex(oid)).kind
-            except ObjectNotFoundError:
+                if self.store.stat(bytes.fromhex(oid)).kind == ObjectType.TAG:
+                    stack.append(self.read_tag(oid).target)
+                    yield Reached(oid)
+                    continue
+                commit = self.read_commit(oid)
+            except (ObjectNotFoundError, CorruptObjectError) as exc:
+                yield Reached(oid, error=exc)
                 continue
-            if kind == ObjectType.TAG:
-                stack.append(self.read_tag(oid).target)
-                continue
-            commit = self.read_commit(oid)
-            yield commit
             stack.extend(commit.parents)
+            yield Reached(oid, commit)
+
+    def iter_reachable_commits(self, tips: Mapping[str, str]) -> Iterator[Commit]:
+        """Each readable commit reachable from ``tips`` once (tags peeled)."""
+        for reached in self.walk(tips.values()):
+            if reached.commit is not None:
+                yield reached.commit
 
     # ---- lifecycle ----------------------------------------------------------
     def pruned(self) -> dict[str, PruneRecord]:
