@@ -455,3 +455,20 @@ def test_gc_refuses_when_a_reachable_commit_is_missing(repo: ckvc.Repo) -> None:
     with pytest.raises(ckvc.CkvcError):
         repo.gc(now=True)
     assert ckvc_files(repo) == before
+
+
+def test_nested_pin_does_not_deadlock_against_a_waiting_gc(repo: ckvc.Repo) -> None:
+    """A pinned writer whose lookup misses the index refreshes it, which pins
+    again. With a gc waiting (holding the intent lock), a second real pin would
+    wait for gc while gc waits for the first pin."""
+    import fcntl
+
+    commits(repo, 1)
+    intent = os.open(repo.dir / "gc-intent.lock", os.O_RDWR)
+    try:
+        with repo.store.pin():
+            fcntl.flock(intent, fcntl.LOCK_EX)  # a gc now waits for our pin
+            with repo.store.pin(timeout=1.0):
+                assert repo.store.refresh() == 0
+    finally:
+        os.close(intent)

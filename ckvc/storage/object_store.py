@@ -55,11 +55,16 @@ class ObjectStore:
         self.reader = PackReader(self.pack_dir)
         self._refresh_lock = threading.Lock()
         self._exclusive_held = False
+        self._pins = threading.local()  # this thread's pin, if it holds one
 
     @contextlib.contextmanager
     def pin(self, timeout: float = PIN_TIMEOUT_S) -> Iterator[None]:
         """Shared lock held by writers: gc's sweep waits for them and they for it."""
-        if self._exclusive_held:  # this process is gc, inside its critical section
+        # Re-entrant: a pinned writer may pin again (an index refresh on a lookup
+        # miss). Taking the intent lock again there would deadlock against a gc
+        # waiting for this very pin.
+        held: int = getattr(self._pins, "depth", 0)
+        if self._exclusive_held or held:
             yield
             return
         # Passing through the intent lock first gives a waiting gc priority: flock
@@ -67,7 +72,11 @@ class ObjectStore:
         with file_lock(self.root / GC_INTENT_LOCK, shared=True, timeout=timeout):
             pass
         with file_lock(self.root / GC_LOCK, shared=True, timeout=timeout):
-            yield
+            self._pins.depth = 1
+            try:
+                yield
+            finally:
+                self._pins.depth = 0
 
     @contextlib.contextmanager
     def exclusive(self, timeout: float) -> Iterator[None]:
