@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import atexit
 import collections
+import dataclasses
 import getpass
 import heapq
 import math
@@ -10,13 +12,16 @@ import os
 import re
 import shutil
 import socket
+import sys
 import time
 import uuid
+import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import wait as futures_wait
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal, overload
 
 import numpy as np
 import torch
@@ -88,6 +93,36 @@ class CommitInfo:
     stored_bytes: int  # stored size of the chunks this commit uses (shared ones included)
 
 
+class PendingCommit:
+    """A commit being written in the background (``Repo.commit(..., blocking=False)``)."""
+
+    def __init__(self, future: Future[str]) -> None:
+        self._future = future
+
+    def done(self) -> bool:
+        return self._future.done()
+
+    def result(self, timeout: float | None = None) -> str:
+        """The commit id once it is durable and the branch has moved; raises its error."""
+        self._future.ckvc_reported = True  # type: ignore[attr-defined]
+        return self._future.result(timeout)
+
+
+# Repos with background commits: finished (or their failure reported) at exit,
+# never silently dropped.
+_OPEN_REPOS: weakref.WeakSet[Repo] = weakref.WeakSet()
+
+
+@atexit.register
+def _finish_background_commits() -> None:
+    for repo in list(_OPEN_REPOS):
+        for future in repo._pending:
+            try:
+                future.result()
+            except BaseException as exc:
+                print(f"ckvc: a background commit in {repo.path} failed: {exc}", file=sys.stderr)
+
+
 @dataclass(frozen=True)
 class Reached:
     """An object met by Repo.walk: a commit, a tag object (``commit`` None), or
@@ -151,6 +186,8 @@ class Repo:
         self.prune_log = PruneLog(self.dir)
         self._codec = make_codec(str(self.config.codec["name"]), self.config.codec.get("level"))
         self._pool: ThreadPoolExecutor | None = None
+        self._commit_thread: ThreadPoolExecutor | None = None
+        self._pending: list[Future[str]] = []
         self.last_commit_stats: CommitStats | None = None
 
     # ---- lifecycle ----------------------------------------------------------
@@ -205,10 +242,43 @@ class Repo:
         return cls(find_repo_root(path))
 
     def close(self) -> None:
-        if self._pool is not None:
-            self._pool.shutdown(wait=True)
-            self._pool = None
-        self.store.close()
+        """Finish pending background commits (raising the first error), then close."""
+        try:
+            self.wait()
+        finally:
+            if self._commit_thread is not None:
+                self._commit_thread.shutdown(wait=True)
+                self._commit_thread = None
+            _OPEN_REPOS.discard(self)
+            if self._pool is not None:
+                self._pool.shutdown(wait=True)
+                self._pool = None
+            self.store.close()
+
+    def wait(self) -> None:
+        """Wait for every pending background commit; raise the first error not yet seen."""
+        futures_wait(self._pending)
+        self._raise_background_error()
+
+    def _committer(self) -> ThreadPoolExecutor:
+        if self._commit_thread is None:
+            # One thread: background commits land in order, each moving the branch from the last.
+            self._commit_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ckvc-commit")
+            _OPEN_REPOS.add(self)
+        return self._commit_thread
+
+    def _raise_background_error(self) -> None:
+        """Drop finished background commits; raise the first failure nobody has seen."""
+        still, error = [], None
+        for future in self._pending:
+            if not future.done():
+                still.append(future)
+            elif future.exception() is not None and not getattr(future, "ckvc_reported", False):
+                future.ckvc_reported = True  # type: ignore[attr-defined]
+                error = error or future.exception()
+        self._pending = still
+        if error is not None:
+            raise error
 
     def __enter__(self) -> Repo:
         return self
@@ -219,6 +289,19 @@ class Repo:
     def __repr__(self) -> str:
         return f"Repo({str(self.path)!r})"
 
+    def _submit(self, fn: Callable[..., Any], *args: Any) -> Future[Any]:
+        """Run ``fn`` on the pool; inline once the interpreter is shutting down
+        (a background commit finishing at exit can no longer use the pool)."""
+        try:
+            return self.pool.submit(fn, *args)
+        except RuntimeError:
+            future: Future[Any] = Future()
+            try:
+                future.set_result(fn(*args))
+            except BaseException as exc:
+                future.set_exception(exc)
+            return future
+
     @property
     def pool(self) -> ThreadPoolExecutor:
         if self._pool is None:
@@ -226,6 +309,7 @@ class Repo:
         return self._pool
 
     # ---- commit -------------------------------------------------------------
+    @overload
     def commit(
         self,
         state: Any,
@@ -236,15 +320,53 @@ class Repo:
         merge: Sequence[str] = (),
         allow_pickle: bool = False,
         retain: bool | None = None,
+        blocking: Literal[True] = True,
         progress: ProgressCallback | None = None,
-    ) -> str:
+    ) -> str: ...
+
+    @overload
+    def commit(
+        self,
+        state: Any,
+        message: str = "",
+        metrics: Mapping[str, Any] | None = None,
+        metadata: Mapping[str, str] | None = None,
+        *,
+        merge: Sequence[str] = (),
+        allow_pickle: bool = False,
+        retain: bool | None = None,
+        blocking: Literal[False],
+        progress: ProgressCallback | None = None,
+    ) -> PendingCommit: ...
+
+    def commit(
+        self,
+        state: Any,
+        message: str = "",
+        metrics: Mapping[str, Any] | None = None,
+        metadata: Mapping[str, str] | None = None,
+        *,
+        merge: Sequence[str] = (),
+        allow_pickle: bool = False,
+        retain: bool | None = None,
+        blocking: bool = True,
+        progress: ProgressCallback | None = None,
+    ) -> str | PendingCommit:
         """Store ``state`` as a new commit on the current branch (or detached HEAD)
         and return its id. Everything is durable before the branch moves.
 
         ``merge`` names further revisions to record as parents (e.g. the runs a
         weight average was made from); HEAD's commit stays the first parent.
         ``retain`` applies the stored retention policy afterwards (default: when
-        the policy says ``auto``)."""
+        the policy says ``auto``).
+
+        ``blocking=False`` returns a PendingCommit as soon as the state's bytes
+        are copied, so training may change its tensors at once; the commit is
+        written in the background, in order with other commits. Its errors
+        surface on ``.result()`` and at the next commit, ``wait()`` or close."""
+        self._raise_background_error()
+        if blocking:
+            self.wait()  # commits land in the order they were made
         started = time.perf_counter()
         if not isinstance(message, str):
             raise InvalidInputError("message must be a str")
@@ -257,6 +379,33 @@ class Repo:
         except ValueError as exc:
             raise InvalidInputError(str(exc)) from None
         tree, pending, pickled = state_mod.encode_state(state, allow_pickle=allow_pickle)
+        if not blocking:
+            # Own the bytes now: the caller may mutate its tensors as soon as we return.
+            owned = [dataclasses.replace(b, data=memoryview(bytearray(b.data)), owner=None) for b in pending]
+            future = self._committer().submit(
+                self._write_commit,
+                tree, owned, pickled, message, clean_metrics, clean_metadata, merge, policy, retain, progress, started,
+            )  # fmt: skip
+            self._pending.append(future)
+            return PendingCommit(future)
+        return self._write_commit(
+            tree, pending, pickled, message, clean_metrics, clean_metadata, merge, policy, retain, progress, started
+        )
+
+    def _write_commit(
+        self,
+        tree: bytes,
+        pending: list[PendingBlob],
+        pickled: bool,
+        message: str,
+        clean_metrics: dict[str, float],
+        clean_metadata: dict[str, str],
+        merge: Sequence[str],
+        policy: RetentionPolicy | None,
+        retain: bool | None,
+        progress: ProgressCallback | None,
+        started: float,
+    ) -> str:
         stats = CommitStats(commit="")
         # The pin keeps gc from removing anything this commit deduplicates against
         # until its branch has moved (gc then sees the commit from the refs).
@@ -342,7 +491,7 @@ class Repo:
             for index, blob in enumerate(pending):
                 stats.logical_bytes += len(blob.data)
                 for start, end in chunk_spans(len(blob.data), self._chunk_size_for(blob.itemsize)):
-                    in_flight.append((index, self.pool.submit(work, blob.data[start:end]), end - start))
+                    in_flight.append((index, self._submit(work, blob.data[start:end]), end - start))
                     if len(in_flight) >= max_in_flight:
                         drain_one()
             while in_flight:
@@ -433,7 +582,7 @@ class Repo:
 
         try:
             for blob, oid, out in tasks:
-                in_flight.append((blob, self.pool.submit(self.store.read_into, oid, out), len(out)))
+                in_flight.append((blob, self._submit(self.store.read_into, oid, out), len(out)))
                 if len(in_flight) >= window:
                     finish_oldest()
             while in_flight:
@@ -457,6 +606,7 @@ class Repo:
         """Load ``rev`` and move HEAD to it, like git checkout: onto the branch
         when ``rev`` names one, detached otherwise. HEAD moves only after the
         state loaded cleanly."""
+        self.wait()  # a background commit must land on the branch it was made on
         commit_id = self.resolve(rev)
         state = self.load(commit_id, map_location, allow_pickle=allow_pickle, progress=progress)
         with self.store.pin():
@@ -468,6 +618,7 @@ class Repo:
     def switch(self, rev: str) -> str:
         """Move HEAD to ``rev`` without loading it. Returns the commit id.
         A pruned commit is refused: there is no state to resume from."""
+        self.wait()  # a background commit must land on the branch it was made on
         with self.store.pin():  # HEAD may name a commit only a reflog keeps: gc must see the move
             commit_id = self.resolve(rev)
             self._check_not_pruned(commit_id)

@@ -246,7 +246,12 @@ class ObjectWriter:
             pack, self._pack = self._pack, None
             if self._sealer is None:
                 self._sealer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ckvc-seal")
-            self._sealing.append((pack, self._sealer.submit(pack.seal)))
+            try:
+                future = self._sealer.submit(pack.seal)
+            except RuntimeError:  # interpreter shutting down (a background commit finishing at exit)
+                future = Future()
+                future.set_result(pack.seal())
+            self._sealing.append((pack, future))
 
     def _wait_for_seals(self) -> list[PackWriter]:
         """Wait for every pack being sealed; returns the sealed ones, raises the first error."""
