@@ -364,9 +364,10 @@ class Repo:
         are copied, so training may change its tensors at once; the commit is
         written in the background, in order with other commits. Its errors
         surface on ``.result()`` and at the next commit, ``wait()`` or close."""
-        self._raise_background_error()
         if blocking:
-            self.wait()  # commits land in the order they were made
+            self.wait()  # commits land in the order they were made; raises unseen background errors
+        else:
+            self._raise_background_error()
         started = time.perf_counter()
         if not isinstance(message, str):
             raise InvalidInputError("message must be a str")
