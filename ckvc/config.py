@@ -9,12 +9,15 @@ from pathlib import Path
 from typing import Any
 
 from ckvc.chunking import DEFAULT_CHUNK_SIZE, validate_chunk_size
-from ckvc.codecs import make_codec
+from ckvc.codecs import MAX_CHAIN_DEPTH, make_codec
 from ckvc.errors import UnsupportedFormatError
 from ckvc.storage.files import write_atomic
 from ckvc.storage.object_store import DEFAULT_MAX_PACK_SIZE
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+# Version 1 repositories (zstd and raw records only) are read and written as they are.
+READABLE_VERSIONS = (1, 2)
+DEFAULT_DELTA_DEPTH = 4
 HASH_NAME = "blake3-256"
 CONFIG_NAME = "config.json"
 
@@ -25,7 +28,7 @@ class RepoConfig:
     repo_id: str = field(default_factory=lambda: uuid.uuid4().hex)
     hash: str = HASH_NAME
     chunk_size: int = DEFAULT_CHUNK_SIZE
-    codec: dict[str, Any] = field(default_factory=lambda: {"name": "zstd", "level": 1})
+    codec: dict[str, Any] = field(default_factory=lambda: {"name": "auto", "level": 1})
     max_pack_size: int = DEFAULT_MAX_PACK_SIZE
     default_branch: str = "main"
     # Lifecycle (docs/GUIDE.md): reflog entries younger than this keep their commits;
@@ -35,6 +38,9 @@ class RepoConfig:
     gc_grace_s: float = 3600
     repack_threshold: float = 0.8
     retention: dict[str, Any] | None = None
+    # Longest chain of deltas a chunk may need to decode (0: no deltas). Chosen
+    # by benchmarks/compression.py: restore time against stored size.
+    delta_depth: int = DEFAULT_DELTA_DEPTH
 
     def validate(self) -> RepoConfig:
         validate_chunk_size(self.chunk_size)
@@ -43,6 +49,10 @@ class RepoConfig:
             raise ValueError("max_pack_size must be at least 1 MiB")
         if not 0.0 <= self.repack_threshold <= 1.0:
             raise ValueError("repack_threshold must be between 0 and 1")
+        if not 0 <= self.delta_depth <= MAX_CHAIN_DEPTH:
+            raise ValueError(f"delta_depth must be between 0 and {MAX_CHAIN_DEPTH}")
+        if self.format_version < 2 and self.codec.get("name") not in ("raw", "zstd"):
+            raise ValueError(f"codec {self.codec.get('name')!r} needs repository format version 2")
         if self.reflog_expiry_s < 0 or self.gc_grace_s < 0:
             raise ValueError("reflog_expiry_s and gc_grace_s must not be negative")
         return self
@@ -57,7 +67,7 @@ class RepoConfig:
         except (OSError, ValueError) as exc:
             raise UnsupportedFormatError(f"cannot read {root / CONFIG_NAME}: {exc}") from None
         version = raw.get("format_version") if isinstance(raw, dict) else None
-        if version != FORMAT_VERSION:
+        if version not in READABLE_VERSIONS:
             raise UnsupportedFormatError(
                 f"repository format version {version!r} is not supported (this ckvc reads {FORMAT_VERSION})"
             )

@@ -24,9 +24,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from ckvc.codecs import decoder_for
 from ckvc.errors import CkvcError, CorruptObjectError, ObjectNotFoundError
-from ckvc.ids import ObjectType, object_id
 from ckvc.storage.files import fsync_dir
 from ckvc.storage.packs import TMP_SUFFIX, PackWriter, RecordInfo, list_packs, pack_entries, parse_record
 
@@ -139,6 +137,17 @@ def mark(repo: Repo, live: set[bytes], visited: set[str], *, reflog_expiry_s: fl
             live.add(oid)
             added.add(oid)
 
+    def add_chunk(oid: bytes | None) -> None:
+        # A delta chunk keeps its whole base chain alive.
+        while oid is not None and oid not in live:
+            add(oid)
+            try:
+                oid = repo.store.delta_base(oid)
+            except ObjectNotFoundError as exc:
+                raise CorruptObjectError(
+                    f"gc refuses to run: reachable data is missing ({exc}); run `ckvc fsck`"
+                ) from None
+
     ref_tips, reflog_tips = _tips(repo, reflog_expiry_s)
     # Refs first, strictly; then what only reflogs reach, where a commit an
     # earlier gc removed (its entry had expired then) is simply gone.
@@ -162,10 +171,9 @@ def mark(repo: Repo, live: set[bytes], visited: set[str], *, reflog_expiry_s: fl
             snapshot = repo.read_snapshot(commit)
         except ObjectNotFoundError as exc:
             raise CorruptObjectError(f"gc refuses to run: reachable data is missing ({exc}); run `ckvc fsck`") from None
-        # Delta codecs (compression work) must also mark each live chunk's base here.
         for blob in snapshot.blobs:
             for chunk in blob.chunks:
-                add(chunk)
+                add_chunk(chunk)
     return added
 
 
@@ -224,9 +232,9 @@ def _copy_live(repo: Repo, plan: GcPlan) -> tuple[list[tuple[str, list[RecordInf
         for e in pack.live:
             try:
                 record = parse_record(store.reader.read(pack.name, e.offset, e.record_size), e.record_size)
-                plain = decoder_for(record.codec).decode(record.payload, record.raw_size)
-                if record.oid != e.oid or object_id(ObjectType(record.kind), plain) != e.oid:
-                    raise CorruptObjectError("content does not match its id")
+                if record.oid != e.oid:
+                    raise CorruptObjectError("record holds a different object than the index says")
+                store.verify(e.oid)  # decodes through any delta chain and checks the id
             except (CkvcError, ValueError):
                 failed.add(pack.name)  # never drop the only copy of a damaged object
                 continue

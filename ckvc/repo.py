@@ -28,7 +28,7 @@ import torch
 
 from ckvc import state as state_mod
 from ckvc.chunking import chunk_spans
-from ckvc.codecs import make_codec
+from ckvc.codecs import XOR_DELTA, DeltaBase, layout_for, make_codec
 from ckvc.config import RepoConfig
 from ckvc.errors import (
     CkvcError,
@@ -189,6 +189,9 @@ class Repo:
         self._commit_thread: ThreadPoolExecutor | None = None
         self._pending: list[Future[str]] = []
         self.last_commit_stats: CommitStats | None = None
+        # Per tensor path: commits left before a delta is tried again, after a
+        # delta lost to standalone encoding (optimizer moments often do).
+        self._delta_backoff: dict[str, tuple[int, int]] = {}
 
     # ---- lifecycle ----------------------------------------------------------
     @classmethod
@@ -413,7 +416,8 @@ class Repo:
         with self.store.pin(), self.store.writer(self._codec, self.config.max_pack_size) as writer:
             target, parent = self.refs.head()
             extra_parents = tuple(dict.fromkeys(self.resolve(r) for r in merge))
-            blobs = self._store_blobs(writer, pending, stats, progress)
+            parent_blobs = self._delta_candidates(parent)
+            blobs = self._store_blobs(writer, pending, stats, progress, parent_blobs)
             snapshot_id = writer.put(ObjectType.SNAPSHOT, Snapshot(tuple(blobs), tree).encode())
             commit = Commit(
                 tree=snapshot_id.hex(),
@@ -447,40 +451,88 @@ class Repo:
         size = self.config.chunk_size
         return max(itemsize, size - size % itemsize) if itemsize > 1 else size
 
+    def _delta_candidates(self, parent: str | None) -> dict[str, Blob]:
+        """The first parent's blobs by tensor path: the default delta bases."""
+        if parent is None or not self._codec.uses_bases or self.config.delta_depth < 1:
+            return {}
+        try:
+            snapshot = self.read_snapshot(self.read_commit(parent))
+        except (CorruptObjectError, ObjectNotFoundError):
+            return {}  # a damaged parent only costs the deltas; fsck reports it
+        by_path: dict[str, Blob] = {}
+        for blob in snapshot.blobs:
+            by_path.setdefault(blob.path, blob)
+        return by_path
+
+    def _delta_base(self, base_oid: bytes | None) -> DeltaBase | None:
+        """The verified plain bytes of a delta base, unless its chain is at the depth bound."""
+        if base_oid is None:
+            return None
+        try:
+            depth = self.store.chain_depth(base_oid)
+            if depth >= self.config.delta_depth:
+                return None
+            return DeltaBase(base_oid, self.store.read(base_oid, ObjectType.CHUNK), depth)
+        except (CorruptObjectError, ObjectNotFoundError):
+            return None  # never build on a damaged base: store this chunk whole
+
+    def _tries_delta(self, path: str) -> bool:
+        wait, _ = self._delta_backoff.get(path, (0, 0))
+        if wait > 0:
+            self._delta_backoff[path] = (wait - 1, self._delta_backoff[path][1])
+        return wait == 0
+
+    def _record_delta_outcome(self, path: str, won: bool) -> None:
+        """Exponential backoff for tensors whose delta keeps losing: 1, 2, 4, 8 commits."""
+        if won:
+            self._delta_backoff.pop(path, None)
+        else:
+            _, losses = self._delta_backoff.get(path, (0, 0))
+            self._delta_backoff[path] = (1 << min(losses, 3), losses + 1)
+
     def _store_blobs(
         self,
         writer: ObjectWriter,
         pending: list[PendingBlob],
         stats: CommitStats,
         progress: ProgressCallback | None,
+        parent_blobs: Mapping[str, Blob] | None = None,
     ) -> list[Blob]:
         """Hash and encode chunks on the pool; append them in order on this thread.
-        At most a few chunks are in flight, so memory stays bounded."""
+        At most a few chunks are in flight, so memory stays bounded. A chunk whose
+        tensor existed in the parent with the same dtype and size may be stored
+        as a delta against the parent's chunk at the same offset."""
+        parent_blobs = parent_blobs or {}
 
-        def work(view: memoryview) -> tuple[bytes, int, Any]:
+        def work(view: memoryview, layout: Any, base_oid: bytes | None) -> tuple[bytes, int, Any, bytes | None]:
             oid = object_id(ObjectType.CHUNK, view)
             if not writer.wants(oid):
-                return oid, -1, None
-            codec_id, payload = writer.encode(view)
-            return oid, codec_id, payload
+                return oid, -1, None, None
+            codec_id, payload = writer.encode(view, layout, self._delta_base(base_oid))
+            return oid, codec_id, payload, base_oid if codec_id == XOR_DELTA else None
 
         total = sum(len(b.data) for b in pending)
         done = 0
         # Enough chunks in flight to keep every core busy while a pack is sealed
         # (fsync); at 4 MiB chunks this bounds extra memory to a few tens of MiB.
         max_in_flight = 4 * (os.cpu_count() or 2) + 2
-        in_flight: collections.deque[tuple[int, Future[tuple[bytes, int, Any]], int]] = collections.deque()
+        in_flight: collections.deque[tuple[int, Future[tuple[bytes, int, Any, bytes | None]], int]]
+        in_flight = collections.deque()
         chunk_ids: list[list[bytes]] = [[] for _ in pending]
+
+        delta_tried = [False] * len(pending)
+        delta_won = [False] * len(pending)
 
         def drain_one() -> None:
             nonlocal done
             blob_index, fut, raw_size = in_flight.popleft()
-            oid, codec_id, payload = fut.result()
+            oid, codec_id, payload, base_oid = fut.result()
             chunk_ids[blob_index].append(oid)
+            delta_won[blob_index] |= codec_id == XOR_DELTA
             stats.chunks += 1
             if payload is not None:
                 before = writer.bytes_written
-                if writer.add_encoded(ObjectType.CHUNK, oid, raw_size, codec_id, payload):
+                if writer.add_encoded(ObjectType.CHUNK, oid, raw_size, codec_id, payload, base_oid):
                     stats.new_chunks += 1
                     stats.new_chunk_raw_bytes += raw_size
                     stats.new_chunk_stored_bytes += writer.bytes_written - before
@@ -491,8 +543,20 @@ class Repo:
         try:
             for index, blob in enumerate(pending):
                 stats.logical_bytes += len(blob.data)
-                for start, end in chunk_spans(len(blob.data), self._chunk_size_for(blob.itemsize)):
-                    in_flight.append((index, self._submit(work, blob.data[start:end]), end - start))
+                chunk_size = self._chunk_size_for(blob.itemsize)
+                layout = layout_for(blob.dtype)
+                before = parent_blobs.get(blob.path)
+                bases: Sequence[bytes | None] = ()
+                if (
+                    before is not None
+                    and (before.dtype, before.nbytes, before.chunk_size) == (blob.dtype, len(blob.data), chunk_size)
+                    and self._tries_delta(blob.path)
+                ):
+                    bases = before.chunks
+                    delta_tried[index] = True
+                for i, (start, end) in enumerate(chunk_spans(len(blob.data), chunk_size)):
+                    base_oid = bases[i] if i < len(bases) else None
+                    in_flight.append((index, self._submit(work, blob.data[start:end], layout, base_oid), end - start))
                     if len(in_flight) >= max_in_flight:
                         drain_one()
             while in_flight:
@@ -500,6 +564,9 @@ class Repo:
         finally:
             for _, fut, _ in in_flight:
                 fut.cancel()
+        for index, blob in enumerate(pending):
+            if delta_tried[index]:
+                self._record_delta_outcome(blob.path, delta_won[index])
         return [
             Blob(b.path, b.dtype, len(b.data), self._chunk_size_for(b.itemsize), tuple(ids))
             for b, ids in zip(pending, chunk_ids, strict=True)

@@ -18,6 +18,7 @@ import torch
 from helpers import assert_state_equal
 
 import ckvc
+from ckvc.codecs import BYTEGROUP, RAW
 from ckvc.fsck import BAD_CHECKSUM, BAD_PACK, MISSING_OBJECT
 from ckvc.ids import ObjectType
 from ckvc.storage.packs import FOOTER, RECORD_HEADER_SIZE, RecordInfo, list_packs, read_toc
@@ -102,14 +103,14 @@ def setup(tmp_path: Path) -> Setup:
 
 
 # ---- flipped bytes -------------------------------------------------------------
-@pytest.mark.parametrize("compressible", [False, True], ids=["raw-codec", "zstd-codec"])
+@pytest.mark.parametrize("compressible", [False, True], ids=["raw-codec", "bytegroup-codec"])
 @pytest.mark.parametrize("where", ["payload-start", "payload-middle", "payload-end", "header"])
 def test_flipped_chunk_byte(tmp_path: Path, compressible: bool, where: str) -> None:
     s = make_setup(tmp_path / "r", compressible=compressible)
     target = s.x_chunks[1]
     e = entry(s, target)
     assert e.kind == ObjectType.CHUNK
-    assert e.codec == (1 if compressible else 0)
+    assert e.codec == (BYTEGROUP if compressible else RAW)
     payload = e.offset + RECORD_HEADER_SIZE
     offset = {
         "payload-start": payload,

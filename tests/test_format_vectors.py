@@ -538,8 +538,16 @@ def test_config(vec: Vector, tmp_path: Path) -> None:
     assert written == (json.dumps(expected, indent=2, sort_keys=True) + "\n").encode()
     assert RepoConfig.load(tmp_path) == RepoConfig(repo_id=expected["repo_id"])
 
-    # The version rule: anything but the known version (and hash) is refused.
-    for change in ({"format_version": 2}, {"format_version": "1"}, {"format_version": None}, {"hash": "sha256"}):
+    # The version rule: anything but the known versions (and hash) is refused;
+    # version 1 is read, but cannot name a codec that version 1 readers lack.
+    v1 = {**expected, "format_version": 1, "codec": {"name": "zstd", "level": 1}}
+    (tmp_path / "config.json").write_text(json.dumps(v1))
+    assert RepoConfig.load(tmp_path).format_version == 1
+    bad = (
+        {"format_version": 3}, {"format_version": "2"}, {"format_version": None}, {"hash": "sha256"},
+        {"format_version": 1}, {"delta_depth": -1}, {"codec": {"name": "zipnn"}},
+    )  # fmt: skip
+    for change in bad:
         (tmp_path / "config.json").write_text(json.dumps({**expected, **change}))
         with pytest.raises(UnsupportedFormatError):
             RepoConfig.load(tmp_path)

@@ -450,7 +450,9 @@ def test_gc_refuses_when_a_reachable_commit_is_missing(repo: ckvc.Repo) -> None:
     ids = commits(repo, 3)
     make_dead_branch(repo, 1)
     repo.set_config(reflog_expiry_s=0)
-    (repo.dir / "packs" / pack_of(repo, ids[0])).unlink()  # the root commit, reached through parents
+    root_pack = pack_of(repo, ids[0])
+    (repo.dir / "packs" / root_pack).unlink()  # the root commit, reached through parents
+    repo.store.reader.forget(root_pack)  # as a new process would see it: no cached descriptor
     before = ckvc_files(repo)
     with pytest.raises(ckvc.CkvcError):
         repo.gc(now=True)

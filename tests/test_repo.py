@@ -12,8 +12,8 @@ import pytest
 import torch
 
 import ckvc
-from ckvc.codecs import ZstdCodec, encode_smallest
-from ckvc.ids import ObjectType
+from ckvc.codecs import DeltaBase, TensorCodec, ZstdCodec, layout_for
+from ckvc.ids import ObjectType, object_id
 from ckvc.objects import Commit
 from ckvc.storage.packs import RECORD_HEADER_SIZE
 
@@ -46,7 +46,8 @@ def test_init_layout_and_open_from_subdirectory(tmp_path: Path) -> None:
     assert (tmp_path / "proj/.ckvc/config.json").is_file()
     assert (tmp_path / "proj/.ckvc/HEAD").read_text() == "ref: refs/heads/main\n"
     config = json.loads((tmp_path / "proj/.ckvc/config.json").read_text())
-    assert config["format_version"] == 1 and config["chunk_size"] == 4 << 20
+    assert config["format_version"] == 2 and config["chunk_size"] == 4 << 20
+    assert config["codec"] == {"name": "auto", "level": 1} and config["delta_depth"] == 4
     sub = tmp_path / "proj/a/b"
     sub.mkdir(parents=True)
     with ckvc.Repo.open(sub) as again:
@@ -108,15 +109,19 @@ def test_unchanged_recommit_adds_no_chunk_bytes(repo: ckvc.Repo) -> None:
 def test_changing_one_tensor_adds_exactly_its_compressed_size(repo: ckvc.Repo) -> None:
     state = small_state(0)
     repo.commit(state, message="a")
+    old = state["model"]["w1"].numpy().tobytes()
     state["model"]["w1"] = torch.randn(100, 100, generator=torch.Generator().manual_seed(99))
     repo.commit(state, message="b")
     stats = repo.last_commit_stats
     assert stats is not None
     data = state["model"]["w1"].numpy().tobytes()
     expected_stored = 0
-    codec = ZstdCodec(1)
+    # Each chunk is encoded alone or as a delta against the old tensor's chunk, whichever is smaller.
+    codec = TensorCodec(1)
     for start in range(0, len(data), 64 << 10):
-        _, payload = encode_smallest(codec, data[start : start + (64 << 10)])
+        base_bytes = old[start : start + (64 << 10)]
+        base = DeltaBase(object_id(ObjectType.CHUNK, base_bytes), base_bytes, 0)
+        _, payload = codec.encode_chunk(data[start : start + (64 << 10)], layout_for("float32"), base)
         expected_stored += RECORD_HEADER_SIZE + len(payload)
     assert stats.new_chunk_raw_bytes == len(data)
     assert stats.new_chunk_stored_bytes == expected_stored

@@ -1,26 +1,81 @@
 """Codecs: pure byte transforms between an object's plain bytes and its stored bytes.
 
-Each stored record names its codec by a one-byte id. Decoding never produces
-more than the declared raw size, and any malformed input raises
-:class:`ckvc.errors.CorruptObjectError`.
+Each stored record names its codec by a one-byte id (docs/FORMAT.md §6):
+
+    0 raw   1 zstd   2 bytegroup (byte planes, codecs/planes.py)
+    3 xor-delta against a base chunk named in the record   4 sparse (codecs/sparse.py)
+
+Decoding never produces more than the declared raw size, and any malformed
+input raises :class:`ckvc.errors.CorruptObjectError`. Codecs do no I/O: a
+delta's base bytes are handed in by the object store.
 """
 
 from __future__ import annotations
 
+import struct
 import threading
 from abc import ABC, abstractmethod
-from typing import ClassVar
+from typing import ClassVar, NamedTuple
 
+import numpy as np
 import zstandard
 
+from ckvc.codecs.planes import SUPPORTED_WIDTHS, as_u8, decode_planes_into, encode_planes, zstd_decode
+from ckvc.codecs.sparse import SPARSE_WIDTHS, decode_sparse_into, encode_sparse, zero_fraction
 from ckvc.errors import CorruptObjectError, UnsupportedFormatError
 
 Buffer = bytes | bytearray | memoryview
 
+RAW, ZSTD, BYTEGROUP, XOR_DELTA, SPARSE = 0, 1, 2, 3, 4
+CODEC_NAMES = {RAW: "raw", ZSTD: "zstd", BYTEGROUP: "bytegroup", XOR_DELTA: "xor-delta", SPARSE: "sparse"}
+
+
+class ChunkLayout(NamedTuple):
+    """How a chunk's bytes group into elements: the width of one scalar and
+    whether it is a float whose sign bit should move below the exponent."""
+
+    width: int
+    is_float: bool
+
+    @property
+    def planes(self) -> bool:
+        return self.width in SUPPORTED_WIDTHS
+
+
+BYTES = ChunkLayout(1, False)
+_FLOAT_DTYPES = {
+    "float16": 2, "bfloat16": 2, "float32": 4, "float64": 8, "complex32": 2, "complex64": 4, "complex128": 8,
+}  # fmt: skip
+_INT_DTYPES = {"int16": 2, "int32": 4, "int64": 8, "uint16": 2, "uint32": 4, "uint64": 8}
+
+
+def layout_for(dtype: str) -> ChunkLayout:
+    """The element layout of a blob dtype name ("float32", "numpy:<f4")."""
+    if dtype in _FLOAT_DTYPES:  # complex: the real and imaginary parts are floats of half the size
+        return ChunkLayout(_FLOAT_DTYPES[dtype], True)
+    if dtype in _INT_DTYPES:
+        return ChunkLayout(_INT_DTYPES[dtype], False)
+    if dtype.startswith("numpy:"):
+        try:
+            np_dtype = np.dtype(dtype[6:])
+        except TypeError:
+            return BYTES
+        if np_dtype.byteorder == ">":  # big-endian bytes do not sort low to high
+            return BYTES
+        if np_dtype.kind in "fc":
+            width = np_dtype.itemsize // (2 if np_dtype.kind == "c" else 1)
+            return ChunkLayout(width, True) if width in SUPPORTED_WIDTHS else BYTES
+        if np_dtype.kind in "iumM" and np_dtype.itemsize in SUPPORTED_WIDTHS:
+            return ChunkLayout(np_dtype.itemsize, False)
+    return BYTES
+
 
 class Codec(ABC):
+    """A repository's chunk encoder, as configured (``{"name": ..., "level": ...}``)."""
+
     codec_id: ClassVar[int]
     name: ClassVar[str]
+    uses_bases: ClassVar[bool] = False
 
     @abstractmethod
     def encode(self, data: Buffer) -> bytes | Buffer:
@@ -30,9 +85,15 @@ class Codec(ABC):
     def decode(self, data: Buffer, raw_size: int) -> Buffer:
         """Exactly ``raw_size`` plain bytes, or CorruptObjectError."""
 
+    def encode_chunk(
+        self, data: Buffer, layout: ChunkLayout = BYTES, base: DeltaBase | None = None
+    ) -> tuple[int, Buffer]:
+        """(codec id, payload) for one chunk; raw when nothing is smaller."""
+        return encode_smallest(self, data)
+
 
 class RawCodec(Codec):
-    codec_id = 0
+    codec_id = RAW
     name = "raw"
 
     def encode(self, data: Buffer) -> Buffer:
@@ -48,7 +109,7 @@ class ZstdCodec(Codec):
     """zstd frames. Compressor objects are kept per thread: sharing one across
     threads has crashed the process on these machines."""
 
-    codec_id = 1
+    codec_id = ZSTD
     name = "zstd"
 
     def __init__(self, level: int = 1) -> None:
@@ -63,38 +124,116 @@ class ZstdCodec(Codec):
             self._local.compressor = compressor
         return compressor
 
-    def _decompressor(self) -> zstandard.ZstdDecompressor:
-        decompressor = getattr(self._local, "decompressor", None)
-        if decompressor is None:
-            decompressor = zstandard.ZstdDecompressor()
-            self._local.decompressor = decompressor
-        return decompressor
-
     def encode(self, data: Buffer) -> bytes:
         return self._compressor().compress(data)
 
     def decode(self, data: Buffer, raw_size: int) -> bytes:
-        try:
-            params = zstandard.get_frame_parameters(data)
-        except zstandard.ZstdError as exc:
-            raise CorruptObjectError(f"bad zstd frame header: {exc}") from None
-        if params.content_size != raw_size:
-            raise CorruptObjectError(f"zstd frame declares {params.content_size} bytes, expected {raw_size}")
-        try:
-            out = self._decompressor().decompress(data, max_output_size=raw_size)
-        except zstandard.ZstdError as exc:
-            raise CorruptObjectError(f"zstd decode failed: {exc}") from None
-        if len(out) != raw_size:
-            raise CorruptObjectError(f"zstd produced {len(out)} bytes, expected {raw_size}")
-        return out
+        return zstd_decode(data, raw_size)
 
 
-_REGISTRY: dict[int, Codec] = {RawCodec.codec_id: RawCodec(), ZstdCodec.codec_id: ZstdCodec()}
-_BY_NAME: dict[str, type[Codec]] = {"raw": RawCodec, "zstd": ZstdCodec}
+class DeltaBase(NamedTuple):
+    """The chunk a new chunk may be stored as a delta against."""
+
+    oid: bytes
+    plain: Buffer
+    depth: int  # the base's own chain depth (0: stored without a base)
+
+
+# Delta payload head: the codec of the XOR residual, then the chain depth.
+_DELTA_HEAD = struct.Struct("<BB")
+DELTA_INNER_CODECS = (RAW, ZSTD, BYTEGROUP, SPARSE)
+MAX_CHAIN_DEPTH = 255  # the depth is one byte; the repo bound (config delta_depth) is far lower
+SPARSE_MIN_ZERO_FRACTION = 0.5
+
+
+class TensorCodec(Codec):
+    """The tensor-aware encoder ("auto"): byte planes for multi-byte elements,
+    XOR against the same chunk of the parent commit when that is smaller,
+    sparse for mostly-zero data, plain zstd for bytes, raw when nothing helps."""
+
+    codec_id = BYTEGROUP
+    name = "auto"
+    uses_bases = True
+
+    def __init__(self, level: int = 1) -> None:
+        self._zstd = ZstdCodec(level)
+
+    def encode(self, data: Buffer) -> bytes | Buffer:
+        return self._zstd.encode(data)
+
+    def decode(self, data: Buffer, raw_size: int) -> Buffer:
+        return self._zstd.decode(data, raw_size)
+
+    def encode_chunk(
+        self, data: Buffer, layout: ChunkLayout = BYTES, base: DeltaBase | None = None
+    ) -> tuple[int, Buffer]:
+        best: tuple[int, Buffer] = (RAW, data)
+        if base is not None and len(base.plain) == len(data) and base.depth < MAX_CHAIN_DEPTH:
+            residual = np.bitwise_xor(as_u8(data), as_u8(base.plain))
+            inner, payload = self._encode_standalone(residual.data, layout)
+            if inner != RAW:
+                best = (XOR_DELTA, _DELTA_HEAD.pack(inner, base.depth + 1) + payload)
+        own = self._encode_standalone(data, layout)
+        if len(own[1]) <= len(best[1]):
+            best = own
+        return best
+
+    def _encode_standalone(self, data: Buffer, layout: ChunkLayout) -> tuple[int, Buffer]:
+        candidates: list[tuple[int, Buffer]] = [(RAW, data)]
+        if layout.width in SPARSE_WIDTHS and zero_fraction(data, layout.width) >= SPARSE_MIN_ZERO_FRACTION:
+            candidates.append((SPARSE, encode_sparse(data, layout.width, layout.is_float)))
+        elif layout.planes:
+            candidates.append((BYTEGROUP, encode_planes(data, layout.width, layout.is_float)))
+        if not layout.planes:
+            candidates.append((ZSTD, self._zstd.encode(data)))
+        return min(candidates, key=lambda c: len(c[1]))
+
+
+def decode_chunk_into(codec_id: int, payload: Buffer, out: np.ndarray, base: Buffer | np.ndarray | None = None) -> None:
+    """Decode a record payload into ``out`` (uint8, exactly the raw size).
+    ``base`` is the plain bytes of the record's base, for delta records."""
+    if codec_id == XOR_DELTA:
+        if base is None or len(base) != len(out):
+            raise CorruptObjectError("delta record without a base of its size")
+        inner, _depth = delta_header(payload)
+        decode_chunk_into(inner, memoryview(payload)[_DELTA_HEAD.size :], out)
+        np.bitwise_xor(out, as_u8(base), out=out)
+    elif codec_id == BYTEGROUP:
+        decode_planes_into(payload, out)
+    elif codec_id == SPARSE:
+        decode_sparse_into(payload, out)
+    elif codec_id in _REGISTRY:
+        plain = _REGISTRY[codec_id].decode(payload, len(out))
+        out[:] = as_u8(plain)
+    else:
+        raise UnsupportedFormatError(f"unknown codec id {codec_id}")
+
+
+def delta_header(payload: Buffer) -> tuple[int, int]:
+    """(inner codec, chain depth) of a xor-delta payload."""
+    if len(payload) < _DELTA_HEAD.size:
+        raise CorruptObjectError("delta payload truncated")
+    inner, depth = _DELTA_HEAD.unpack_from(payload, 0)
+    if inner not in DELTA_INNER_CODECS or depth < 1:
+        raise CorruptObjectError(f"delta header invalid (inner codec {inner}, depth {depth})")
+    return inner, depth
+
+
+def decode_chunk(codec_id: int, payload: Buffer, raw_size: int, base: Buffer | np.ndarray | None = None) -> Buffer:
+    """The plain bytes of one record's payload."""
+    if codec_id in _REGISTRY:
+        return _REGISTRY[codec_id].decode(payload, raw_size)
+    out = np.empty(raw_size, dtype=np.uint8)
+    decode_chunk_into(codec_id, payload, out, base)
+    return out.data
+
+
+_REGISTRY: dict[int, Codec] = {RAW: RawCodec(), ZSTD: ZstdCodec()}
+_BY_NAME: dict[str, type[Codec]] = {"raw": RawCodec, "zstd": ZstdCodec, "auto": TensorCodec}
 
 
 def decoder_for(codec_id: int) -> Codec:
-    """The codec that decodes records stored with ``codec_id``."""
+    """The codec that decodes whole-buffer records (raw, zstd) stored with ``codec_id``."""
     try:
         return _REGISTRY[codec_id]
     except KeyError:
@@ -105,6 +244,8 @@ def make_codec(name: str, level: int | None = None) -> Codec:
     """An encoder configured by the repo config (``{"name": ..., "level": ...}``)."""
     if name == "zstd":
         return ZstdCodec(level if level is not None else 1)
+    if name == "auto":
+        return TensorCodec(level if level is not None else 1)
     if name == "raw":
         return RawCodec()
     raise UnsupportedFormatError(f"unknown codec {name!r}; known: {sorted(_BY_NAME)}")

@@ -3,6 +3,7 @@ verify every byte read against its id."""
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import threading
 from collections.abc import Iterator
@@ -10,20 +11,62 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from ckvc.codecs import Buffer, Codec, decoder_for, encode_smallest
+import numpy as np
+
+from ckvc.codecs import XOR_DELTA, Buffer, ChunkLayout, Codec, DeltaBase, decode_chunk_into, delta_header
 from ckvc.errors import CorruptObjectError, ObjectNotFoundError
 from ckvc.ids import ObjectType, object_id
 from ckvc.storage.files import file_lock
 from ckvc.storage.index import Index, IndexEntry
 from ckvc.storage.packs import (
+    RECORD_HEADER_SIZE,
     PackReader,
     PackWriter,
+    Record,
     list_packs,
     pack_entries,
     parse_record,
+    parse_record_header,
 )
 
 DEFAULT_MAX_PACK_SIZE = 256 << 20
+# Decoded links of delta chains, so that consecutive checkouts (and chains that
+# share links) decode each base once. Bounded: it is part of the memory budget.
+BASE_CACHE_BYTES = 64 << 20
+
+
+class _PlainCache:
+    """A small thread-safe LRU of decoded chunk bytes, bounded by total size."""
+
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
+        self._items: collections.OrderedDict[bytes, np.ndarray] = collections.OrderedDict()
+        self._bytes = 0
+        self._lock = threading.Lock()
+
+    def get(self, oid: bytes) -> np.ndarray | None:
+        with self._lock:
+            item = self._items.get(oid)
+            if item is not None:
+                self._items.move_to_end(oid)
+            return item
+
+    def put(self, oid: bytes, plain: np.ndarray) -> None:
+        if len(plain) > self.max_bytes:
+            return
+        with self._lock:
+            if oid in self._items:
+                return
+            self._items[oid] = plain
+            self._bytes += len(plain)
+            while self._bytes > self.max_bytes:
+                _, dropped = self._items.popitem(last=False)
+                self._bytes -= len(dropped)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._items.clear()
+            self._bytes = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,6 +99,7 @@ class ObjectStore:
         self._refresh_lock = threading.Lock()
         self._exclusive_held = False
         self._pins = threading.local()  # this thread's pin, if it holds one
+        self._base_cache = _PlainCache(BASE_CACHE_BYTES)
 
     @contextlib.contextmanager
     def pin(self, timeout: float = PIN_TIMEOUT_S) -> Iterator[None]:
@@ -156,29 +200,107 @@ class ObjectStore:
             return self._read_entry(oid, retry, kind)
 
     def _read_entry(self, oid: bytes, entry: IndexEntry, kind: ObjectType | None) -> Buffer:
+        out = np.empty(entry.raw_size, dtype=np.uint8)
+        self._decode_entry(oid, entry, kind, out)
+        return out.data
+
+    def _record(self, oid: bytes, entry: IndexEntry, kind: ObjectType | None) -> Record:
+        raw = self.reader.read(entry.pack, entry.offset, entry.record_size)
+        record = parse_record(raw, entry.record_size)
+        if record.oid != oid:
+            raise CorruptObjectError("record holds a different object than the index says")
+        if kind is not None and record.kind != kind:
+            raise CorruptObjectError(f"expected a {kind.name.lower()} object, found type {record.kind}")
+        return record
+
+    def _decode_entry(self, oid: bytes, entry: IndexEntry, kind: ObjectType | None, out: np.ndarray) -> None:
+        """Decode the object into ``out`` and verify it against ``oid``."""
         hex_id = oid.hex()
         try:
-            raw = self.reader.read(entry.pack, entry.offset, entry.record_size)
-            record = parse_record(raw, entry.record_size)
-            if record.oid != oid:
-                raise CorruptObjectError("record holds a different object than the index says")
-            if kind is not None and record.kind != kind:
-                raise CorruptObjectError(f"expected a {kind.name.lower()} object, found type {record.kind}")
-            plain = decoder_for(record.codec).decode(record.payload, record.raw_size)
-            if object_id(ObjectType(record.kind), plain) != oid:
+            record = self._record(oid, entry, kind)
+            base = self._base_plain(record, len(out))
+            decode_chunk_into(record.codec, record.payload, out, base)
+            if object_id(ObjectType(record.kind), out.data) != oid:
+                # A delta whose base chain is damaged decodes to wrong bytes: name the culprit.
+                if record.base is not None:
+                    self._verify_chain(record.base)
                 raise CorruptObjectError("content does not match its id")
         except CorruptObjectError as exc:
+            if exc.object_id and exc.object_id != hex_id:
+                raise  # a damaged base, already named
             raise CorruptObjectError(f"{exc.reason} in pack {entry.pack}", object_id=hex_id) from None
         except ValueError as exc:  # an unknown type byte
             raise CorruptObjectError(f"unreadable record in pack {entry.pack}: {exc}", object_id=hex_id) from None
-        return plain
+
+    def _base_plain(self, record: Record, size: int) -> np.ndarray | None:
+        """The plain bytes of a delta record's base: decoded along its chain
+        without verifying each link (the final id check covers the whole chain)."""
+        if record.codec != XOR_DELTA:
+            return None
+        if record.base is None:
+            raise CorruptObjectError("delta record names no base")
+        _, depth = delta_header(record.payload)
+        return self._plain_unverified(record.base, size, depth - 1)
+
+    def _plain_unverified(self, oid: bytes, size: int, depth: int) -> np.ndarray:
+        cached = self._base_cache.get(oid)
+        if cached is not None:
+            return cached
+        entry = self.locate(oid)
+        if entry.raw_size != size:
+            raise CorruptObjectError(f"delta base {oid.hex()[:12]} is {entry.raw_size} bytes, expected {size}")
+        record = self._record(oid, entry, ObjectType.CHUNK)
+        base: np.ndarray | None = None
+        if record.codec == XOR_DELTA:
+            if record.base is None:
+                raise CorruptObjectError("delta record names no base", object_id=oid.hex())
+            _, own_depth = delta_header(record.payload)
+            if own_depth != depth or depth < 1:  # depths strictly decrease, so a chain cannot loop
+                raise CorruptObjectError(
+                    f"delta chain depth {own_depth} where {depth} was expected", object_id=oid.hex()
+                )
+            base = self._plain_unverified(record.base, size, depth - 1)
+        out = np.empty(size, dtype=np.uint8)
+        decode_chunk_into(record.codec, record.payload, out, base)
+        self._base_cache.put(oid, out)
+        return out
+
+    def _verify_chain(self, oid: bytes) -> None:
+        """Verify every link of a delta chain; raises naming the first damaged one."""
+        self.read(oid, ObjectType.CHUNK)
+
+    def chain_depth(self, oid: bytes) -> int:
+        """How many deltas must be applied to decode ``oid`` (0: stored whole)."""
+        entry = self.locate(oid)
+        if entry.codec != XOR_DELTA:
+            return 0
+        head = self.reader.read(entry.pack, entry.offset, RECORD_HEADER_SIZE + 2)
+        return delta_header(memoryview(head)[RECORD_HEADER_SIZE:])[1]
+
+    def delta_base(self, oid: bytes) -> bytes | None:
+        """The base id of a delta chunk, None for a chunk stored whole."""
+        entry = self.locate(oid)
+        if entry.codec != XOR_DELTA:
+            return None
+        head = self.reader.read(entry.pack, entry.offset, RECORD_HEADER_SIZE)
+        return parse_record_header(head)[5]
 
     def read_into(self, oid: bytes, out: memoryview) -> None:
         """Read a chunk straight into ``out``, which must be exactly its size."""
-        plain = self.read(oid, ObjectType.CHUNK)
-        if len(plain) != len(out):
-            raise CorruptObjectError(f"chunk is {len(plain)} bytes where {len(out)} were expected", object_id=oid.hex())
-        out[:] = plain
+        target = np.frombuffer(out, dtype=np.uint8)
+        entry = self.locate(oid)
+        if entry.raw_size != len(target):
+            raise CorruptObjectError(
+                f"chunk is {entry.raw_size} bytes where {len(target)} were expected", object_id=oid.hex()
+            )
+        try:
+            self._decode_entry(oid, entry, ObjectType.CHUNK, target)
+        except ObjectNotFoundError:
+            self.reader.forget(entry.pack)
+            retry = self.locate(oid)
+            if (retry.pack, retry.offset) == (entry.pack, entry.offset):
+                raise
+            self._decode_entry(oid, retry, ObjectType.CHUNK, target)
 
     def verify(self, oid: bytes) -> None:
         """Read and verify one object; raises CorruptObjectError or ObjectNotFoundError."""
@@ -216,17 +338,24 @@ class ObjectWriter:
         """False when the object is already stored or written in this batch."""
         return oid not in self._written and not self.store.has(oid)
 
-    def encode(self, data: Buffer) -> tuple[int, Buffer]:
+    def encode(
+        self, data: Buffer, layout: ChunkLayout | None = None, base: DeltaBase | None = None
+    ) -> tuple[int, Buffer]:
         """(codec id, payload) for ``data``: thread-safe, to run on a pool."""
-        return encode_smallest(self.codec, data)
+        if layout is None:
+            return self.codec.encode_chunk(data)
+        return self.codec.encode_chunk(data, layout, base)
 
-    def add_encoded(self, kind: ObjectType, oid: bytes, raw_size: int, codec_id: int, payload: Buffer) -> bool:
-        """Append an already-encoded object. Returns False if it was already stored."""
+    def add_encoded(
+        self, kind: ObjectType, oid: bytes, raw_size: int, codec_id: int, payload: Buffer, base: bytes | None = None
+    ) -> bool:
+        """Append an already-encoded object (``base``: a delta's base id).
+        Returns False if it was already stored."""
         if oid in self._written:
             return False
         if self._pack is None:
             self._pack = PackWriter(self.store.pack_dir)
-        info = self._pack.append(oid, int(kind), codec_id, raw_size, payload)
+        info = self._pack.append(oid, int(kind), codec_id, raw_size, payload, base)
         self._written.add(oid)
         self.bytes_written += info.record_size
         if self._pack.size >= self.max_pack_size:

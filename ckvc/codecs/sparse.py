@@ -1,0 +1,93 @@
+"""Sparse payloads: mostly-zero chunks as a bitmap of nonzero elements plus their values.
+
+Layout (docs/FORMAT.md, "sparse payload")::
+
+    u8 width  u8 flags(bit 0: sign move)  u64 nonzero count  u32 mask size  u32 values size
+    mask    zstd frame of ceil(n / 8) bytes: bit i (little-endian bit order) set when element i is nonzero
+    values  the nonzero elements in order: a bytegroup payload (width 2, 4, 8) or raw bytes (width 1)
+    tail    raw_size % width bytes, raw
+
+A zero element is one whose bytes are all zero (so -0.0 is nonzero and kept exactly).
+"""
+
+from __future__ import annotations
+
+import struct
+
+import numpy as np
+
+from ckvc.codecs.planes import (
+    FLAG_SIGN_MOVE,
+    SUPPORTED_WIDTHS,
+    Buffer,
+    as_u8,
+    decode_planes_into,
+    encode_planes,
+    zstd_decode,
+    zstd_plane_encode,
+)
+from ckvc.errors import CorruptObjectError
+
+_HEAD = struct.Struct("<BBQII")
+SPARSE_WIDTHS = (1, *SUPPORTED_WIDTHS)
+
+
+def _elements(raw: np.ndarray, width: int) -> np.ndarray:
+    """Each element as one unsigned integer (or a byte row for width 1)."""
+    n = len(raw) // width
+    return raw[: n * width].view({1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}[width])
+
+
+def zero_fraction(data: Buffer, width: int) -> float:
+    raw = as_u8(data)
+    n = len(raw) // width
+    if n == 0:
+        return 0.0
+    return 1.0 - np.count_nonzero(_elements(raw, width)) / n
+
+
+def encode_sparse(data: Buffer, width: int, sign_move: bool) -> bytes:
+    if width not in SPARSE_WIDTHS:
+        raise ValueError(f"unsupported element width {width}")
+    raw = as_u8(data)
+    n = len(raw) // width
+    elements = _elements(raw, width)
+    nonzero = elements != 0
+    mask = zstd_plane_encode(np.packbits(nonzero, bitorder="little").tobytes())
+    values = elements[nonzero].view(np.uint8)
+    packed_values = encode_planes(values.data, width, sign_move) if width > 1 else values.tobytes()
+    nnz = int(np.count_nonzero(nonzero))
+    head = _HEAD.pack(width, FLAG_SIGN_MOVE if sign_move and width > 1 else 0, nnz, len(mask), len(packed_values))
+    return b"".join([head, mask, packed_values, raw[n * width :].tobytes()])
+
+
+def decode_sparse_into(payload: Buffer, out: np.ndarray) -> None:
+    view = memoryview(payload)
+    if len(view) < _HEAD.size:
+        raise CorruptObjectError("sparse payload truncated")
+    width, flags, nnz, mask_size, values_size = _HEAD.unpack_from(view, 0)
+    if width not in SPARSE_WIDTHS or flags & ~FLAG_SIGN_MOVE:
+        raise CorruptObjectError(f"sparse header invalid (width {width}, flags {flags})")
+    n = len(out) // width
+    if nnz > n:
+        raise CorruptObjectError(f"sparse payload claims {nnz} nonzero elements of {n}")
+    pos = _HEAD.size
+    mask_frame = view[pos : pos + mask_size]
+    values = view[pos + mask_size : pos + mask_size + values_size]
+    tail = view[pos + mask_size + values_size :]
+    if len(mask_frame) != mask_size or len(values) != values_size or len(tail) != len(out) - n * width:
+        raise CorruptObjectError("sparse payload sections do not add up to its size")
+    bits = np.unpackbits(as_u8(zstd_decode(mask_frame, (n + 7) // 8)), count=n, bitorder="little").view(bool)
+    if int(np.count_nonzero(bits)) != nnz:
+        raise CorruptObjectError("sparse mask does not match its nonzero count")
+    decoded = np.empty(nnz * width, dtype=np.uint8)
+    if width > 1:
+        decode_planes_into(values, decoded)
+    elif len(values) == nnz:
+        decoded[:] = as_u8(values)
+    else:
+        raise CorruptObjectError("sparse values have the wrong size")
+    elements = _elements(out, width)
+    elements[:] = 0
+    elements[bits] = _elements(decoded, width)
+    out[n * width :] = as_u8(tail)
