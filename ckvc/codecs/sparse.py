@@ -2,7 +2,7 @@
 
 Layout (docs/FORMAT.md, "sparse payload")::
 
-    u8 width  u8 flags(bit 0: sign move)  u64 nonzero count  u32 mask size  u32 values size
+    u8 width  u8 flags(bit 0: sign move)  u64 element count  u64 nonzero count  u32 mask size  u32 values size
     mask    zstd frame of ceil(n / 8) bytes: bit i (little-endian bit order) set when element i is nonzero
     values  the nonzero elements in order: a bytegroup payload (width 2, 4, 8) or raw bytes (width 1)
     tail    raw_size % width bytes, raw
@@ -28,7 +28,7 @@ from ckvc.codecs.planes import (
 )
 from ckvc.errors import CorruptObjectError
 
-_HEAD = struct.Struct("<BBQII")
+_HEAD = struct.Struct("<BBQQII")
 SPARSE_WIDTHS = (1, *SUPPORTED_WIDTHS)
 
 
@@ -57,7 +57,8 @@ def encode_sparse(data: Buffer, width: int, sign_move: bool) -> bytes:
     values = elements[nonzero].view(np.uint8)
     packed_values = encode_planes(values.data, width, sign_move) if width > 1 else values.tobytes()
     nnz = int(np.count_nonzero(nonzero))
-    head = _HEAD.pack(width, FLAG_SIGN_MOVE if sign_move and width > 1 else 0, nnz, len(mask), len(packed_values))
+    flags = FLAG_SIGN_MOVE if sign_move and width > 1 else 0
+    head = _HEAD.pack(width, flags, n, nnz, len(mask), len(packed_values))
     return b"".join([head, mask, packed_values, raw[n * width :].tobytes()])
 
 
@@ -65,10 +66,12 @@ def decode_sparse_into(payload: Buffer, out: np.ndarray) -> None:
     view = memoryview(payload)
     if len(view) < _HEAD.size:
         raise CorruptObjectError("sparse payload truncated")
-    width, flags, nnz, mask_size, values_size = _HEAD.unpack_from(view, 0)
+    width, flags, count, nnz, mask_size, values_size = _HEAD.unpack_from(view, 0)
     if width not in SPARSE_WIDTHS or flags & ~FLAG_SIGN_MOVE:
         raise CorruptObjectError(f"sparse header invalid (width {width}, flags {flags})")
     n = len(out) // width
+    if count != n:
+        raise CorruptObjectError(f"sparse payload holds {count} elements, expected {n}")
     if nnz > n:
         raise CorruptObjectError(f"sparse payload claims {nnz} nonzero elements of {n}")
     pos = _HEAD.size

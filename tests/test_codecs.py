@@ -1,0 +1,228 @@
+"""Codec properties: every encoding decodes byte-exact, and malformed input
+raises CorruptObjectError without writing past the declared size."""
+
+from __future__ import annotations
+
+import struct
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from ckvc.codecs import (
+    BYTEGROUP,
+    RAW,
+    SPARSE,
+    XOR_DELTA,
+    ZSTD,
+    ChunkLayout,
+    DeltaBase,
+    TensorCodec,
+    decode_chunk,
+    decode_chunk_into,
+    layout_for,
+)
+from ckvc.codecs.planes import decode_planes_into, encode_planes, split_planes
+from ckvc.codecs.sparse import decode_sparse_into, encode_sparse
+from ckvc.errors import CorruptObjectError, UnsupportedFormatError
+
+LAYOUTS = [ChunkLayout(1, False), ChunkLayout(2, True), ChunkLayout(2, False), ChunkLayout(4, True)]
+LAYOUTS += [ChunkLayout(4, False), ChunkLayout(8, True), ChunkLayout(8, False)]
+NO_BASE = b"\0" * 32
+
+
+def adversarial(n: int, seed: int) -> dict[str, bytes]:
+    """Inputs that break naive float handling, ``n`` bytes each (any n, odd included)."""
+    rng = np.random.default_rng(seed)
+    specials = np.array(
+        [np.nan, -np.nan, np.inf, -np.inf, 0.0, -0.0, 5e-324, -5e-324, 1e-310, 1.0, -1.0], dtype=np.float64
+    )
+    nan_payloads = np.array([0x7FC00001, 0xFFC12345, 0x7F800001, 0x00000001, 0x80000000], dtype=np.uint32)
+    weights = (rng.standard_normal(n // 4 + 1) * 0.02).astype(np.float32)
+    return {
+        "zeros": bytes(n),
+        "constant": bytes([0xA5]) * n,
+        "random": rng.bytes(n),
+        "specials": np.resize(specials, n // 8 + 1).tobytes()[:n],
+        "nan-payloads": np.resize(nan_payloads, n // 4 + 1).tobytes()[:n],
+        "weights": weights.tobytes()[:n],
+        "sparse-weights": np.where(rng.random(n // 4 + 1) < 0.95, 0, weights).astype(np.float32).tobytes()[:n],
+        "bf16-like": (weights.view(np.uint32) & 0xFFFF0000).tobytes()[:n],
+    }
+
+
+@pytest.mark.parametrize("n", [0, 1, 7, 8, 4095, 4096, 65537, 300_001])
+@pytest.mark.parametrize("layout", LAYOUTS, ids=str)
+def test_every_path_round_trips_adversarial_inputs(n: int, layout: ChunkLayout) -> None:
+    codec = TensorCodec()
+    for name, data in adversarial(n, seed=n).items():
+        # Standalone, and against a base: the previous input perturbed in its low bits.
+        base_bytes = bytes(np.bitwise_xor(np.frombuffer(data, np.uint8), np.uint8(3)))
+        for base in (None, DeltaBase(NO_BASE, base_bytes, 0)):
+            codec_id, payload = codec.encode_chunk(data, layout, base)
+            assert len(payload) <= max(n, 0) or codec_id == RAW, (name, codec_id)
+            out = np.full(n, 0xEE, dtype=np.uint8)
+            decode_chunk_into(codec_id, payload, out, base_bytes if codec_id == XOR_DELTA else None)
+            assert out.tobytes() == data, (name, layout, codec_id)
+        for width in (1, 2, 4, 8):
+            assert bytes(decode_chunk(SPARSE, encode_sparse(data, width, width > 1), n)) == data
+        for width in (2, 4, 8):
+            for sign_move in (False, True):
+                out = np.empty(n, dtype=np.uint8)
+                decode_planes_into(encode_planes(data, width, sign_move), out)
+                assert out.tobytes() == data
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    data=st.binary(min_size=0, max_size=3000),
+    layout=st.sampled_from(LAYOUTS),
+    flips=st.lists(st.integers(min_value=0, max_value=2999), max_size=20),
+)
+def test_property_decode_encode_is_identity(data: bytes, layout: ChunkLayout, flips: list[int]) -> None:
+    codec = TensorCodec()
+    target = bytearray(data)
+    for i in flips:  # the new chunk differs from its base in a few bytes, as between epochs
+        if i < len(target):
+            target[i] ^= 0x41
+    base = DeltaBase(NO_BASE, data, 3)
+    codec_id, payload = codec.encode_chunk(bytes(target), layout, base)
+    if codec_id == XOR_DELTA:
+        assert payload[1] == 4  # the chain depth: one more than the base's
+    assert bytes(decode_chunk(codec_id, payload, len(target), data)) == bytes(target)
+
+
+def test_sign_move_puts_the_whole_exponent_in_the_top_plane() -> None:
+    values = np.array([1.0, -1.0, 2.0, -0.5, 3.0e38, -1.0e-38], dtype=np.float32)
+    planes, _ = split_planes(values.tobytes(), 4, True)
+    exponents = (values.view(np.uint32) >> 23) & 0xFF
+    assert planes[3].tolist() == exponents.tolist()
+    assert (planes[2] >> 7).tolist() == [0, 1, 0, 1, 0, 1]  # the sign, now under the exponent
+    bf16 = (values.view(np.uint32) >> 16).astype(np.uint16)
+    planes16, _ = split_planes(bf16.tobytes(), 2, True)
+    assert planes16[1].tolist() == exponents.tolist()
+
+
+def test_incompressible_data_is_stored_raw_and_costs_no_expansion() -> None:
+    data = np.random.default_rng(1).bytes(1 << 20)
+    codec_id, payload = TensorCodec().encode_chunk(data, ChunkLayout(4, True))
+    assert codec_id == RAW and payload == data
+
+
+def test_each_codec_is_chosen_where_it_wins() -> None:
+    rng = np.random.default_rng(2)
+    weights = (rng.standard_normal(1 << 18) * 0.02).astype(np.float32)
+    codec = TensorCodec()
+    assert codec.encode_chunk(weights.tobytes(), ChunkLayout(4, True))[0] == BYTEGROUP
+    mostly_zero = np.where(rng.random(weights.size) < 0.99, 0, weights).astype(np.float32)
+    assert codec.encode_chunk(mostly_zero.tobytes(), ChunkLayout(4, True))[0] == SPARSE
+    nudged = (weights.view(np.uint32) ^ rng.integers(0, 1 << 8, weights.size, dtype=np.uint32)).view(np.float32)
+    base = DeltaBase(NO_BASE, weights.tobytes(), 0)
+    codec_id, payload = codec.encode_chunk(nudged.tobytes(), ChunkLayout(4, True), base)
+    assert codec_id == XOR_DELTA and len(payload) < 0.4 * weights.nbytes
+    assert codec.encode_chunk(bytes(range(256)) * 4096, ChunkLayout(1, False))[0] == ZSTD
+
+
+@pytest.mark.parametrize(
+    ("dtype", "layout"),
+    [
+        ("float32", ChunkLayout(4, True)),
+        ("bfloat16", ChunkLayout(2, True)),
+        ("float64", ChunkLayout(8, True)),
+        ("complex64", ChunkLayout(4, True)),
+        ("int64", ChunkLayout(8, False)),
+        ("uint8", ChunkLayout(1, False)),
+        ("float8_e4m3fn", ChunkLayout(1, False)),
+        ("numpy:<f4", ChunkLayout(4, True)),
+        ("numpy:>f4", ChunkLayout(1, False)),
+        ("numpy:<i2", ChunkLayout(2, False)),
+        ("numpy:<U3", ChunkLayout(1, False)),
+    ],
+)
+def test_layout_for_dtypes(dtype: str, layout: ChunkLayout) -> None:
+    assert layout_for(dtype) == layout
+
+
+# ---- malformed input ------------------------------------------------------------
+
+
+def encoded_samples() -> list[tuple[int, bytes, bytes, bytes | None]]:
+    """(codec, payload, plain, base) for each codec id."""
+    rng = np.random.default_rng(3)
+    weights = (rng.standard_normal(50_000) * 0.02).astype(np.float32)
+    plain = weights.tobytes()
+    base = (weights.view(np.uint32) ^ 0xF).tobytes()
+    sparse = np.where(rng.random(weights.size) < 0.9, 0, weights).astype(np.float32).tobytes()
+    codec = TensorCodec()
+    delta = codec.encode_chunk(plain, ChunkLayout(4, True), DeltaBase(NO_BASE, base, 0))
+    assert delta[0] == XOR_DELTA
+    return [
+        (BYTEGROUP, encode_planes(plain, 4, True), plain, None),
+        (SPARSE, encode_sparse(sparse, 4, True), sparse, None),
+        (XOR_DELTA, bytes(delta[1]), plain, base),
+        (ZSTD, bytes(codec.encode(plain)), plain, None),
+    ]
+
+
+@pytest.mark.parametrize("cut", [0, 1, 2, 5, 13, -1, -100])
+def test_truncated_payloads_raise(cut: int) -> None:
+    for codec_id, payload, plain, base in encoded_samples():
+        truncated = payload[:cut]
+        with pytest.raises(CorruptObjectError):
+            decode_chunk(codec_id, truncated, len(plain), base)
+
+
+def test_wrong_declared_size_raises() -> None:
+    for codec_id, payload, plain, base in encoded_samples():
+        for size in (len(plain) - 4, len(plain) + 4):
+            with pytest.raises(CorruptObjectError):
+                decode_chunk(codec_id, payload, size, base if base is None else base[:size] + bytes(4))
+
+
+def test_bad_headers_raise() -> None:
+    samples = {codec_id: (payload, plain, base) for codec_id, payload, plain, base in encoded_samples()}
+    payload, plain, _ = samples[BYTEGROUP]
+    for bad_head in (struct.pack("<BB", 3, 1), struct.pack("<BB", 4, 0x80), struct.pack("<BB", 16, 0)):
+        with pytest.raises(CorruptObjectError):
+            decode_chunk(BYTEGROUP, bad_head + payload[2:], len(plain))
+    plane_codec = bytearray(payload)
+    plane_codec[2] = 9  # plane 0's codec byte
+    with pytest.raises(CorruptObjectError):
+        decode_chunk(BYTEGROUP, bytes(plane_codec), len(plain))
+    payload, plain, base = samples[XOR_DELTA]
+    for bad in (bytes([7, 1]) + payload[2:], bytes([payload[0], 0]) + payload[2:]):
+        with pytest.raises(CorruptObjectError):
+            decode_chunk(XOR_DELTA, bad, len(plain), base)
+    with pytest.raises(CorruptObjectError):
+        decode_chunk(XOR_DELTA, payload, len(plain), None)  # a delta needs its base
+    payload, plain, _ = samples[SPARSE]
+    count = bytearray(payload)
+    count[10] ^= 1  # the nonzero count no longer matches the mask
+    with pytest.raises(CorruptObjectError):
+        decode_chunk(SPARSE, bytes(count), len(plain))
+    with pytest.raises(UnsupportedFormatError):
+        decode_chunk(200, payload, len(plain))
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    garbage=st.binary(max_size=400), size=st.integers(min_value=0, max_value=600), codec_id=st.sampled_from([2, 3, 4])
+)
+def test_garbage_never_escapes_as_another_error_or_overruns(garbage: bytes, size: int, codec_id: int) -> None:
+    guard = np.full(size + 64, 0x5A, dtype=np.uint8)
+    out = guard[:size]
+    try:
+        decode_chunk_into(codec_id, garbage, out, bytes(size))
+    except CorruptObjectError:
+        pass
+    assert (guard[size:] == 0x5A).all()  # nothing written past the declared size
+
+
+def test_sparse_keeps_negative_zero_and_nan_payloads() -> None:
+    values = np.zeros(1000, dtype=np.uint32)
+    values[[3, 500, 999]] = [0x80000000, 0x7FC00001, 0xFFFFFFFF]  # -0.0, a quiet NaN with payload, a NaN
+    data = values.tobytes()
+    out = np.empty(len(data), dtype=np.uint8)
+    decode_sparse_into(encode_sparse(data, 4, True), out)
+    assert out.tobytes() == data
