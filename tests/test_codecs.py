@@ -12,17 +12,19 @@ from hypothesis import strategies as st
 
 from ckvc.codecs import (
     BYTEGROUP,
+    DELTA,
     RAW,
     SPARSE,
-    XOR_DELTA,
     ZSTD,
     ChunkLayout,
     DeltaBase,
     TensorCodec,
     decode_chunk,
     decode_chunk_into,
+    delta_header,
     layout_for,
 )
+from ckvc.codecs.delta import SUB, XOR
 from ckvc.codecs.planes import decode_planes_into, encode_planes, split_planes
 from ckvc.codecs.sparse import decode_sparse_into, encode_sparse
 from ckvc.errors import CorruptObjectError, UnsupportedFormatError
@@ -63,7 +65,7 @@ def test_every_path_round_trips_adversarial_inputs(n: int, layout: ChunkLayout) 
             codec_id, payload = codec.encode_chunk(data, layout, base)
             assert len(payload) <= max(n, 0) or codec_id == RAW, (name, codec_id)
             out = np.full(n, 0xEE, dtype=np.uint8)
-            decode_chunk_into(codec_id, payload, out, base_bytes if codec_id == XOR_DELTA else None)
+            decode_chunk_into(codec_id, payload, out, base_bytes if codec_id == DELTA else None)
             assert out.tobytes() == data, (name, layout, codec_id)
         for width in (1, 2, 4, 8):
             assert bytes(decode_chunk(SPARSE, encode_sparse(data, width, width > 1), n)) == data
@@ -86,10 +88,12 @@ def test_property_decode_encode_is_identity(data: bytes, layout: ChunkLayout, fl
     for i in flips:  # the new chunk differs from its base in a few bytes, as between epochs
         if i < len(target):
             target[i] ^= 0x41
-    base = DeltaBase(NO_BASE, data, 3)
+    base = DeltaBase(NO_BASE, data, 3, 7)
     codec_id, payload = codec.encode_chunk(bytes(target), layout, base)
-    if codec_id == XOR_DELTA:
-        assert payload[1] == 4  # the chain depth: one more than the base's
+    if codec_id == DELTA:
+        head = delta_header(payload)
+        assert (head.depth, head.age) == (4, 8)  # one more than the base's
+        assert (head.transform, head.width) == ((SUB, layout.width) if layout.width > 1 else (XOR, 1))
     assert bytes(decode_chunk(codec_id, payload, len(target), data)) == bytes(target)
 
 
@@ -120,7 +124,7 @@ def test_each_codec_is_chosen_where_it_wins() -> None:
     nudged = (weights.view(np.uint32) ^ rng.integers(0, 1 << 8, weights.size, dtype=np.uint32)).view(np.float32)
     base = DeltaBase(NO_BASE, weights.tobytes(), 0)
     codec_id, payload = codec.encode_chunk(nudged.tobytes(), ChunkLayout(4, True), base)
-    assert codec_id == XOR_DELTA and len(payload) < 0.4 * weights.nbytes
+    assert codec_id == DELTA and len(payload) < 0.4 * weights.nbytes
     assert codec.encode_chunk(bytes(range(256)) * 4096, ChunkLayout(1, False))[0] == ZSTD
 
 
@@ -156,11 +160,11 @@ def encoded_samples() -> list[tuple[int, bytes, bytes, bytes | None]]:
     sparse = np.where(rng.random(weights.size) < 0.9, 0, weights).astype(np.float32).tobytes()
     codec = TensorCodec()
     delta = codec.encode_chunk(plain, ChunkLayout(4, True), DeltaBase(NO_BASE, base, 0))
-    assert delta[0] == XOR_DELTA
+    assert delta[0] == DELTA
     return [
         (BYTEGROUP, encode_planes(plain, 4, True), plain, None),
         (SPARSE, encode_sparse(sparse, 4, True), sparse, None),
-        (XOR_DELTA, bytes(delta[1]), plain, base),
+        (DELTA, bytes(delta[1]), plain, base),
         (ZSTD, bytes(codec.encode(plain)), plain, None),
     ]
 
@@ -190,12 +194,12 @@ def test_bad_headers_raise() -> None:
     plane_codec[2] = 9  # plane 0's codec byte
     with pytest.raises(CorruptObjectError):
         decode_chunk(BYTEGROUP, bytes(plane_codec), len(plain))
-    payload, plain, base = samples[XOR_DELTA]
+    payload, plain, base = samples[DELTA]
     for bad in (bytes([7, 1]) + payload[2:], bytes([payload[0], 0]) + payload[2:]):
         with pytest.raises(CorruptObjectError):
-            decode_chunk(XOR_DELTA, bad, len(plain), base)
+            decode_chunk(DELTA, bad, len(plain), base)
     with pytest.raises(CorruptObjectError):
-        decode_chunk(XOR_DELTA, payload, len(plain), None)  # a delta needs its base
+        decode_chunk(DELTA, payload, len(plain), None)  # a delta needs its base
     payload, plain, _ = samples[SPARSE]
     count = bytearray(payload)
     count[10] ^= 1  # the nonzero count no longer matches the mask

@@ -545,7 +545,7 @@ def test_config(vec: Vector, tmp_path: Path) -> None:
     assert RepoConfig.load(tmp_path).format_version == 1
     bad = (
         {"format_version": 3}, {"format_version": "2"}, {"format_version": None}, {"hash": "sha256"},
-        {"format_version": 1}, {"delta_depth": -1}, {"codec": {"name": "zipnn"}},
+        {"format_version": 1}, {"keyframe_interval": 0}, {"codec": {"name": "zipnn"}},
     )  # fmt: skip
     for change in bad:
         (tmp_path / "config.json").write_text(json.dumps({**expected, **change}))

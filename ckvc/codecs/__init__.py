@@ -3,7 +3,7 @@
 Each stored record names its codec by a one-byte id (docs/FORMAT.md §6):
 
     0 raw   1 zstd   2 bytegroup (byte planes, codecs/planes.py)
-    3 xor-delta against a base chunk named in the record   4 sparse (codecs/sparse.py)
+    3 delta against a base chunk named in the record (codecs/delta.py)   4 sparse (codecs/sparse.py)
 
 Decoding never produces more than the declared raw size, and any malformed
 input raises :class:`ckvc.errors.CorruptObjectError`. Codecs do no I/O: a
@@ -20,14 +20,15 @@ from typing import ClassVar, NamedTuple
 import numpy as np
 import zstandard
 
+from ckvc.codecs.delta import SUB, XOR, apply_residual, residual
 from ckvc.codecs.planes import SUPPORTED_WIDTHS, as_u8, decode_planes_into, encode_planes, zstd_decode
 from ckvc.codecs.sparse import SPARSE_WIDTHS, decode_sparse_into, encode_sparse, zero_fraction
 from ckvc.errors import CorruptObjectError, UnsupportedFormatError
 
 Buffer = bytes | bytearray | memoryview
 
-RAW, ZSTD, BYTEGROUP, XOR_DELTA, SPARSE = 0, 1, 2, 3, 4
-CODEC_NAMES = {RAW: "raw", ZSTD: "zstd", BYTEGROUP: "bytegroup", XOR_DELTA: "xor-delta", SPARSE: "sparse"}
+RAW, ZSTD, BYTEGROUP, DELTA, SPARSE = 0, 1, 2, 3, 4
+CODEC_NAMES = {RAW: "raw", ZSTD: "zstd", BYTEGROUP: "bytegroup", DELTA: "delta", SPARSE: "sparse"}
 
 
 class ChunkLayout(NamedTuple):
@@ -137,12 +138,22 @@ class DeltaBase(NamedTuple):
     oid: bytes
     plain: Buffer
     depth: int  # the base's own chain depth (0: stored without a base)
+    age: int = 0  # how many commits ago the base was written, along this tensor
 
 
-# Delta payload head: the codec of the XOR residual, then the chain depth.
-_DELTA_HEAD = struct.Struct("<BB")
+class DeltaHeader(NamedTuple):
+    transform: int  # delta.SUB or delta.XOR
+    width: int  # element width of the SUB transform (1 for XOR)
+    depth: int  # links to decode down to a chunk stored whole (>= 1)
+    age: int  # commits since the base was written (1..255; saturates)
+    inner: int  # the codec of the residual
+
+
+_DELTA_HEAD = struct.Struct("<BBBBB")
+DELTA_HEAD_SIZE = _DELTA_HEAD.size
 DELTA_INNER_CODECS = (RAW, ZSTD, BYTEGROUP, SPARSE)
-MAX_CHAIN_DEPTH = 255  # the depth is one byte; the repo bound (config delta_depth) is far lower
+MAX_CHAIN_DEPTH = 255  # one byte; ckvc writes depth 1 (deltas against keyframes, docs/DESIGN.md)
+MAX_AGE = 255
 SPARSE_MIN_ZERO_FRACTION = 0.5
 
 
@@ -169,10 +180,12 @@ class TensorCodec(Codec):
     ) -> tuple[int, Buffer]:
         best: tuple[int, Buffer] = (RAW, data)
         if base is not None and len(base.plain) == len(data) and base.depth < MAX_CHAIN_DEPTH:
-            residual = np.bitwise_xor(as_u8(data), as_u8(base.plain))
-            inner, payload = self._encode_standalone(residual.data, layout)
+            transform, width = (SUB, layout.width) if layout.planes else (XOR, 1)
+            diff = residual(data, base.plain, transform, width)
+            inner, payload = self._encode_standalone(diff.data, ChunkLayout(width, False) if width > 1 else layout)
             if inner != RAW:
-                best = (XOR_DELTA, _DELTA_HEAD.pack(inner, base.depth + 1) + payload)
+                head = _DELTA_HEAD.pack(transform, width, base.depth + 1, min(base.age + 1, MAX_AGE), inner)
+                best = (DELTA, head + payload)
         own = self._encode_standalone(data, layout)
         if len(own[1]) <= len(best[1]):
             best = own
@@ -192,12 +205,12 @@ class TensorCodec(Codec):
 def decode_chunk_into(codec_id: int, payload: Buffer, out: np.ndarray, base: Buffer | np.ndarray | None = None) -> None:
     """Decode a record payload into ``out`` (uint8, exactly the raw size).
     ``base`` is the plain bytes of the record's base, for delta records."""
-    if codec_id == XOR_DELTA:
+    if codec_id == DELTA:
         if base is None or len(base) != len(out):
             raise CorruptObjectError("delta record without a base of its size")
-        inner, _depth = delta_header(payload)
-        decode_chunk_into(inner, memoryview(payload)[_DELTA_HEAD.size :], out)
-        np.bitwise_xor(out, as_u8(base), out=out)
+        head = delta_header(payload)
+        decode_chunk_into(head.inner, memoryview(payload)[_DELTA_HEAD.size :], out)
+        apply_residual(out, base, head.transform, head.width)
     elif codec_id == BYTEGROUP:
         decode_planes_into(payload, out)
     elif codec_id == SPARSE:
@@ -209,14 +222,15 @@ def decode_chunk_into(codec_id: int, payload: Buffer, out: np.ndarray, base: Buf
         raise UnsupportedFormatError(f"unknown codec id {codec_id}")
 
 
-def delta_header(payload: Buffer) -> tuple[int, int]:
-    """(inner codec, chain depth) of a xor-delta payload."""
+def delta_header(payload: Buffer) -> DeltaHeader:
+    """The head of a delta payload, checked."""
     if len(payload) < _DELTA_HEAD.size:
         raise CorruptObjectError("delta payload truncated")
-    inner, depth = _DELTA_HEAD.unpack_from(payload, 0)
-    if inner not in DELTA_INNER_CODECS or depth < 1:
-        raise CorruptObjectError(f"delta header invalid (inner codec {inner}, depth {depth})")
-    return inner, depth
+    head = DeltaHeader(*_DELTA_HEAD.unpack_from(payload, 0))
+    valid = (head.transform == XOR and head.width == 1) or (head.transform == SUB and head.width in SUPPORTED_WIDTHS)
+    if not valid or head.inner not in DELTA_INNER_CODECS or head.depth < 1 or head.age < 1:
+        raise CorruptObjectError(f"delta header invalid: {head}")
+    return head
 
 
 def decode_chunk(codec_id: int, payload: Buffer, raw_size: int, base: Buffer | np.ndarray | None = None) -> Buffer:

@@ -13,7 +13,17 @@ from pathlib import Path
 
 import numpy as np
 
-from ckvc.codecs import XOR_DELTA, Buffer, ChunkLayout, Codec, DeltaBase, decode_chunk_into, delta_header
+from ckvc.codecs import (
+    DELTA,
+    DELTA_HEAD_SIZE,
+    Buffer,
+    ChunkLayout,
+    Codec,
+    DeltaBase,
+    DeltaHeader,
+    decode_chunk_into,
+    delta_header,
+)
 from ckvc.errors import CorruptObjectError, ObjectNotFoundError
 from ckvc.ids import ObjectType, object_id
 from ckvc.storage.files import file_lock
@@ -235,12 +245,11 @@ class ObjectStore:
     def _base_plain(self, record: Record, size: int) -> np.ndarray | None:
         """The plain bytes of a delta record's base: decoded along its chain
         without verifying each link (the final id check covers the whole chain)."""
-        if record.codec != XOR_DELTA:
+        if record.codec != DELTA:
             return None
         if record.base is None:
             raise CorruptObjectError("delta record names no base")
-        _, depth = delta_header(record.payload)
-        return self._plain_unverified(record.base, size, depth - 1)
+        return self._plain_unverified(record.base, size, delta_header(record.payload).depth - 1)
 
     def _plain_unverified(self, oid: bytes, size: int, depth: int) -> np.ndarray:
         cached = self._base_cache.get(oid)
@@ -251,10 +260,10 @@ class ObjectStore:
             raise CorruptObjectError(f"delta base {oid.hex()[:12]} is {entry.raw_size} bytes, expected {size}")
         record = self._record(oid, entry, ObjectType.CHUNK)
         base: np.ndarray | None = None
-        if record.codec == XOR_DELTA:
+        if record.codec == DELTA:
             if record.base is None:
                 raise CorruptObjectError("delta record names no base", object_id=oid.hex())
-            _, own_depth = delta_header(record.payload)
+            own_depth = delta_header(record.payload).depth
             if own_depth != depth or depth < 1:  # depths strictly decrease, so a chain cannot loop
                 raise CorruptObjectError(
                     f"delta chain depth {own_depth} where {depth} was expected", object_id=oid.hex()
@@ -269,21 +278,22 @@ class ObjectStore:
         """Verify every link of a delta chain; raises naming the first damaged one."""
         self.read(oid, ObjectType.CHUNK)
 
-    def chain_depth(self, oid: bytes) -> int:
-        """How many deltas must be applied to decode ``oid`` (0: stored whole)."""
+    def delta_info(self, oid: bytes) -> tuple[bytes, DeltaHeader] | None:
+        """(base id, delta header) of a delta chunk; None for a chunk stored whole.
+        Reads only the record's head."""
         entry = self.locate(oid)
-        if entry.codec != XOR_DELTA:
-            return 0
-        head = self.reader.read(entry.pack, entry.offset, RECORD_HEADER_SIZE + 2)
-        return delta_header(memoryview(head)[RECORD_HEADER_SIZE:])[1]
+        if entry.codec != DELTA:
+            return None
+        head = self.reader.read(entry.pack, entry.offset, RECORD_HEADER_SIZE + DELTA_HEAD_SIZE)
+        base = parse_record_header(head)[5]
+        if base is None:
+            raise CorruptObjectError("delta record names no base", object_id=oid.hex())
+        return base, delta_header(memoryview(head)[RECORD_HEADER_SIZE:])
 
     def delta_base(self, oid: bytes) -> bytes | None:
         """The base id of a delta chunk, None for a chunk stored whole."""
-        entry = self.locate(oid)
-        if entry.codec != XOR_DELTA:
-            return None
-        head = self.reader.read(entry.pack, entry.offset, RECORD_HEADER_SIZE)
-        return parse_record_header(head)[5]
+        info = self.delta_info(oid)
+        return info[0] if info else None
 
     def read_into(self, oid: bytes, out: memoryview) -> None:
         """Read a chunk straight into ``out``, which must be exactly its size."""

@@ -1,0 +1,61 @@
+"""Delta residuals: a chunk relative to a base chunk of the same size.
+
+Two transforms (docs/FORMAT.md, "delta payload"):
+
+- ``sub``: per element of ``width`` bytes (2, 4, 8; little-endian), the wrapping
+  difference ``new - base`` of the bit patterns, zigzag-mapped so that small
+  differences of either sign have zero high bytes. Between consecutive epochs a
+  weight moves by a few ulps of its own magnitude, so the difference of the
+  patterns is small where XOR would carry across bit boundaries: measured on
+  MiniLM fine-tuning, 0.266 of raw for the weights against 0.311 with XOR, and
+  0.319 against 0.354 for Adam's second moment (benchmarks/compression.py).
+- ``xor``: bytewise XOR, for data without a numeric layout.
+
+Bytes past the last whole element (odd sizes) are always XORed.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ckvc.codecs.planes import Buffer, as_u8
+from ckvc.errors import CorruptObjectError
+
+XOR = 1
+SUB = 2
+_UINT = {2: np.uint16, 4: np.uint32, 8: np.uint64}
+_INT = {2: np.int16, 4: np.int32, 8: np.int64}
+
+
+def residual(data: Buffer, base: Buffer, transform: int, width: int) -> np.ndarray:
+    """The residual of ``data`` against ``base`` (same size), as bytes."""
+    new, old = as_u8(data), as_u8(base)
+    if transform == XOR:
+        return np.bitwise_xor(new, old)
+    n = len(new) // width * width
+    out = np.empty(len(new), dtype=np.uint8)
+    diff = new[:n].view(_UINT[width]) - old[:n].view(_UINT[width])  # wraps
+    signed = diff.view(_INT[width])
+    out[:n].view(_UINT[width])[:] = ((signed << 1) ^ (signed >> (8 * width - 1))).view(_UINT[width])
+    np.bitwise_xor(new[n:], old[n:], out=out[n:])
+    return out
+
+
+def apply_residual(out: np.ndarray, base: Buffer | np.ndarray, transform: int, width: int) -> None:
+    """Turn the residual held in ``out`` into the chunk, in place."""
+    old = as_u8(base)
+    if len(old) != len(out):
+        raise CorruptObjectError("delta base has the wrong size")
+    if transform == XOR:
+        np.bitwise_xor(out, old, out=out)
+        return
+    if transform != SUB or width not in _UINT:
+        raise CorruptObjectError(f"unknown delta transform {transform} (width {width})")
+    n = len(out) // width * width
+    zigzag = out[:n].view(_UINT[width])
+    sign = zigzag & 1
+    np.negative(sign, out=sign)  # 0 or all ones
+    zigzag >>= 1
+    zigzag ^= sign
+    zigzag += old[:n].view(_UINT[width])  # wraps
+    np.bitwise_xor(out[n:], old[n:], out=out[n:])
