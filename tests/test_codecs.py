@@ -97,15 +97,16 @@ def test_property_decode_encode_is_identity(data: bytes, layout: ChunkLayout, fl
     assert bytes(decode_chunk(codec_id, payload, len(target), data)) == bytes(target)
 
 
-def test_sign_move_puts_the_whole_exponent_in_the_top_plane() -> None:
+def test_sign_swap_puts_the_whole_exponent_in_the_top_plane() -> None:
     values = np.array([1.0, -1.0, 2.0, -0.5, 3.0e38, -1.0e-38], dtype=np.float32)
     planes, _ = split_planes(values.tobytes(), 4, True)
     exponents = (values.view(np.uint32) >> 23) & 0xFF
-    assert planes[3].tolist() == exponents.tolist()
-    assert (planes[2] >> 7).tolist() == [0, 1, 0, 1, 0, 1]  # the sign, now under the exponent
+    swapped = ((exponents & 1) << 7) | (exponents >> 1)  # e0 e7..e1: the exponent, bits rotated
+    assert planes[3].tolist() == swapped.tolist()
+    assert (planes[2] >> 7).tolist() == [0, 1, 0, 1, 0, 1]  # the sign, now among the mantissa bits
     bf16 = (values.view(np.uint32) >> 16).astype(np.uint16)
     planes16, _ = split_planes(bf16.tobytes(), 2, True)
-    assert planes16[1].tolist() == exponents.tolist()
+    assert planes16[1].tolist() == swapped.tolist()
 
 
 def test_incompressible_data_is_stored_raw_and_costs_no_expansion() -> None:

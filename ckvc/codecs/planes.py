@@ -6,14 +6,16 @@ each element's bytes into planes by significance (plane 0 = least significant
 byte) and each plane compresses on its own statistics; the exponent plane
 shrinks to about a third while incompressible planes are stored as they are.
 
-For floats the sign bit is first moved below the exponent ("sign move"), so
-that the most significant plane holds exactly the top eight exponent bits, as
-ZipNN does: ``hi' = hi << 1 | next >> 7``, ``next' = (next & 0x7f) | (hi & 0x80)``.
-It is a bit permutation, so it commutes with XOR (which the delta codec uses).
+For floats the sign bit trades places with the lowest exponent bit ("sign
+swap": bit 7 of the top byte with bit 7 of the next byte), so that the most
+significant plane holds all eight exponent bits of an fp32 or bf16 and the
+random sign joins the mantissa. ZipNN rotates the sign out for the same gain
+(0.0025 of raw on MiniLM fp32); the swap is its own inverse and costs three
+vector operations per plane pair instead of seven.
 
 Layout of an encoded plane set (docs/FORMAT.md, "bytegroup payload")::
 
-    u8 width  u8 flags(bit 0: sign move)  (u8 plane codec, u32 stored size) * width
+    u8 width  u8 flags(bit 0: sign swap)  (u8 plane codec, u32 stored size) * width
     plane payloads, plane 0 first   tail (raw_size % width bytes, raw)
 
 Plane codecs: 0 raw, 1 zstd frame (with its content size).
@@ -22,7 +24,9 @@ Plane codecs: 0 raw, 1 zstd frame (with its content size).
 from __future__ import annotations
 
 import struct
+import sys
 import threading
+from typing import Any
 
 import numpy as np
 import zstandard
@@ -60,6 +64,17 @@ _PLANE_PARAMS = zstandard.ZstdCompressionParameters(
 _local = threading.local()
 
 
+def _scratch(slot: int, n: int, dtype: type[np.unsignedinteger[Any]]) -> np.ndarray:
+    """A per-thread reusable array: fresh memory costs a page fault per 4 KiB, which
+    in these VMs is slower than the arithmetic done on it."""
+    buffers: dict[int, np.ndarray] = _local.__dict__.setdefault("scratch", {})
+    nbytes = n * np.dtype(dtype).itemsize
+    buf = buffers.get(slot)
+    if buf is None or len(buf) < nbytes:
+        buf = buffers[slot] = np.empty(max(nbytes, 1 << 20), dtype=np.uint8)
+    return buf[:nbytes].view(dtype)
+
+
 def _compressor() -> zstandard.ZstdCompressor:
     # One per thread: a zstandard (de)compressor shared across threads has crashed here.
     c = getattr(_local, "compressor", None)
@@ -86,12 +101,13 @@ def split_planes(data: Buffer, width: int, sign_move: bool) -> tuple[list[np.nda
     raw = as_u8(data)
     n = len(raw) // width
     grid = raw[: n * width].reshape(n, width)
-    planes = [np.ascontiguousarray(grid[:, k]) for k in range(width)]
+    planes = [grid[:, k].copy() for k in range(width)]  # always copies (the sign swap writes them)
     if sign_move and n:
-        hi, nxt = planes[-1], planes[-2]
-        new_hi = (hi << 1) | (nxt >> 7)
-        planes[-2] = (nxt & 0x7F) | (hi & 0x80)
-        planes[-1] = new_hi
+        hi, nxt = planes[-1], planes[-2]  # fresh copies: safe to change in place
+        swap = np.bitwise_xor(hi, nxt)
+        swap &= 0x80
+        hi ^= swap
+        nxt ^= swap
     return planes, raw[n * width :]
 
 
@@ -99,14 +115,41 @@ def join_planes(planes: list[np.ndarray], tail: Buffer, width: int, sign_move: b
     """Inverse of :func:`split_planes`, written into ``out`` (uint8, exact size)."""
     n = len(planes[0]) if planes else 0
     if sign_move and n:
-        moved_hi, moved_nxt = planes[-1], planes[-2]
-        planes = [*planes[:-2], (moved_nxt & 0x7F) | ((moved_hi & 1) << 7), (moved_nxt & 0x80) | (moved_hi >> 1)]
-    grid = out[: n * width].reshape(n, width)
-    # Column by column: numpy writes a strided byte column ~7x faster than it
-    # scatters a whole transposed block.
-    for k in range(width):
-        grid[:, k] = planes[k]
+        hi, nxt = planes[-1], planes[-2]  # possibly read-only views of the payload
+        swap, new_nxt = _scratch(0, n, np.uint8), _scratch(1, n, np.uint8)
+        np.bitwise_xor(hi, nxt, out=swap)
+        swap &= 0x80
+        np.bitwise_xor(nxt, swap, out=new_nxt)
+        np.bitwise_xor(hi, swap, out=swap)
+        planes = [*planes[:-2], new_nxt, swap]
+    _interleave(planes, out[: n * width])
     out[n * width :] = as_u8(tail)
+
+
+_UINTS = (np.uint8, np.uint16, np.uint32, np.uint64)
+
+
+def _interleave(planes: list[np.ndarray], out: np.ndarray) -> None:
+    """Write planes back as whole elements: ``lo | hi << 8`` pairwise, then pairs of
+    pairs, with integer ops on little-endian words. Three times faster in numpy
+    than writing each plane as a strided byte column (0.39 ms against 1.16 ms
+    for 4 MiB of bf16 here)."""
+    if sys.byteorder != "little" or len(planes) not in (2, 4, 8):
+        grid = out.reshape(-1, len(planes))
+        for k, plane in enumerate(planes):
+            grid[:, k] = plane
+        return
+    level, bits = planes, 8
+    while len(level) > 1:
+        wide = _UINTS[bits.bit_length() - 3]  # 8 -> uint16, 16 -> uint32, 32 -> uint64
+        last = len(level) == 2
+        merged: list[np.ndarray] = []
+        for lo, hi in zip(level[0::2], level[1::2], strict=True):
+            word = out.view(wide) if last else _scratch(2 + len(merged), len(lo), wide)
+            np.left_shift(hi, bits, out=word, dtype=wide, casting="unsafe")
+            np.bitwise_or(word, lo, out=word)
+            merged.append(word)
+        level, bits = merged, bits * 2
 
 
 def _encode_plane(plane: np.ndarray) -> tuple[int, Buffer]:
