@@ -145,7 +145,7 @@ def _interleave(planes: list[np.ndarray], out: np.ndarray) -> None:
         last = len(level) == 2
         merged: list[np.ndarray] = []
         for lo, hi in zip(level[0::2], level[1::2], strict=True):
-            word = out.view(wide) if last else _scratch(2 + len(merged), len(lo), wide)
+            word = out.view(wide) if last else _scratch(2 + bits + len(merged), len(lo), wide)  # per level
             np.left_shift(hi, bits, out=word, dtype=wide, casting="unsafe")
             np.bitwise_or(word, lo, out=word)
             merged.append(word)
