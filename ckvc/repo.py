@@ -46,6 +46,7 @@ from ckvc.objects import Blob, Commit, Snapshot, Tag, validate_metadata, validat
 from ckvc.pruned import PruneLog, PruneRecord
 from ckvc.refs import BRANCH_PREFIX, HEAD, TAG_PREFIX, ReflogEntry, RefStore, branch_ref, check_ref_name, tag_ref
 from ckvc.state import MapLocation, PendingBlob, TensorInfo
+from ckvc.stats import CodecUsage, codec_usage
 from ckvc.storage.files import file_lock
 from ckvc.storage.object_store import ObjectStore, ObjectWriter
 
@@ -59,6 +60,11 @@ _SUFFIX = re.compile(r"(~(\d*)|\^(\d*))")
 
 # done bytes, total bytes
 ProgressCallback = Callable[[int, int], None]
+
+
+# What encoding one chunk produced: id, codec (-1: already stored), payload, the
+# delta base it uses, and whether a delta base was offered at all.
+_Encoded = tuple[bytes, int, Any, bytes | None, bool]
 
 
 @dataclass
@@ -91,6 +97,7 @@ class CommitInfo:
     values: dict[str, Any]  # non-tensor leaves by path
     logical_bytes: int
     stored_bytes: int  # stored size of the chunks this commit uses (shared ones included)
+    by_codec: dict[str, CodecUsage] = field(default_factory=dict)  # over the same chunks
 
 
 class PendingCommit:
@@ -516,20 +523,22 @@ class Repo:
         as a delta against the parent's chunk at the same offset."""
         parent_blobs = parent_blobs or {}
 
-        def work(view: memoryview, layout: Any, parent_chunk: bytes | None) -> tuple[bytes, int, Any, bytes | None]:
+        def work(view: memoryview, layout: Any, parent_chunk: bytes | None) -> _Encoded:
             oid = object_id(ObjectType.CHUNK, view)
             if not writer.wants(oid):
-                return oid, -1, None, None
+                return oid, -1, None, None, False
             base = self._delta_base(parent_chunk)
             codec_id, payload = writer.encode(view, layout, base)
-            return oid, codec_id, payload, base.oid if codec_id == DELTA and base is not None else None
+            if base is None:
+                return oid, codec_id, payload, None, False
+            return oid, codec_id, payload, base.oid if codec_id == DELTA else None, True
 
         total = sum(len(b.data) for b in pending)
         done = 0
         # Enough chunks in flight to keep every core busy while a pack is sealed
         # (fsync); at 4 MiB chunks this bounds extra memory to a few tens of MiB.
         max_in_flight = 4 * (os.cpu_count() or 2) + 2
-        in_flight: collections.deque[tuple[int, Future[tuple[bytes, int, Any, bytes | None]], int]]
+        in_flight: collections.deque[tuple[int, Future[_Encoded], int]]
         in_flight = collections.deque()
         chunk_ids: list[list[bytes]] = [[] for _ in pending]
 
@@ -539,7 +548,8 @@ class Repo:
         def drain_one() -> None:
             nonlocal done
             blob_index, fut, raw_size = in_flight.popleft()
-            oid, codec_id, payload, base_oid = fut.result()
+            oid, codec_id, payload, base_oid, offered = fut.result()
+            delta_tried[blob_index] |= offered
             chunk_ids[blob_index].append(oid)
             delta_won[blob_index] |= codec_id == DELTA
             stats.chunks += 1
@@ -566,7 +576,6 @@ class Repo:
                     and self._tries_delta(blob.path)
                 ):
                     bases = before.chunks
-                    delta_tried[index] = True
                 for i, (start, end) in enumerate(chunk_spans(len(blob.data), chunk_size)):
                     base_oid = bases[i] if i < len(bases) else None
                     in_flight.append((index, self._submit(work, blob.data[start:end], layout, base_oid), end - start))
@@ -772,9 +781,10 @@ class Repo:
             else:
                 values[path] = leaf
         used = {oid for b in snapshot.blobs for oid in b.chunks}
-        stored = sum(self.store.stat(oid).stored_size for oid in used)
+        by_codec = codec_usage(self, used)
+        stored = sum(c.stored_bytes for c in by_codec.values())
         logical = sum(b.nbytes for b in snapshot.blobs)
-        return CommitInfo(commit, tensors, values, logical, stored)
+        return CommitInfo(commit, tensors, values, logical, stored, by_codec)
 
     @staticmethod
     def _summary(path: str, info: TensorInfo, snapshot: Snapshot) -> TensorSummary:

@@ -1,12 +1,14 @@
 """Storage reports: logical vs stored bytes, dedup and compression, unique bytes per
-commit, and a breakdown by top-level key (model vs optimizer)."""
+commit, and breakdowns by top-level key (model vs optimizer) and by codec."""
 
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from ckvc.codecs import CODEC_NAMES
 from ckvc.storage.packs import list_packs
 
 if TYPE_CHECKING:
@@ -31,6 +33,31 @@ class KeyUsage:
 
 
 @dataclass
+class CodecUsage:
+    """Distinct chunks stored with one codec: their plain and stored bytes."""
+
+    chunks: int = 0
+    raw_bytes: int = 0
+    stored_bytes: int = 0
+
+    @property
+    def ratio(self) -> float:
+        return self.stored_bytes / self.raw_bytes if self.raw_bytes else 1.0
+
+
+def codec_usage(repo: Repo, chunk_ids: Iterable[bytes]) -> dict[str, CodecUsage]:
+    """Stored bytes per codec over distinct chunks, largest first."""
+    usage: dict[str, CodecUsage] = {}
+    for oid in chunk_ids:
+        st = repo.store.stat(oid)
+        entry = usage.setdefault(CODEC_NAMES.get(st.codec, str(st.codec)), CodecUsage())
+        entry.chunks += 1
+        entry.raw_bytes += st.raw_size
+        entry.stored_bytes += st.stored_size
+    return dict(sorted(usage.items(), key=lambda kv: -kv[1].stored_bytes))
+
+
+@dataclass
 class DiskUsage:
     commits: int = 0
     pruned_commits: int = 0
@@ -41,6 +68,7 @@ class DiskUsage:
     pack_count: int = 0
     per_commit: list[CommitUsage] = field(default_factory=list)
     by_key: list[KeyUsage] = field(default_factory=list)
+    by_codec: dict[str, CodecUsage] = field(default_factory=dict)
 
     @property
     def dedup_ratio(self) -> float:
@@ -57,6 +85,8 @@ class DiskUsage:
     def to_json(self) -> dict[str, Any]:
         out = asdict(self)
         out.update(dedup_ratio=self.dedup_ratio, compression_ratio=self.compression_ratio, total_ratio=self.total_ratio)
+        for name, codec in self.by_codec.items():
+            out["by_codec"][name]["ratio"] = codec.ratio
         return out
 
 
@@ -98,6 +128,7 @@ def disk_usage(repo: Repo) -> DiskUsage:
         unique = sum(sizes[o] for o in chunks if refcount[o] == 1)
         usage.per_commit.append(CommitUsage(cid, message, logical, unique))
     usage.by_key = sorted(keys.values(), key=lambda k: -k.stored_bytes)
+    usage.by_codec = codec_usage(repo, refcount)
     for name in list_packs(repo.store.pack_dir):
         usage.pack_count += 1
         usage.pack_bytes += (repo.store.pack_dir / name).stat().st_size

@@ -12,7 +12,7 @@ import datetime as dt
 import json
 import math
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -24,6 +24,7 @@ from ckvc.cli.files import read_checkpoint, write_checkpoint
 from ckvc.errors import CkvcError, InvalidInputError
 from ckvc.objects import Commit
 from ckvc.repo import Repo, TensorSummary
+from ckvc.stats import CodecUsage
 
 FSCK_DAMAGE_EXIT = 1
 
@@ -298,6 +299,7 @@ def show(obj: Context, rev: str, as_json: bool) -> None:
                 **_commit_json(c),
                 "logical_bytes": info.logical_bytes,
                 "stored_bytes": info.stored_bytes,
+                "by_codec": _codecs_json(info.by_codec),
                 "tensors": [_tensor_json(t) for t in info.tensors],
                 "values": {k: _jsonable(v) for k, v in info.values.items()},
             }
@@ -313,6 +315,7 @@ def show(obj: Context, rev: str, as_json: bool) -> None:
         f"{len(info.tensors)} tensors, {human_bytes(info.logical_bytes)} logical, "
         f"{human_bytes(info.stored_bytes)} stored"
     )
+    _echo_codecs(info.by_codec)
     width = max((len(t.path) for t in info.tensors), default=0)
     for t in info.tensors:
         click.echo(f"  {t.path:<{width}}  {t.dtype:<10} {list(t.shape)!s:<20} {human_bytes(t.nbytes):>10}")
@@ -509,6 +512,22 @@ def fsck(obj: Context, rebuild_index: bool, level: str, full_flag: bool, sample:
         sys.exit(FSCK_DAMAGE_EXIT)
 
 
+def _codecs_json(by_codec: Mapping[str, CodecUsage]) -> dict[str, Any]:
+    return {name: {**dataclasses.asdict(c), "ratio": c.ratio} for name, c in by_codec.items()}
+
+
+def _echo_codecs(by_codec: Mapping[str, CodecUsage]) -> None:
+    """Stored bytes per codec: where the space goes, and how well each codec does."""
+    if not by_codec:
+        return
+    click.echo("by codec:          raw / stored (distinct chunks)")
+    for name, c in by_codec.items():
+        click.echo(
+            f"  {name:<16} {human_bytes(c.raw_bytes):>10} / {human_bytes(c.stored_bytes):>10}  "
+            f"{c.ratio:6.3f} of raw  {c.chunks} chunks"
+        )
+
+
 @cli.command()
 @json_option
 @click.pass_obj
@@ -530,6 +549,7 @@ def du(obj: Context, as_json: bool) -> None:
     )
     if usage.pruned_commits:
         click.echo(f"pruned commits:    {usage.pruned_commits} (history kept, data released)")
+    _echo_codecs(usage.by_codec)
     if usage.by_key:
         click.echo("by top-level key:  logical / stored (distinct chunks)")
         for k in usage.by_key:

@@ -1,0 +1,133 @@
+"""Deltas in a repository: keyframes, byte-exact checkout, gc keeps bases alive,
+damage to a keyframe is found and named, and the codec reports add up."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from click.testing import CliRunner
+from helpers import assert_state_equal
+
+import ckvc
+from ckvc.cli import cli
+from ckvc.codecs import BYTEGROUP, DELTA
+from ckvc.retention import RetentionPolicy
+from ckvc.storage.packs import RECORD_HEADER_SIZE
+
+
+def epochs(n: int, seed: int = 0) -> list[dict[str, object]]:
+    """Training-like states: weights drifting by small steps, a fresh moment each epoch."""
+    g = torch.Generator().manual_seed(seed)
+    w = torch.randn(256, 1024, generator=g) * 0.02
+    out = []
+    for i in range(n):
+        w = w - 1e-4 * torch.randn(w.shape, generator=g)
+        out.append({"model": {"w": w.clone(), "b": torch.full((7,), float(i))}, "step": i})
+    return out
+
+
+@pytest.fixture
+def repo(tmp_path: Path) -> ckvc.Repo:
+    r = ckvc.Repo.init(tmp_path / "r", chunk_size=256 << 10, keyframe_interval=4)
+    yield r
+    r.close()
+
+
+def codecs_of(repo: ckvc.Repo, commit_id: str) -> list[int]:
+    snap = repo.read_snapshot(repo.read_commit(commit_id))
+    (blob,) = [b for b in snap.blobs if b.path == "model.w"]
+    return [repo.store.stat(oid).codec for oid in blob.chunks]
+
+
+def test_deltas_point_at_keyframes_and_check_out_exactly(repo: ckvc.Repo) -> None:
+    states = epochs(9)
+    ids = [repo.commit(s, message=f"e{i}") for i, s in enumerate(states)]
+    kinds = [set(codecs_of(repo, c)) for c in ids]
+    # keyframe_interval 4: whole at commits 0, 4, 8; deltas against them in between.
+    assert kinds == [{BYTEGROUP}, {DELTA}, {DELTA}, {DELTA}, {BYTEGROUP}, {DELTA}, {DELTA}, {DELTA}, {BYTEGROUP}]
+    for commit_id in ids:
+        snap = repo.read_snapshot(repo.read_commit(commit_id))
+        for oid in next(b for b in snap.blobs if b.path == "model.w").chunks:
+            info = repo.store.delta_info(oid)
+            if info is not None:
+                assert repo.store.delta_info(info[0]) is None  # every base is stored whole
+                assert info[1].depth == 1
+    second = repo.read_snapshot(repo.read_commit(ids[2]))
+    ages = [repo.store.delta_info(o)[1].age for o in second.blobs[0].chunks if repo.store.delta_info(o)]
+    assert ages and set(ages) == {2}
+    with ckvc.Repo.open(repo.path) as fresh:  # a new process: nothing cached
+        for commit_id, state in zip(ids, states, strict=True):
+            assert_state_equal(fresh.load(commit_id), state)
+
+
+def test_a_delta_is_much_smaller_than_a_keyframe(repo: ckvc.Repo) -> None:
+    states = epochs(2)
+    repo.commit(states[0])
+    first = repo.last_commit_stats
+    repo.commit(states[1])
+    second = repo.last_commit_stats
+    assert first is not None and second is not None
+    assert second.new_chunk_stored_bytes < 0.75 * first.new_chunk_stored_bytes
+
+
+def test_gc_keeps_keyframes_of_retained_commits(repo: ckvc.Repo) -> None:
+    states = epochs(4)
+    ids = [repo.commit(s, message=f"e{i}", metrics={"loss": float(-i)}) for i, s in enumerate(states)]
+    repo.set_config(reflog_expiry_s=0)
+    # Keep only the last commit: its chunks are deltas against commit 0's keyframes.
+    repo.retain(RetentionPolicy(keep_last=1))
+    report = repo.gc(now=True)
+    assert report.packs_deleted or report.packs_repacked
+    with ckvc.Repo.open(repo.path) as fresh:
+        assert_state_equal(fresh.load(ids[-1]), states[-1])
+        assert fresh.fsck().ok
+        with pytest.raises(ckvc.PrunedCommitError):
+            fresh.load(ids[1])
+
+
+def test_damaged_keyframe_is_named_by_load_and_fsck(repo: ckvc.Repo) -> None:
+    states = epochs(3)
+    ids = [repo.commit(s) for s in states]
+    delta_chunk = next(o for o in repo.read_snapshot(repo.read_commit(ids[2])).blobs[0].chunks)
+    info = repo.store.delta_info(delta_chunk)
+    assert info is not None
+    keyframe = info[0]
+    entry = repo.store.locate(keyframe)
+    path = repo.dir / "packs" / entry.pack
+    data = bytearray(path.read_bytes())
+    data[entry.offset + RECORD_HEADER_SIZE + 40] ^= 0xFF  # inside a raw mantissa plane
+    path.write_bytes(bytes(data))
+    with ckvc.Repo.open(repo.path) as fresh:
+        with pytest.raises(ckvc.CorruptObjectError) as err:
+            fresh.load(ids[2])
+        assert err.value.object_id == keyframe.hex()  # the damaged base, not the delta
+        problems = fresh.fsck().problems
+        assert any(p.object_id == keyframe.hex() for p in problems)
+
+
+def test_keyframe_interval_one_turns_deltas_off(tmp_path: Path) -> None:
+    with ckvc.Repo.init(tmp_path / "r", keyframe_interval=1) as repo:
+        ids = [repo.commit(s) for s in epochs(3)]
+        for commit_id in ids:
+            assert DELTA not in codecs_of(repo, commit_id)
+
+
+def test_codec_reports_add_up(repo: ckvc.Repo) -> None:
+    for s in epochs(3):
+        repo.commit(s)
+    info = repo.show()
+    assert info.stored_bytes == sum(c.stored_bytes for c in info.by_codec.values())
+    assert "delta" in info.by_codec and info.by_codec["delta"].ratio < 0.75
+    usage = repo.du()
+    assert usage.stored_chunk_bytes == sum(c.stored_bytes for c in usage.by_codec.values())
+    assert usage.unique_raw_bytes == sum(c.raw_bytes for c in usage.by_codec.values())
+    runner = CliRunner()
+    shown = json.loads(runner.invoke(cli, ["-C", str(repo.path), "show", "--json"]).output)
+    assert shown["by_codec"]["delta"]["stored_bytes"] == info.by_codec["delta"].stored_bytes
+    du_json = json.loads(runner.invoke(cli, ["-C", str(repo.path), "du", "--json"]).output)
+    assert set(du_json["by_codec"]) == set(usage.by_codec)
+    text = runner.invoke(cli, ["-C", str(repo.path), "du"]).output
+    assert "by codec:" in text and "delta" in text
