@@ -486,10 +486,12 @@ class Repo:
             return None
         try:
             keyframe, age = parent_chunk, 0
-            info = self.store.delta_info(parent_chunk)
-            if info is not None:
-                keyframe, age = info[0], info[1].age
-            if age + 1 >= self.config.keyframe_interval or self.store.delta_info(keyframe) is not None:
+            info = self.store.base_info(parent_chunk)
+            if not info.whole:
+                if info.base is None:
+                    return None  # a lossy chunk without a keyframe: nothing exact to build on
+                keyframe, age = info.base, info.age
+            if age + 1 >= self.config.keyframe_interval or not self.store.base_info(keyframe).whole:
                 return None
             return DeltaBase(keyframe, self.store.read(keyframe, ObjectType.CHUNK), 0, age)
         except (CorruptObjectError, ObjectNotFoundError):

@@ -4,6 +4,7 @@ damage to a keyframe is found and named, and the codec reports add up."""
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -30,7 +31,7 @@ def epochs(n: int, seed: int = 0) -> list[dict[str, object]]:
 
 
 @pytest.fixture
-def repo(tmp_path: Path) -> ckvc.Repo:
+def repo(tmp_path: Path) -> Iterator[ckvc.Repo]:
     r = ckvc.Repo.init(tmp_path / "r", chunk_size=256 << 10, keyframe_interval=4)
     yield r
     r.close()
@@ -51,12 +52,12 @@ def test_deltas_point_at_keyframes_and_check_out_exactly(repo: ckvc.Repo) -> Non
     for commit_id in ids:
         snap = repo.read_snapshot(repo.read_commit(commit_id))
         for oid in next(b for b in snap.blobs if b.path == "model.w").chunks:
-            info = repo.store.delta_info(oid)
-            if info is not None:
-                assert repo.store.delta_info(info[0]) is None  # every base is stored whole
-                assert info[1].depth == 1
+            info = repo.store.base_info(oid)
+            if info.base is not None:
+                assert repo.store.base_info(info.base).whole  # every base is stored whole
+                assert info.age in (1, 2, 3)
     second = repo.read_snapshot(repo.read_commit(ids[2]))
-    ages = [repo.store.delta_info(o)[1].age for o in second.blobs[0].chunks if repo.store.delta_info(o)]
+    ages = [repo.store.base_info(o).age for o in second.blobs[0].chunks if not repo.store.base_info(o).whole]
     assert ages and set(ages) == {2}
     with ckvc.Repo.open(repo.path) as fresh:  # a new process: nothing cached
         for commit_id, state in zip(ids, states, strict=True):
@@ -92,9 +93,8 @@ def test_damaged_keyframe_is_named_by_load_and_fsck(repo: ckvc.Repo) -> None:
     states = epochs(3)
     ids = [repo.commit(s) for s in states]
     delta_chunk = next(o for o in repo.read_snapshot(repo.read_commit(ids[2])).blobs[0].chunks)
-    info = repo.store.delta_info(delta_chunk)
-    assert info is not None
-    keyframe = info[0]
+    keyframe = repo.store.base_info(delta_chunk).base
+    assert keyframe is not None
     entry = repo.store.locate(keyframe)
     path = repo.dir / "packs" / entry.pack
     data = bytearray(path.read_bytes())

@@ -262,7 +262,7 @@ def test_codec_decode(vec: Vector) -> None:
 
 
 def test_unknown_codec_is_refused() -> None:
-    for codec in (5, 200):
+    for codec in (6, 200):
         with pytest.raises(UnsupportedFormatError):
             decode_chunk(codec, b"", 0)
 

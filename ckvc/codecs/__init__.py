@@ -4,6 +4,7 @@ Each stored record names its codec by a one-byte id (docs/FORMAT.md §6):
 
     0 raw   1 zstd   2 bytegroup (byte planes, codecs/planes.py)
     3 delta against a base chunk named in the record (codecs/delta.py)   4 sparse (codecs/sparse.py)
+    5 quant: the opt-in lossy tier, blockwise quantization (codecs/lossy.py)
 
 Decoding never produces more than the declared raw size, and any malformed
 input raises :class:`ckvc.errors.CorruptObjectError`. Codecs do no I/O: a
@@ -21,14 +22,17 @@ import numpy as np
 import zstandard
 
 from ckvc.codecs.delta import SUB, XOR, apply_residual, residual
+from ckvc.codecs.lossy import dequantize_into
 from ckvc.codecs.planes import SUPPORTED_WIDTHS, as_u8, decode_planes_into, encode_planes, zstd_decode
 from ckvc.codecs.sparse import SPARSE_WIDTHS, decode_sparse_into, encode_sparse, zero_fraction
 from ckvc.errors import CorruptObjectError, UnsupportedFormatError
 
 Buffer = bytes | bytearray | memoryview
 
-RAW, ZSTD, BYTEGROUP, DELTA, SPARSE = 0, 1, 2, 3, 4
-CODEC_NAMES = {RAW: "raw", ZSTD: "zstd", BYTEGROUP: "bytegroup", DELTA: "delta", SPARSE: "sparse"}
+RAW, ZSTD, BYTEGROUP, DELTA, SPARSE, QUANT = 0, 1, 2, 3, 4, 5
+CODEC_NAMES = {RAW: "raw", ZSTD: "zstd", BYTEGROUP: "bytegroup", DELTA: "delta", SPARSE: "sparse", QUANT: "quant"}
+# Codecs whose plain bytes need no other object: only these may serve as keyframes.
+WHOLE_CODECS = frozenset({RAW, ZSTD, BYTEGROUP, SPARSE})
 
 
 class ChunkLayout(NamedTuple):
@@ -215,6 +219,8 @@ def decode_chunk_into(codec_id: int, payload: Buffer, out: np.ndarray, base: Buf
         decode_planes_into(payload, out)
     elif codec_id == SPARSE:
         decode_sparse_into(payload, out)
+    elif codec_id == QUANT:
+        dequantize_into(payload, out, base)
     elif codec_id in _REGISTRY:
         plain = _REGISTRY[codec_id].decode(payload, len(out))
         out[:] = as_u8(plain)

@@ -10,21 +10,24 @@ from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 
 from ckvc.codecs import (
+    CODEC_NAMES,
     DELTA,
-    DELTA_HEAD_SIZE,
+    QUANT,
+    WHOLE_CODECS,
     Buffer,
     ChunkLayout,
     Codec,
     DeltaBase,
-    DeltaHeader,
     decode_chunk_into,
     delta_header,
 )
-from ckvc.errors import CorruptObjectError, ObjectNotFoundError
+from ckvc.codecs.lossy import QUANT_HEAD_SIZE, quant_header
+from ckvc.errors import CorruptObjectError, ObjectNotFoundError, UnsupportedFormatError
 from ckvc.ids import ObjectType, object_id
 from ckvc.storage.files import file_lock
 from ckvc.storage.index import Index, IndexEntry
@@ -77,6 +80,16 @@ class _PlainCache:
         with self._lock:
             self._items.clear()
             self._bytes = 0
+
+
+class BaseInfo(NamedTuple):
+    """A chunk's base (None: stored whole or lossy standalone), the age it records
+    (commits since its base was written), and whether it decodes on its own
+    without loss of meaning as a keyframe."""
+
+    base: bytes | None
+    age: int
+    whole: bool
 
 
 @dataclass(frozen=True, slots=True)
@@ -243,13 +256,18 @@ class ObjectStore:
             raise CorruptObjectError(f"unreadable record in pack {entry.pack}: {exc}", object_id=hex_id) from None
 
     def _base_plain(self, record: Record, size: int) -> np.ndarray | None:
-        """The plain bytes of a delta record's base: decoded along its chain
-        without verifying each link (the final id check covers the whole chain)."""
-        if record.codec != DELTA:
-            return None
-        if record.base is None:
-            raise CorruptObjectError("delta record names no base")
-        return self._plain_unverified(record.base, size, delta_header(record.payload).depth - 1)
+        """The plain bytes of a record's base (delta or lossy residual): decoded
+        along its chain without verifying each link (the final id check covers
+        the whole chain)."""
+        if record.codec == DELTA:
+            if record.base is None:
+                raise CorruptObjectError("delta record names no base")
+            return self._plain_unverified(record.base, size, delta_header(record.payload).depth - 1)
+        if record.codec == QUANT and record.base is not None:
+            return self._plain_unverified(record.base, size, 0)  # residuals only ever sit on keyframes
+        if record.base is not None:
+            raise CorruptObjectError(f"a {CODEC_NAMES.get(record.codec, record.codec)} record names a base")
+        return None
 
     def _plain_unverified(self, oid: bytes, size: int, depth: int) -> np.ndarray:
         cached = self._base_cache.get(oid)
@@ -260,6 +278,8 @@ class ObjectStore:
             raise CorruptObjectError(f"delta base {oid.hex()[:12]} is {entry.raw_size} bytes, expected {size}")
         record = self._record(oid, entry, ObjectType.CHUNK)
         base: np.ndarray | None = None
+        if record.codec not in WHOLE_CODECS and record.codec != DELTA:
+            raise CorruptObjectError("a lossy chunk cannot be a base", object_id=oid.hex())
         if record.codec == DELTA:
             if record.base is None:
                 raise CorruptObjectError("delta record names no base", object_id=oid.hex())
@@ -278,22 +298,25 @@ class ObjectStore:
         """Verify every link of a delta chain; raises naming the first damaged one."""
         self.read(oid, ObjectType.CHUNK)
 
-    def delta_info(self, oid: bytes) -> tuple[bytes, DeltaHeader] | None:
-        """(base id, delta header) of a delta chunk; None for a chunk stored whole.
-        Reads only the record's head."""
+    def base_info(self, oid: bytes) -> BaseInfo:
+        """What a chunk is stored against, from its record's head alone."""
         entry = self.locate(oid)
-        if entry.codec != DELTA:
-            return None
-        head = self.reader.read(entry.pack, entry.offset, RECORD_HEADER_SIZE + DELTA_HEAD_SIZE)
+        if entry.codec in WHOLE_CODECS:
+            return BaseInfo(None, 0, True)
+        head = self.reader.read(entry.pack, entry.offset, RECORD_HEADER_SIZE + QUANT_HEAD_SIZE)
         base = parse_record_header(head)[5]
-        if base is None:
-            raise CorruptObjectError("delta record names no base", object_id=oid.hex())
-        return base, delta_header(memoryview(head)[RECORD_HEADER_SIZE:])
+        payload = memoryview(head)[RECORD_HEADER_SIZE:]
+        if entry.codec == DELTA:
+            if base is None:
+                raise CorruptObjectError("delta record names no base", object_id=oid.hex())
+            return BaseInfo(base, delta_header(payload).age, False)
+        if entry.codec == QUANT:
+            return BaseInfo(base, quant_header(payload).age, False)
+        raise UnsupportedFormatError(f"unknown codec id {entry.codec}")
 
     def delta_base(self, oid: bytes) -> bytes | None:
-        """The base id of a delta chunk, None for a chunk stored whole."""
-        info = self.delta_info(oid)
-        return info[0] if info else None
+        """The id of the chunk ``oid`` is stored against, if any (what gc keeps alive with it)."""
+        return self.base_info(oid).base
 
     def read_into(self, oid: bytes, out: memoryview) -> None:
         """Read a chunk straight into ``out``, which must be exactly its size."""
