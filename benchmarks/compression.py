@@ -314,6 +314,41 @@ def random_case(size_mb: int, workdir: Path, repeats: int, results: dict[str, An
     results["random"] = {"stored_over_raw": figures["auto"].ratio, "throughput_vs_zstd1": speed}
 
 
+def lossy_case(mode: str, preset: str, workdir: Path, results: dict[str, Any]) -> None:
+    """The opt-in lossy tier on the fine-tune sequence: stored/raw over the ten
+    checkpoints, and the training loss of one more epoch resumed from the lossy
+    checkout against the same epoch resumed from the exact state."""
+    from minilm_data import cached_sequence, train_one_epoch_from
+
+    states = [torch.load(p, weights_only=True) for p in cached_sequence(mode)]
+    path = workdir / f"lossy-{mode}"
+    shutil.rmtree(path, ignore_errors=True)
+    raw = sum(tensor_bytes(s) for s in states)
+    with ckvc.Repo.init(path) as repo:
+        ids = [repo.commit(s, message="epoch", lossy=preset) for s in states]
+        stored = pack_bytes(repo)
+        restored = repo.load(ids[-1])
+        report = repo.read_commit(ids[-1]).lossy
+    exact_loss = train_one_epoch_from(states[-1], mode)
+    lossy_loss = train_one_epoch_from(restored, mode)
+    worst = max(report.values(), key=lambda r: r["rel_rms_error"]) if report else {}
+    print(f"\nlossy tier '{preset}', MiniLM {mode} layers, {len(states)} checkpoints  (raw {raw / MB:.1f} MB)")
+    print(f"  stored/raw {stored / raw:.4f}  ({raw / stored:.1f}x smaller)")
+    print(f"  {len(report)} tensors lossy in the last commit")
+    print(f"  worst relative RMS error {worst.get('rel_rms_error', 0):.4f} ({worst.get('codec', '-')})")
+    change = (lossy_loss - exact_loss) / exact_loss
+    print(f"  loss of one more epoch: from the exact state {exact_loss:.5f}, from the lossy checkout {lossy_loss:.5f}")
+    print(f"  difference {100 * change:+.3f} %")
+    results[f"lossy-{mode}"] = {
+        "preset": preset,
+        "stored_over_raw": stored / raw,
+        "times_smaller": raw / stored,
+        "exact_resume_loss": exact_loss,
+        "lossy_resume_loss": lossy_loss,
+        "relative_loss_change": change,
+    }
+
+
 def keyframe_sweep(workdir: Path, repeats: int, results: dict[str, Any]) -> None:
     """Stored size and restore time of the last commit against the keyframe interval."""
     from minilm_data import cached_sequence
@@ -340,8 +375,9 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--random-mb", type=int, default=256)
-    parser.add_argument("--cases", default="all,last2,fp32,bf16,random", help="comma-separated subset")
+    parser.add_argument("--cases", default="all,last2,fp32,bf16,random,lossy", help="comma-separated subset")
     parser.add_argument("--keyframe-sweep", action="store_true")
+    parser.add_argument("--lossy-preset", default="compact-q4")
     parser.add_argument("--json", type=Path, help="also write the figures here")
     parser.add_argument("--workdir", type=Path)
     args = parser.parse_args(argv)
@@ -355,6 +391,8 @@ def main(argv: list[str] | None = None) -> None:
         for key, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
             if key in cases:
                 weights_case(dtype, workdir, args.repeats, results)
+        if "lossy" in cases:
+            lossy_case("all", args.lossy_preset, workdir, results)
         if "random" in cases:
             random_case(args.random_mb, workdir, args.repeats, results)
         if args.keyframe_sweep:

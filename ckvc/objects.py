@@ -110,7 +110,15 @@ class Commit:
     metrics: Mapping[str, float] = field(default_factory=dict)
     metadata: Mapping[str, str] = field(default_factory=dict)
     pickled: bool = False  # holds pickled values: refused on read unless allowed
+    # Tensors stored by the opt-in lossy tier: path -> {"codec", "max_abs_error",
+    # "rms_error", "rel_rms_error"}. Encoded only when non-empty, so exact commits
+    # keep the layout (and ids) of format version 1.
+    lossy: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     id: str = ""  # filled in when read from or written to a store; not encoded
+
+    @property
+    def is_lossy(self) -> bool:
+        return bool(self.lossy)
 
     def encode(self) -> bytes:
         return pack_canonical(
@@ -125,14 +133,27 @@ class Commit:
                 "metrics": {k: float(self.metrics[k]) for k in sorted(self.metrics)},
                 "metadata": {k: self.metadata[k] for k in sorted(self.metadata)},
                 "pickled": self.pickled,
+                **({"lossy": self._lossy_map()} if self.lossy else {}),
             }
         )
+
+    def _lossy_map(self) -> dict[str, dict[str, Any]]:
+        return {path: {k: self.lossy[path][k] for k in sorted(self.lossy[path])} for path in sorted(self.lossy)}
 
     @classmethod
     def decode(cls, data: bytes | bytearray | memoryview, oid: str = "") -> Commit:
         obj = _unpack(data, "commit")
-        _check_fields(
-            obj, "commit", ("v", "tree", "parents", "author", "time", "message", "metrics", "metadata", "pickled")
+        fields = ("v", "tree", "parents", "author", "time", "message", "metrics", "metadata", "pickled")
+        _check_fields(obj, "commit", (*fields, "lossy") if isinstance(obj, dict) and "lossy" in obj else fields)
+        lossy = obj.get("lossy", {})
+        _require(
+            isinstance(lossy, dict)
+            and all(
+                isinstance(k, str) and isinstance(v, dict) and isinstance(v.get("codec"), str) for k, v in lossy.items()
+            )
+            and (lossy != {} or "lossy" not in obj),
+            "commit",
+            "bad lossy field",
         )
         ok = (
             _is_id(obj["tree"])
@@ -159,6 +180,7 @@ class Commit:
             metrics=obj["metrics"],
             metadata=obj["metadata"],
             pickled=obj["pickled"],
+            lossy=lossy,
             id=oid,
         )
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import atexit
 import collections
 import dataclasses
+import fnmatch
 import getpass
 import heapq
 import math
@@ -28,7 +29,10 @@ import torch
 
 from ckvc import state as state_mod
 from ckvc.chunking import chunk_spans
-from ckvc.codecs import DELTA, DeltaBase, layout_for, make_codec
+from ckvc.codecs import DELTA, QUANT, DeltaBase, layout_for, make_codec
+from ckvc.codecs.lossy import DTYPE_CODES as LOSSY_DTYPES
+from ckvc.codecs.lossy import MODES as LOSSY_MODES
+from ckvc.codecs.lossy import quantize
 from ckvc.config import RepoConfig
 from ckvc.errors import (
     CkvcError,
@@ -63,8 +67,18 @@ ProgressCallback = Callable[[int, int], None]
 
 
 # What encoding one chunk produced: id, codec (-1: already stored), payload, the
-# delta base it uses, and whether a delta base was offered at all.
-_Encoded = tuple[bytes, int, Any, bytes | None, bool]
+# base it uses, whether a delta base was offered at all, and for a quantized
+# chunk (max abs error, sum of squared errors, sum of squared values).
+_Encoded = tuple[bytes, int, Any, bytes | None, bool, tuple[float, float, float] | None]
+# Tensors smaller than this stay exact under any lossy spec: step counters and
+# scalars cost nothing and must not drift.
+MIN_LOSSY_ELEMENTS = 4096
+LOSSY_PRESETS: dict[str, dict[str, str]] = {
+    "optimizer-q8": {"optimizer.*": "q8"},
+    "optimizer-q4": {"optimizer.*": "q4"},
+    "compact-q4": {"optimizer.*": "q4", "model.*": "residual-q4"},
+}
+LossySpec = str | Mapping[str, str] | None
 
 
 @dataclass
@@ -337,6 +351,7 @@ class Repo:
         retain: bool | None = None,
         blocking: Literal[True] = True,
         progress: ProgressCallback | None = None,
+        lossy: LossySpec = None,
     ) -> str: ...
 
     @overload
@@ -352,6 +367,7 @@ class Repo:
         retain: bool | None = None,
         blocking: Literal[False],
         progress: ProgressCallback | None = None,
+        lossy: LossySpec = None,
     ) -> PendingCommit: ...
 
     def commit(
@@ -366,6 +382,7 @@ class Repo:
         retain: bool | None = None,
         blocking: bool = True,
         progress: ProgressCallback | None = None,
+        lossy: LossySpec = None,
     ) -> str | PendingCommit:
         """Store ``state`` as a new commit on the current branch (or detached HEAD)
         and return its id. Everything is durable before the branch moves.
@@ -374,6 +391,12 @@ class Repo:
         weight average was made from); HEAD's commit stays the first parent.
         ``retain`` applies the stored retention policy afterwards (default: when
         the policy says ``auto``).
+
+        ``lossy`` (opt-in, never the default) stores matching float tensors
+        quantized: ``{"optimizer.*": "q4", "model.*": "residual-q4"}`` (glob
+        patterns over tensor paths; modes q8, q4, residual-q8, residual-q4) or a
+        preset name (LOSSY_PRESETS). The commit records which tensors are lossy
+        and their measured errors (``Commit.lossy``).
 
         ``blocking=False`` returns a PendingCommit as soon as the state's bytes
         are copied, so training may change its tensors at once; the commit is
@@ -394,6 +417,7 @@ class Repo:
             clean_metadata = validate_metadata(metadata)
         except ValueError as exc:
             raise InvalidInputError(str(exc)) from None
+        self._lossy_modes([], lossy)  # a bad spec fails here, before any work
         tree, pending, pickled = state_mod.encode_state(state, allow_pickle=allow_pickle)
         if not blocking:
             # Own the bytes now: the caller may mutate its tensors as soon as we return.
@@ -401,11 +425,23 @@ class Repo:
             future = self._committer().submit(
                 self._write_commit,
                 tree, owned, pickled, message, clean_metrics, clean_metadata, merge, policy, retain, progress, started,
+                lossy,
             )  # fmt: skip
             self._pending.append(future)
             return PendingCommit(future)
         return self._write_commit(
-            tree, pending, pickled, message, clean_metrics, clean_metadata, merge, policy, retain, progress, started
+            tree,
+            pending,
+            pickled,
+            message,
+            clean_metrics,
+            clean_metadata,
+            merge,
+            policy,
+            retain,
+            progress,
+            started,
+            lossy,
         )
 
     def _write_commit(
@@ -421,15 +457,17 @@ class Repo:
         retain: bool | None,
         progress: ProgressCallback | None,
         started: float,
+        lossy: LossySpec = None,
     ) -> str:
         stats = CommitStats(commit="")
+        lossy_report: dict[str, dict[str, Any]] = {}
         # The pin keeps gc from removing anything this commit deduplicates against
         # until its branch has moved (gc then sees the commit from the refs).
         with self.store.pin(), self.store.writer(self._codec, self.config.max_pack_size) as writer:
             target, parent = self.refs.head()
             extra_parents = tuple(dict.fromkeys(self.resolve(r) for r in merge))
             parent_blobs = self._delta_candidates(parent)
-            blobs = self._store_blobs(writer, pending, stats, progress, parent_blobs)
+            blobs = self._store_blobs(writer, pending, stats, progress, parent_blobs, lossy, lossy_report)
             snapshot_id = writer.put(ObjectType.SNAPSHOT, Snapshot(tuple(blobs), tree).encode())
             commit = Commit(
                 tree=snapshot_id.hex(),
@@ -440,6 +478,7 @@ class Repo:
                 metrics=clean_metrics,
                 metadata=clean_metadata,
                 pickled=pickled,
+                lossy=lossy_report,
             )
             commit_id = writer.put(ObjectType.COMMIT, commit.encode()).hex()
             writer.commit()
@@ -511,6 +550,40 @@ class Repo:
             _, losses = self._delta_backoff.get(path, (0, 0))
             self._delta_backoff[path] = (1 << min(losses, 3), losses + 1)
 
+    @staticmethod
+    def _lossy_modes(pending: Sequence[PendingBlob], lossy: LossySpec) -> list[str | None]:
+        """The lossy mode of each blob (None: exact) from a spec of glob patterns
+        over tensor paths, or a preset name. The first matching pattern wins."""
+        if lossy is None:
+            return [None] * len(pending)
+        if isinstance(lossy, str):
+            if lossy not in LOSSY_PRESETS:
+                raise InvalidInputError(f"unknown lossy preset {lossy!r}; known: {sorted(LOSSY_PRESETS)}")
+            lossy = LOSSY_PRESETS[lossy]
+        for pattern, mode in lossy.items():
+            if mode not in LOSSY_MODES:
+                raise InvalidInputError(f"unknown lossy mode {mode!r} for {pattern!r}; known: {sorted(LOSSY_MODES)}")
+        modes: list[str | None] = []
+        for blob in pending:
+            matched = next((m for p, m in lossy.items() if fnmatch.fnmatchcase(blob.path, p)), None)
+            eligible = blob.dtype in LOSSY_DTYPES and len(blob.data) // blob.itemsize >= MIN_LOSSY_ELEMENTS
+            modes.append(matched if eligible else None)
+        return modes
+
+    def _quantize(self, view: memoryview, dtype: str, mode: str, parent_chunk: bytes | None) -> _Encoded | None:
+        """A quantized chunk, or None to store it exactly: a residual mode without
+        an exact keyframe to build on stores the chunk whole (it becomes one)."""
+        bits, residual = LOSSY_MODES[mode]
+        keyframe = self._delta_base(parent_chunk) if residual else None
+        if residual and keyframe is None:
+            return None
+        result = quantize(view, dtype, bits, keyframe.plain if keyframe else None, keyframe.age + 1 if keyframe else 1)
+        if result is None:
+            return None  # non-finite values: kept exact
+        oid = object_id(ObjectType.CHUNK, result.plain.data)
+        error = (result.max_abs_error, result.sum_sq_error, result.sum_sq_value)
+        return oid, QUANT, result.payload, keyframe.oid if keyframe else None, False, error
+
     def _store_blobs(
         self,
         writer: ObjectWriter,
@@ -518,22 +591,31 @@ class Repo:
         stats: CommitStats,
         progress: ProgressCallback | None,
         parent_blobs: Mapping[str, Blob] | None = None,
+        lossy: LossySpec = None,
+        lossy_report: dict[str, dict[str, Any]] | None = None,
     ) -> list[Blob]:
         """Hash and encode chunks on the pool; append them in order on this thread.
         At most a few chunks are in flight, so memory stays bounded. A chunk whose
         tensor existed in the parent with the same dtype and size may be stored
         as a delta against the parent's chunk at the same offset."""
         parent_blobs = parent_blobs or {}
+        lossy_report = {} if lossy_report is None else lossy_report
 
-        def work(view: memoryview, layout: Any, parent_chunk: bytes | None) -> _Encoded:
+        def work(view: memoryview, layout: Any, parent_chunk: bytes | None, dtype: str, mode: str | None) -> _Encoded:
+            if mode is not None:
+                quantized = self._quantize(view, dtype, mode, parent_chunk)
+                if quantized is not None:
+                    return (
+                        quantized if writer.wants(quantized[0]) else (quantized[0], -1, None, None, False, quantized[5])
+                    )
             oid = object_id(ObjectType.CHUNK, view)
             if not writer.wants(oid):
-                return oid, -1, None, None, False
+                return oid, -1, None, None, False, None
             base = self._delta_base(parent_chunk)
             codec_id, payload = writer.encode(view, layout, base)
             if base is None:
-                return oid, codec_id, payload, None, False
-            return oid, codec_id, payload, base.oid if codec_id == DELTA else None, True
+                return oid, codec_id, payload, None, False, None
+            return oid, codec_id, payload, base.oid if codec_id == DELTA else None, True, None
 
         total = sum(len(b.data) for b in pending)
         done = 0
@@ -546,12 +628,17 @@ class Repo:
 
         delta_tried = [False] * len(pending)
         delta_won = [False] * len(pending)
+        modes = self._lossy_modes(pending, lossy)
+        errors: dict[int, tuple[float, float, float, int]] = {}
 
         def drain_one() -> None:
             nonlocal done
             blob_index, fut, raw_size = in_flight.popleft()
-            oid, codec_id, payload, base_oid, offered = fut.result()
+            oid, codec_id, payload, base_oid, offered, error = fut.result()
             delta_tried[blob_index] |= offered
+            if error is not None:
+                max_abs, sq_err, sq_val, count = errors.get(blob_index, (0.0, 0.0, 0.0, 0))
+                errors[blob_index] = (max(max_abs, error[0]), sq_err + error[1], sq_val + error[2], count + raw_size)
             chunk_ids[blob_index].append(oid)
             delta_won[blob_index] |= codec_id == DELTA
             stats.chunks += 1
@@ -575,12 +662,13 @@ class Repo:
                 if (
                     before is not None
                     and (before.dtype, before.nbytes, before.chunk_size) == (blob.dtype, len(blob.data), chunk_size)
-                    and self._tries_delta(blob.path)
+                    and (modes[index] is not None or self._tries_delta(blob.path))
                 ):
                     bases = before.chunks
                 for i, (start, end) in enumerate(chunk_spans(len(blob.data), chunk_size)):
                     base_oid = bases[i] if i < len(bases) else None
-                    in_flight.append((index, self._submit(work, blob.data[start:end], layout, base_oid), end - start))
+                    task = self._submit(work, blob.data[start:end], layout, base_oid, blob.dtype, modes[index])
+                    in_flight.append((index, task, end - start))
                     if len(in_flight) >= max_in_flight:
                         drain_one()
             while in_flight:
@@ -591,6 +679,14 @@ class Repo:
         for index, blob in enumerate(pending):
             if delta_tried[index]:
                 self._record_delta_outcome(blob.path, delta_won[index])
+        for index, (max_abs, sq_err, sq_val, nbytes) in sorted(errors.items()):
+            elements = nbytes // pending[index].itemsize
+            lossy_report[pending[index].path] = {
+                "codec": str(modes[index]),
+                "max_abs_error": max_abs,
+                "rms_error": math.sqrt(sq_err / elements) if elements else 0.0,
+                "rel_rms_error": math.sqrt(sq_err / sq_val) if sq_val else 0.0,
+            }
         return [
             Blob(b.path, b.dtype, len(b.data), self._chunk_size_for(b.itemsize), tuple(ids))
             for b, ids in zip(pending, chunk_ids, strict=True)
