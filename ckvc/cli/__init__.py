@@ -69,6 +69,7 @@ def _commit_json(c: Commit) -> dict[str, Any]:
         "metrics": {k: _jsonable(v) for k, v in c.metrics.items()},
         "metadata": dict(c.metadata),
         "pickled": c.pickled,
+        "lossy": {path: dict(report) for path, report in c.lossy.items()},
     }
 
 
@@ -179,10 +180,23 @@ def _parse_pairs(pairs: tuple[str, ...], what: str) -> dict[str, str]:
 @click.option("-m", "--message", default="", help="Commit message.")
 @click.option("--metric", "metrics", multiple=True, metavar="K=V", help="A metric, e.g. --metric val_loss=0.31.")
 @click.option("--meta", "meta", multiple=True, metavar="K=V", help="A metadata string.")
+@click.option(
+    "--lossy",
+    "lossy",
+    multiple=True,
+    metavar="PRESET|GLOB=MODE",
+    help="Opt-in lossy storage: a preset (optimizer-q8, optimizer-q4, compact-q4) or e.g. 'optimizer.*=q4'.",
+)
 @json_option
 @click.pass_obj
 def commit(
-    obj: Context, path: Path, message: str, metrics: tuple[str, ...], meta: tuple[str, ...], as_json: bool
+    obj: Context,
+    path: Path,
+    message: str,
+    metrics: tuple[str, ...],
+    meta: tuple[str, ...],
+    lossy: tuple[str, ...],
+    as_json: bool,
 ) -> None:
     """Commit a checkpoint: a torch.save file, a .safetensors file, or a directory of them."""
     metric_values: dict[str, float] = {}
@@ -196,8 +210,15 @@ def commit(
         path = Path(obj.directory) / path
     state, source_meta = read_checkpoint(path)
     metadata = {**source_meta, **_parse_pairs(meta, "--meta")}
+    lossy_spec: str | dict[str, str] | None = None
+    if len(lossy) == 1 and "=" not in lossy[0]:
+        lossy_spec = lossy[0]
+    elif lossy:
+        lossy_spec = _parse_pairs(lossy, "--lossy")
     with _progress_bar("commit", not as_json) as progress:
-        commit_id = repo.commit(state, message=message, metrics=metric_values, metadata=metadata, progress=progress)
+        commit_id = repo.commit(
+            state, message=message, metrics=metric_values, metadata=metadata, progress=progress, lossy=lossy_spec
+        )
     stats = repo.last_commit_stats
     assert stats is not None
     branch, _ = repo.head()
@@ -211,6 +232,7 @@ def commit(
                 "new_chunks": stats.new_chunks,
                 "stored_bytes": stats.stored_bytes,
                 "seconds": stats.seconds,
+                "lossy": {p: dict(r) for p, r in repo.read_commit(commit_id).lossy.items()},
             }
         )
     else:
@@ -249,7 +271,7 @@ def log(obj: Context, rev: str, oneline: bool, max_count: int | None, as_json: b
     for c in commits:
         deco = f" ({', '.join(labels[c.id])})" if c.id in labels else ""
         first_line = c.message.splitlines()[0] if c.message else ""
-        mark = " [pruned]" if c.id in pruned else ""
+        mark = (" [pruned]" if c.id in pruned else "") + (" [lossy]" if c.is_lossy else "")
         if oneline:
             metrics = f"  [{_metrics_text(c.metrics)}]" if c.metrics else ""
             click.echo(f"{c.id[:12]}{deco}{mark} {first_line}{metrics}")
@@ -316,6 +338,13 @@ def show(obj: Context, rev: str, as_json: bool) -> None:
         f"{human_bytes(info.stored_bytes)} stored"
     )
     _echo_codecs(info.by_codec)
+    if c.lossy:
+        click.echo(f"LOSSY: {len(c.lossy)} tensors stored quantized (the rest exactly):")
+        for path, report in c.lossy.items():
+            click.echo(
+                f"  {path}  {report['codec']}  max abs error {report['max_abs_error']:.3g}  "
+                f"relative RMS error {report['rel_rms_error']:.3g}"
+            )
     width = max((len(t.path) for t in info.tensors), default=0)
     for t in info.tensors:
         click.echo(f"  {t.path:<{width}}  {t.dtype:<10} {list(t.shape)!s:<20} {human_bytes(t.nbytes):>10}")
