@@ -126,7 +126,7 @@ def bind(fn: Callable[[bytes], Any], arg: bytes) -> Callable[[], Any]:
 
 def zipnn_per_file(files: Sequence[bytes], dtype: str, repeats: int) -> CodecFigures | None:
     try:
-        import zipnn  # type: ignore[import-untyped]
+        import zipnn
     except ImportError:
         log("zipnn is not installed: its rows are skipped (pip install -e '.[bench]')")
         return None
