@@ -136,8 +136,23 @@ def run_fsck(
             if progress is not None:
                 progress(done, total)
 
+    def _check_chain(chunk: bytes, where: str) -> None:
+        """A delta (or lossy residual) needs its base: present, and reachable too."""
+        try:
+            base = store.base_info(chunk).base
+        except (CorruptObjectError, ObjectNotFoundError) as exc:
+            add(BAD_CHECKSUM, chunk.hex(), f"chunk of {where}: {exc}")
+            return
+        if base is None or base in reachable:
+            return
+        reachable.add(base)
+        if not store.has(base):
+            add(MISSING_OBJECT, base.hex(), f"delta base of chunk {chunk.hex()} ({where}) is missing")
+            return
+        _check_chain(base, where)
+
     # 3. Refs and the commit graph; from "metadata" on, each unpruned commit's
-    #    snapshot and the presence of every chunk it needs.
+    #    snapshot and the presence of every chunk it needs, delta bases included.
     damaged_refs: list[str] = []
     tips = repo.ref_tips(include_reflogs=False, damaged=damaged_refs)
     for detail in damaged_refs:
@@ -173,9 +188,13 @@ def run_fsck(
             continue
         for blob in snapshot.blobs:
             for chunk in blob.chunks:
+                if chunk in reachable:
+                    continue
                 reachable.add(chunk)
                 if not store.has(chunk):
                     add(MISSING_OBJECT, chunk.hex(), f"chunk of tensor {blob.path!r} in commit {oid} is missing")
+                    continue
+                _check_chain(chunk, f"tensor {blob.path!r} in commit {oid}")
 
     # 4. Objects nothing reaches (released by retention, or left by crashes): gc
     #    reclaims them. Only meaningful when the graph walk met no damage.
