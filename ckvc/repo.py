@@ -170,6 +170,22 @@ def _default_author() -> str:
     return f"{user}@{socket.gethostname()}"
 
 
+def _thread_count(threads: int | None) -> int:
+    """Worker threads for the chunk pipeline: ``threads``, else $CKVC_THREADS, else
+    one per core. 1 runs every step inline, on the calling thread."""
+    if threads is None:
+        env = os.environ.get("CKVC_THREADS", "").strip()
+        if not env:
+            return os.cpu_count() or 2
+        try:
+            threads = int(env)
+        except ValueError:
+            raise InvalidInputError(f"CKVC_THREADS must be a positive integer, got {env!r}") from None
+    if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
+        raise InvalidInputError(f"threads must be a positive integer, got {threads!r}")
+    return threads
+
+
 def find_repo_root(start: str | os.PathLike[str]) -> Path:
     """The directory holding ``.ckvc``, searching ``start`` and its parents like git."""
     path = Path(start).resolve()
@@ -184,8 +200,9 @@ def find_repo_root(start: str | os.PathLike[str]) -> Path:
 class Repo:
     """A ckvc repository: ``path/.ckvc`` holding packs, an index, refs and config."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, *, threads: int | None = None) -> None:
         self.path = root
+        self.threads = _thread_count(threads)
         self.dir = root / REPO_DIR
         self.config = RepoConfig.load(self.dir)
         self.store = ObjectStore(self.dir)
@@ -210,11 +227,13 @@ class Repo:
         codec: Mapping[str, Any] | None = None,
         default_branch: str = "main",
         keyframe_interval: int | None = None,
+        threads: int | None = None,
     ) -> Repo:
         """Create ``path/.ckvc`` (and ``path`` if needed). Built in a temporary
         directory and renamed into place, so a crash leaves no half repository.
         ``codec``: ``{"name": "auto"|"zstd"|"raw", "level": n}``; ``keyframe_interval``:
-        how often a tensor's chunks are stored whole, deltas in between (1: no deltas)."""
+        how often a tensor's chunks are stored whole, deltas in between (1: no deltas).
+        ``threads``: as for ``Repo.open``."""
         root = Path(path).resolve()
         target = root / REPO_DIR
         if target.exists():
@@ -249,12 +268,14 @@ class Repo:
         except BaseException:
             shutil.rmtree(staging, ignore_errors=True)
             raise
-        return cls(root)
+        return cls(root, threads=threads)
 
     @classmethod
-    def open(cls, path: str | os.PathLike[str] = ".") -> Repo:
-        """Open the repository at ``path`` or in one of its parents."""
-        return cls(find_repo_root(path))
+    def open(cls, path: str | os.PathLike[str] = ".", *, threads: int | None = None) -> Repo:
+        """Open the repository at ``path`` or in one of its parents. ``threads``:
+        worker threads for hashing, encoding and decoding chunks (default
+        $CKVC_THREADS, else one per core; 1 runs serially, with the same results)."""
+        return cls(find_repo_root(path), threads=threads)
 
     def close(self) -> None:
         """Finish pending background commits (raising the first error), then close."""
@@ -306,21 +327,24 @@ class Repo:
 
     def _submit(self, fn: Callable[..., Any], *args: Any) -> Future[Any]:
         """Run ``fn`` on the pool; inline once the interpreter is shutting down
-        (a background commit finishing at exit can no longer use the pool)."""
-        try:
-            return self.pool.submit(fn, *args)
-        except RuntimeError:
-            future: Future[Any] = Future()
+        (a background commit finishing at exit can no longer use the pool), and
+        always when the repository runs serially (``threads=1``)."""
+        if self.threads > 1:
             try:
-                future.set_result(fn(*args))
-            except BaseException as exc:
-                future.set_exception(exc)
-            return future
+                return self.pool.submit(fn, *args)
+            except RuntimeError:
+                pass
+        future: Future[Any] = Future()
+        try:
+            future.set_result(fn(*args))
+        except BaseException as exc:
+            future.set_exception(exc)
+        return future
 
     @property
     def pool(self) -> ThreadPoolExecutor:
         if self._pool is None:
-            self._pool = ThreadPoolExecutor(max_workers=os.cpu_count() or 2, thread_name_prefix="ckvc")
+            self._pool = ThreadPoolExecutor(max_workers=self.threads, thread_name_prefix="ckvc")
         return self._pool
 
     # ---- commit -------------------------------------------------------------
