@@ -418,10 +418,15 @@ class Repo:
             clean_metadata = validate_metadata(metadata)
         except ValueError as exc:
             raise InvalidInputError(str(exc)) from None
-        tree, pending, pickled = state_mod.encode_state(state, allow_pickle=allow_pickle)
+        # Async: GPU tensors go to pinned host memory (when CUDA is present).
+        tree, pending, pickled = state_mod.encode_state(state, allow_pickle=allow_pickle, pin_memory=not blocking)
         if not blocking:
             # Own the bytes now: the caller may mutate its tensors as soon as we return.
-            owned = [dataclasses.replace(b, data=memoryview(bytearray(b.data)), owner=None) for b in pending]
+            # Blobs that already are private copies (from a GPU, made contiguous) are kept as they are.
+            owned = [
+                b if b.private else dataclasses.replace(b, data=memoryview(bytearray(b.data)), owner=None, private=True)
+                for b in pending
+            ]
             future = self._committer().submit(
                 self._write_commit,
                 tree, owned, pickled, message, clean_metrics, clean_metadata, merge, policy, retain, progress, started,

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import io
 import os
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -13,6 +15,7 @@ import torch
 from helpers import assert_state_equal
 
 import ckvc
+from ckvc import state as state_mod
 from ckvc.storage.packs import list_packs, pack_entries, parse_record
 
 CHUNK = 4096  # small chunks: every test tensor spans several
@@ -81,3 +84,64 @@ def test_thread_count_setting(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
     for bad in (0, -1, True, 1.5):
         with pytest.raises(ckvc.InvalidInputError):
             ckvc.Repo.open(tmp_path, threads=bad)  # type: ignore[arg-type]
+
+
+# ---- async copies (pinned memory on CUDA) ------------------------------------
+
+
+def test_async_commit_copies_cpu_tensors_once(repo: ckvc.Repo, monkeypatch: pytest.MonkeyPatch) -> None:
+    contiguous = torch.arange(3000, dtype=torch.float32)
+    strided = torch.arange(6000, dtype=torch.float32).reshape(60, 100).t()  # .contiguous() copies it
+    state = {"a": contiguous, "b": strided}
+    _, blobs, _ = state_mod.encode_state(state, pin_memory=True)
+    assert [b.private for b in blobs] == [False, True]
+    assert not any(b.owner.is_pinned() for b in blobs)  # no CUDA here: plain host memory
+    assert blobs[0].owner.data_ptr() == contiguous.data_ptr()
+
+    copies: list[int] = []
+    real_bytearray = bytearray
+
+    def counting_bytearray(data: Any) -> bytearray:
+        copies.append(len(data))
+        return real_bytearray(data)
+
+    monkeypatch.setattr("builtins.bytearray", counting_bytearray)
+    want = {k: v.clone() for k, v in state.items()}
+    pending = repo.commit(state, blocking=False)
+    monkeypatch.undo()
+    contiguous.add_(1)  # mutate at once
+    strided.add_(1)
+    commit_id = pending.result()
+    assert copies == [3000 * 4]  # only the tensor still shared with the caller was copied
+    assert_state_equal(repo.load(commit_id), want)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_async_commit_of_cuda_tensors_uses_pinned_memory(repo: ckvc.Repo) -> None:
+    w = torch.randn(1000, device="cuda")
+    _, blobs, _ = state_mod.encode_state({"w": w}, pin_memory=True)
+    assert blobs[0].private and blobs[0].owner.is_pinned()
+    want = w.cpu()
+    pending = repo.commit({"w": w}, blocking=False)
+    w.add_(1)
+    assert torch.equal(repo.load(pending.result(), map_location="cpu")["w"], want)
+
+
+# ---- progress in the CLI -----------------------------------------------------
+
+
+def test_cli_progress_bar_shows_on_a_terminal(monkeypatch: pytest.MonkeyPatch) -> None:
+    from ckvc.cli import _progress_bar
+
+    class Tty(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    err = Tty()
+    monkeypatch.setattr(sys, "stderr", err)
+    with _progress_bar("checkout", True) as update:
+        assert update is not None
+        update(512 << 10, 1 << 20)
+    assert "checkout" in err.getvalue() and "512k" in err.getvalue().lower()
+    with _progress_bar("checkout", False) as update:  # --json
+        assert update is None
