@@ -12,6 +12,7 @@ from ckvc.errors import (
     RefConflictError,
     RefNotFoundError,
     RepositoryLockedError,
+    UnknownKeyError,
     UnsafeContentError,
     UnsupportedFormatError,
     UnsupportedTypeError,
@@ -19,6 +20,7 @@ from ckvc.errors import (
 from ckvc.objects import Commit, Tag
 from ckvc.repo import CommitInfo, CommitStats, Repo, StateDiff, TensorChange, TensorSummary
 from ckvc.state import rng_state, set_rng_state
+from ckvc.view import CommitView
 
 __version__ = "0.1.0"
 
@@ -27,6 +29,7 @@ __all__ = [
     "Commit",
     "CommitInfo",
     "CommitStats",
+    "CommitView",
     "CorruptObjectError",
     "InvalidInputError",
     "InvalidRefNameError",
@@ -42,6 +45,7 @@ __all__ = [
     "Tag",
     "TensorChange",
     "TensorSummary",
+    "UnknownKeyError",
     "UnsafeContentError",
     "UnsupportedFormatError",
     "UnsupportedTypeError",

@@ -123,6 +123,19 @@ class InvalidInputError(CkvcError, ValueError):
     exit_code = 14
 
 
+class UnknownKeyError(InvalidInputError, KeyError):
+    """A path asked for (``load(keys=...)``, ``view[path]``) that the commit does not hold."""
+
+    exit_code = 16
+
+    def __init__(self, message: str, keys: tuple[str, ...] = ()) -> None:
+        self.keys = keys
+        super().__init__(message)
+
+    def __str__(self) -> str:  # KeyError would quote the message
+        return str(self.args[0]) if self.args else ""
+
+
 __all__ = [
     "CkvcError",
     "CorruptObjectError",
@@ -135,6 +148,7 @@ __all__ = [
     "RefConflictError",
     "RefNotFoundError",
     "RepositoryLockedError",
+    "UnknownKeyError",
     "UnsafeContentError",
     "UnsupportedFormatError",
     "UnsupportedTypeError",

@@ -21,7 +21,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import wait as futures_wait
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, overload
+from typing import TYPE_CHECKING, Any, Literal, Protocol, overload
 
 import numpy as np
 import torch
@@ -53,6 +53,7 @@ from ckvc.storage.object_store import ObjectStore, ObjectWriter
 if TYPE_CHECKING:
     from ckvc.gc import GcReport
     from ckvc.retention import RetentionPlan, RetentionPolicy
+    from ckvc.view import CommitView
 
 REPO_DIR = ".ckvc"
 MIN_PREFIX = 4
@@ -186,6 +187,39 @@ def _thread_count(threads: int | None) -> int:
     return threads
 
 
+class _OpenRepo(Protocol):
+    def __call__(self, path: str | os.PathLike[str] = ".", *, threads: int | None = None) -> Repo: ...
+
+
+class _OpenView(Protocol):
+    def __call__(
+        self,
+        rev: str = "HEAD",
+        map_location: MapLocation = None,
+        *,
+        allow_pickle: bool = False,
+        progress: ProgressCallback | None = None,
+    ) -> CommitView: ...
+
+
+class _RepoOrCommit:
+    """``Repo.open(path)`` on the class opens a repository; ``repo.open(rev)`` on an
+    instance opens a commit, as ``repo.view(rev)`` does (docs/DESIGN.md, "Lazy
+    views and partial loads")."""
+
+    @overload
+    def __get__(self, instance: None, owner: type[Repo]) -> _OpenRepo: ...
+
+    @overload
+    def __get__(self, instance: Repo, owner: type[Repo] | None = None) -> _OpenView: ...
+
+    def __get__(self, instance: Repo | None, owner: type[Repo] | None = None) -> _OpenRepo | _OpenView:
+        if instance is not None:
+            return instance.view
+        assert owner is not None
+        return owner._open_repository
+
+
 def find_repo_root(start: str | os.PathLike[str]) -> Path:
     """The directory holding ``.ckvc``, searching ``start`` and its parents like git."""
     path = Path(start).resolve()
@@ -271,11 +305,14 @@ class Repo:
         return cls(root, threads=threads)
 
     @classmethod
-    def open(cls, path: str | os.PathLike[str] = ".", *, threads: int | None = None) -> Repo:
+    def _open_repository(cls, path: str | os.PathLike[str] = ".", *, threads: int | None = None) -> Repo:
         """Open the repository at ``path`` or in one of its parents. ``threads``:
         worker threads for hashing, encoding and decoding chunks (default
         $CKVC_THREADS, else one per core; 1 runs serially, with the same results)."""
         return cls(find_repo_root(path), threads=threads)
+
+    # Repo.open(path) opens a repository; repo.open(rev) opens a commit (= repo.view(rev)).
+    open = _RepoOrCommit()
 
     def close(self) -> None:
         """Finish pending background commits (raising the first error), then close."""
@@ -647,8 +684,20 @@ class Repo:
         *,
         allow_pickle: bool = False,
         progress: ProgressCallback | None = None,
+        keys: Iterable[str] | None = None,
+        prefix: str | None = None,
     ) -> Any:
-        """The state stored in ``rev``; HEAD does not move. Every byte is verified."""
+        """The state stored in ``rev``; HEAD does not move. Every byte is verified.
+
+        With ``keys`` (leaf paths as ``show`` lists them, "model.layer.0.weight")
+        and/or ``prefix`` ("model."): only those leaves, as a flat dict by path,
+        reading only the chunks they cover. UnknownKeyError (a KeyError) for a
+        key the commit does not hold."""
+        if keys is not None or prefix is not None:
+            from ckvc.view import open_view
+
+            view = open_view(self, rev, map_location, allow_pickle=allow_pickle, progress=progress)
+            return view.load(keys, prefix=prefix)
         commit = self.read_commit(self.resolve(rev))
         self._check_not_pruned(commit.id)
         if commit.pickled and not allow_pickle:
@@ -665,6 +714,22 @@ class Repo:
             return bases[index]
 
         return state_mod.decode_state(snapshot.tree, load_blob, allow_pickle=allow_pickle, map_location=map_location)
+
+    def view(
+        self,
+        rev: str = "HEAD",
+        map_location: MapLocation = None,
+        *,
+        allow_pickle: bool = False,
+        progress: ProgressCallback | None = None,
+    ) -> CommitView:
+        """A lazy, read-only mapping of ``rev``'s tensors by path (also ``repo.open(rev)``).
+        Opening it reads the snapshot only; ``view[path]`` reads and verifies only
+        that tensor's chunks. ``view.info(path)``, ``view.non_tensors``, ``view.commit``,
+        ``view.load(keys, prefix=...)``. Pruned commits and pickles as in ``load``."""
+        from ckvc.view import open_view
+
+        return open_view(self, rev, map_location, allow_pickle=allow_pickle, progress=progress)
 
     def _read_blobs(
         self, commit: Commit, blobs: Sequence[Blob], progress: ProgressCallback | None = None

@@ -477,6 +477,12 @@ def flatten(value: Any, path: str = "") -> dict[str, Any]:
     return out
 
 
+def skeleton(tree: bytes, *, allow_pickle: bool | None = False) -> Any:
+    """The state's structure with a TensorInfo in place of every tensor: reads no
+    tensor bytes. Pickled values follow ``allow_pickle`` as in ``_parse_tree``."""
+    return _parse_tree(tree, lambda info: info, allow_pickle)
+
+
 def describe_state(tree: bytes) -> dict[str, Any]:
     """Leaves by path, with TensorInfo for tensors and PickledValue for pickles;
     reads no tensor bytes and runs no pickle."""
