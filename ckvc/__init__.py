@@ -3,6 +3,7 @@
 from ckvc.errors import (
     CkvcError,
     CorruptObjectError,
+    IncompatibleStateError,
     InvalidInputError,
     InvalidRefNameError,
     InvalidRevisionError,
@@ -20,7 +21,7 @@ from ckvc.errors import (
 from ckvc.objects import Commit, Tag
 from ckvc.repo import CommitInfo, CommitStats, Repo, StateDiff, TensorChange, TensorSummary
 from ckvc.state import rng_state, set_rng_state
-from ckvc.view import CommitView
+from ckvc.view import CommitView, IncompatibleKeys
 
 __version__ = "0.1.0"
 
@@ -31,6 +32,8 @@ __all__ = [
     "CommitStats",
     "CommitView",
     "CorruptObjectError",
+    "IncompatibleKeys",
+    "IncompatibleStateError",
     "InvalidInputError",
     "InvalidRefNameError",
     "InvalidRevisionError",

@@ -136,9 +136,31 @@ class UnknownKeyError(InvalidInputError, KeyError):
         return str(self.args[0]) if self.args else ""
 
 
+class IncompatibleStateError(InvalidInputError):
+    """A stored state does not fit the objects it is loaded into (``Repo.load_into``):
+    missing or unexpected keys, or tensors whose shape or dtype differ. Raised
+    before anything is modified."""
+
+    exit_code = 17
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        missing: tuple[str, ...] = (),
+        unexpected: tuple[str, ...] = (),
+        mismatched: tuple[str, ...] = (),
+    ) -> None:
+        self.missing = missing
+        self.unexpected = unexpected
+        self.mismatched = mismatched
+        super().__init__(message)
+
+
 __all__ = [
     "CkvcError",
     "CorruptObjectError",
+    "IncompatibleStateError",
     "InvalidInputError",
     "InvalidRefNameError",
     "InvalidRevisionError",

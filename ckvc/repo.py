@@ -53,7 +53,7 @@ from ckvc.storage.object_store import ObjectStore, ObjectWriter
 if TYPE_CHECKING:
     from ckvc.gc import GcReport
     from ckvc.retention import RetentionPlan, RetentionPolicy
-    from ckvc.view import CommitView
+    from ckvc.view import CommitView, IncompatibleKeys
 
 REPO_DIR = ".ckvc"
 MIN_PREFIX = 4
@@ -730,6 +730,54 @@ class Repo:
         from ckvc.view import open_view
 
         return open_view(self, rev, map_location, allow_pickle=allow_pickle, progress=progress)
+
+    def load_into(
+        self,
+        rev: str = "HEAD",
+        *,
+        model: torch.nn.Module | None = None,
+        optimizer: torch.optim.Optimizer | None = None,
+        scheduler: Any = None,
+        strict: bool = True,
+        model_key: str | None = "model",
+        optimizer_key: str | None = "optimizer",
+        scheduler_key: str | None = "scheduler",
+        map_location: MapLocation = None,
+        allow_pickle: bool = False,
+        progress: ProgressCallback | None = None,
+    ) -> IncompatibleKeys:
+        """Restore ``rev`` into live objects, for a state committed as
+        ``{"model": model.state_dict(), "optimizer": ..., "scheduler": ...}``
+        (``*_key``: where each lives, a dotted path; None: the whole state).
+
+        The model's parameters and buffers are overwritten in place: chunks are
+        decoded straight into their memory (CPU, contiguous, same dtype), through a
+        one-chunk staging buffer otherwise (GPU, non-contiguous), never through a
+        second copy of the state. ``data_ptr()``s do not change. ``strict``: missing
+        or unexpected keys and any shape or dtype difference raise
+        IncompatibleStateError before anything is modified; ``strict=False``
+        returns the missing and unexpected keys (like ``load_state_dict``) and
+        casts dtypes, but shapes must still match. The optimizer and scheduler are
+        restored with their ``load_state_dict`` (``map_location``: where their
+        tensors are loaded first; the optimizer then follows its parameters).
+        Verified as ``load`` is; a chunk found damaged while the model is being
+        written leaves it partly written (CorruptObjectError)."""
+        from ckvc.view import load_into
+
+        return load_into(
+            self,
+            rev,
+            model=model,
+            optimizer=optimizer,
+            scheduler=scheduler,
+            strict=strict,
+            model_key=model_key,
+            optimizer_key=optimizer_key,
+            scheduler_key=scheduler_key,
+            map_location=map_location,
+            allow_pickle=allow_pickle,
+            progress=progress,
+        )
 
     def _read_blobs(
         self, commit: Commit, blobs: Sequence[Blob], progress: ProgressCallback | None = None

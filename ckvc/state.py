@@ -578,6 +578,14 @@ def allocate_blob(dtype: str, nbytes: int) -> tuple[torch.Tensor | np.ndarray, m
     return raw_t.view(torch_dtype), view
 
 
+def torch_dtype(name: str) -> torch.dtype:
+    """The torch dtype a blob's dtype name stands for."""
+    try:
+        return _TORCH_DTYPES[name]
+    except KeyError:
+        raise CorruptObjectError(f"unknown dtype {name!r}") from None
+
+
 def blob_itemsize(dtype: str) -> int:
     if dtype.startswith(NUMPY_DTYPE_PREFIX):
         return np.dtype(dtype[len(NUMPY_DTYPE_PREFIX) :]).itemsize
