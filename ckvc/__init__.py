@@ -3,6 +3,7 @@
 from ckvc.errors import (
     CkvcError,
     CorruptObjectError,
+    IncompatibleStateError,
     InvalidInputError,
     InvalidRefNameError,
     InvalidRevisionError,
@@ -12,6 +13,7 @@ from ckvc.errors import (
     RefConflictError,
     RefNotFoundError,
     RepositoryLockedError,
+    UnknownKeyError,
     UnsafeContentError,
     UnsupportedFormatError,
     UnsupportedTypeError,
@@ -19,6 +21,7 @@ from ckvc.errors import (
 from ckvc.objects import Commit, Tag
 from ckvc.repo import CommitInfo, CommitStats, Repo, StateDiff, TensorChange, TensorSummary
 from ckvc.state import rng_state, set_rng_state
+from ckvc.view import CommitView, IncompatibleKeys
 
 __version__ = "0.1.0"
 
@@ -27,7 +30,10 @@ __all__ = [
     "Commit",
     "CommitInfo",
     "CommitStats",
+    "CommitView",
     "CorruptObjectError",
+    "IncompatibleKeys",
+    "IncompatibleStateError",
     "InvalidInputError",
     "InvalidRefNameError",
     "InvalidRevisionError",
@@ -42,6 +48,7 @@ __all__ = [
     "Tag",
     "TensorChange",
     "TensorSummary",
+    "UnknownKeyError",
     "UnsafeContentError",
     "UnsupportedFormatError",
     "UnsupportedTypeError",

@@ -123,9 +123,44 @@ class InvalidInputError(CkvcError, ValueError):
     exit_code = 14
 
 
+class UnknownKeyError(InvalidInputError, KeyError):
+    """A path asked for (``load(keys=...)``, ``view[path]``) that the commit does not hold."""
+
+    exit_code = 16
+
+    def __init__(self, message: str, keys: tuple[str, ...] = ()) -> None:
+        self.keys = keys
+        super().__init__(message)
+
+    def __str__(self) -> str:  # KeyError would quote the message
+        return str(self.args[0]) if self.args else ""
+
+
+class IncompatibleStateError(InvalidInputError):
+    """A stored state does not fit the objects it is loaded into (``Repo.load_into``):
+    missing or unexpected keys, or tensors whose shape or dtype differ. Raised
+    before anything is modified."""
+
+    exit_code = 17
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        missing: tuple[str, ...] = (),
+        unexpected: tuple[str, ...] = (),
+        mismatched: tuple[str, ...] = (),
+    ) -> None:
+        self.missing = missing
+        self.unexpected = unexpected
+        self.mismatched = mismatched
+        super().__init__(message)
+
+
 __all__ = [
     "CkvcError",
     "CorruptObjectError",
+    "IncompatibleStateError",
     "InvalidInputError",
     "InvalidRefNameError",
     "InvalidRevisionError",
@@ -135,6 +170,7 @@ __all__ = [
     "RefConflictError",
     "RefNotFoundError",
     "RepositoryLockedError",
+    "UnknownKeyError",
     "UnsafeContentError",
     "UnsupportedFormatError",
     "UnsupportedTypeError",

@@ -22,7 +22,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import wait as futures_wait
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, overload
+from typing import TYPE_CHECKING, Any, Literal, Protocol, overload
 
 import numpy as np
 import torch
@@ -57,6 +57,7 @@ from ckvc.storage.object_store import ObjectStore, ObjectWriter
 if TYPE_CHECKING:
     from ckvc.gc import GcReport
     from ckvc.retention import RetentionPlan, RetentionPolicy
+    from ckvc.view import CommitView, IncompatibleKeys
 
 REPO_DIR = ".ckvc"
 MIN_PREFIX = 4
@@ -184,6 +185,55 @@ def _default_author() -> str:
     return f"{user}@{socket.gethostname()}"
 
 
+def _thread_count(threads: int | None) -> int:
+    """Worker threads for the chunk pipeline: ``threads``, else $CKVC_THREADS, else
+    one per core. 1 runs every step inline, on the calling thread."""
+    if threads is None:
+        env = os.environ.get("CKVC_THREADS", "").strip()
+        if not env:
+            return os.cpu_count() or 2
+        try:
+            threads = int(env)
+        except ValueError:
+            raise InvalidInputError(f"CKVC_THREADS must be a positive integer, got {env!r}") from None
+    if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
+        raise InvalidInputError(f"threads must be a positive integer, got {threads!r}")
+    return threads
+
+
+class _OpenRepo(Protocol):
+    def __call__(self, path: str | os.PathLike[str] = ".", *, threads: int | None = None) -> Repo: ...
+
+
+class _OpenView(Protocol):
+    def __call__(
+        self,
+        rev: str = "HEAD",
+        map_location: MapLocation = None,
+        *,
+        allow_pickle: bool = False,
+        progress: ProgressCallback | None = None,
+    ) -> CommitView: ...
+
+
+class _RepoOrCommit:
+    """``Repo.open(path)`` on the class opens a repository; ``repo.open(rev)`` on an
+    instance opens a commit, as ``repo.view(rev)`` does (docs/DESIGN.md, "Lazy
+    views and partial loads")."""
+
+    @overload
+    def __get__(self, instance: None, owner: type[Repo]) -> _OpenRepo: ...
+
+    @overload
+    def __get__(self, instance: Repo, owner: type[Repo] | None = None) -> _OpenView: ...
+
+    def __get__(self, instance: Repo | None, owner: type[Repo] | None = None) -> _OpenRepo | _OpenView:
+        if instance is not None:
+            return instance.view
+        assert owner is not None
+        return owner._open_repository
+
+
 def find_repo_root(start: str | os.PathLike[str]) -> Path:
     """The directory holding ``.ckvc``, searching ``start`` and its parents like git."""
     path = Path(start).resolve()
@@ -198,8 +248,9 @@ def find_repo_root(start: str | os.PathLike[str]) -> Path:
 class Repo:
     """A ckvc repository: ``path/.ckvc`` holding packs, an index, refs and config."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, *, threads: int | None = None) -> None:
         self.path = root
+        self.threads = _thread_count(threads)
         self.dir = root / REPO_DIR
         self.config = RepoConfig.load(self.dir)
         self.store = ObjectStore(self.dir)
@@ -224,11 +275,13 @@ class Repo:
         codec: Mapping[str, Any] | None = None,
         default_branch: str = "main",
         keyframe_interval: int | None = None,
+        threads: int | None = None,
     ) -> Repo:
         """Create ``path/.ckvc`` (and ``path`` if needed). Built in a temporary
         directory and renamed into place, so a crash leaves no half repository.
         ``codec``: ``{"name": "auto"|"zstd"|"raw", "level": n}``; ``keyframe_interval``:
-        how often a tensor's chunks are stored whole, deltas in between (1: no deltas)."""
+        how often a tensor's chunks are stored whole, deltas in between (1: no deltas).
+        ``threads``: as for ``Repo.open``."""
         root = Path(path).resolve()
         target = root / REPO_DIR
         if target.exists():
@@ -263,12 +316,17 @@ class Repo:
         except BaseException:
             shutil.rmtree(staging, ignore_errors=True)
             raise
-        return cls(root)
+        return cls(root, threads=threads)
 
     @classmethod
-    def open(cls, path: str | os.PathLike[str] = ".") -> Repo:
-        """Open the repository at ``path`` or in one of its parents."""
-        return cls(find_repo_root(path))
+    def _open_repository(cls, path: str | os.PathLike[str] = ".", *, threads: int | None = None) -> Repo:
+        """Open the repository at ``path`` or in one of its parents. ``threads``:
+        worker threads for hashing, encoding and decoding chunks (default
+        $CKVC_THREADS, else one per core; 1 runs serially, with the same results)."""
+        return cls(find_repo_root(path), threads=threads)
+
+    # Repo.open(path) opens a repository; repo.open(rev) opens a commit (= repo.view(rev)).
+    open = _RepoOrCommit()
 
     def close(self) -> None:
         """Finish pending background commits (raising the first error), then close."""
@@ -320,21 +378,24 @@ class Repo:
 
     def _submit(self, fn: Callable[..., Any], *args: Any) -> Future[Any]:
         """Run ``fn`` on the pool; inline once the interpreter is shutting down
-        (a background commit finishing at exit can no longer use the pool)."""
-        try:
-            return self.pool.submit(fn, *args)
-        except RuntimeError:
-            future: Future[Any] = Future()
+        (a background commit finishing at exit can no longer use the pool), and
+        always when the repository runs serially (``threads=1``)."""
+        if self.threads > 1:
             try:
-                future.set_result(fn(*args))
-            except BaseException as exc:
-                future.set_exception(exc)
-            return future
+                return self.pool.submit(fn, *args)
+            except RuntimeError:
+                pass
+        future: Future[Any] = Future()
+        try:
+            future.set_result(fn(*args))
+        except BaseException as exc:
+            future.set_exception(exc)
+        return future
 
     @property
     def pool(self) -> ThreadPoolExecutor:
         if self._pool is None:
-            self._pool = ThreadPoolExecutor(max_workers=os.cpu_count() or 2, thread_name_prefix="ckvc")
+            self._pool = ThreadPoolExecutor(max_workers=self.threads, thread_name_prefix="ckvc")
         return self._pool
 
     # ---- commit -------------------------------------------------------------
@@ -418,10 +479,15 @@ class Repo:
         except ValueError as exc:
             raise InvalidInputError(str(exc)) from None
         self._lossy_modes([], lossy)  # a bad spec fails here, before any work
-        tree, pending, pickled = state_mod.encode_state(state, allow_pickle=allow_pickle)
+        # Async: GPU tensors go to pinned host memory (when CUDA is present).
+        tree, pending, pickled = state_mod.encode_state(state, allow_pickle=allow_pickle, pin_memory=not blocking)
         if not blocking:
             # Own the bytes now: the caller may mutate its tensors as soon as we return.
-            owned = [dataclasses.replace(b, data=memoryview(bytearray(b.data)), owner=None) for b in pending]
+            # Blobs that already are private copies (from a GPU, made contiguous) are kept as they are.
+            owned = [
+                b if b.private else dataclasses.replace(b, data=memoryview(bytearray(b.data)), owner=None, private=True)
+                for b in pending
+            ]
             future = self._committer().submit(
                 self._write_commit,
                 tree, owned, pickled, message, clean_metrics, clean_metadata, merge, policy, retain, progress, started,
@@ -716,8 +782,20 @@ class Repo:
         *,
         allow_pickle: bool = False,
         progress: ProgressCallback | None = None,
+        keys: Iterable[str] | None = None,
+        prefix: str | None = None,
     ) -> Any:
-        """The state stored in ``rev``; HEAD does not move. Every byte is verified."""
+        """The state stored in ``rev``; HEAD does not move. Every byte is verified.
+
+        With ``keys`` (leaf paths as ``show`` lists them, "model.layer.0.weight")
+        and/or ``prefix`` ("model."): only those leaves, as a flat dict by path,
+        reading only the chunks they cover. UnknownKeyError (a KeyError) for a
+        key the commit does not hold."""
+        if keys is not None or prefix is not None:
+            from ckvc.view import open_view
+
+            view = open_view(self, rev, map_location, allow_pickle=allow_pickle, progress=progress)
+            return view.load(keys, prefix=prefix)
         commit = self.read_commit(self.resolve(rev))
         self._check_not_pruned(commit.id)
         if commit.pickled and not allow_pickle:
@@ -734,6 +812,70 @@ class Repo:
             return bases[index]
 
         return state_mod.decode_state(snapshot.tree, load_blob, allow_pickle=allow_pickle, map_location=map_location)
+
+    def view(
+        self,
+        rev: str = "HEAD",
+        map_location: MapLocation = None,
+        *,
+        allow_pickle: bool = False,
+        progress: ProgressCallback | None = None,
+    ) -> CommitView:
+        """A lazy, read-only mapping of ``rev``'s tensors by path (also ``repo.open(rev)``).
+        Opening it reads the snapshot only; ``view[path]`` reads and verifies only
+        that tensor's chunks. ``view.info(path)``, ``view.non_tensors``, ``view.commit``,
+        ``view.load(keys, prefix=...)``. Pruned commits and pickles as in ``load``."""
+        from ckvc.view import open_view
+
+        return open_view(self, rev, map_location, allow_pickle=allow_pickle, progress=progress)
+
+    def load_into(
+        self,
+        rev: str = "HEAD",
+        *,
+        model: torch.nn.Module | None = None,
+        optimizer: torch.optim.Optimizer | None = None,
+        scheduler: Any = None,
+        strict: bool = True,
+        model_key: str | None = "model",
+        optimizer_key: str | None = "optimizer",
+        scheduler_key: str | None = "scheduler",
+        map_location: MapLocation = None,
+        allow_pickle: bool = False,
+        progress: ProgressCallback | None = None,
+    ) -> IncompatibleKeys:
+        """Restore ``rev`` into live objects, for a state committed as
+        ``{"model": model.state_dict(), "optimizer": ..., "scheduler": ...}``
+        (``*_key``: where each lives, a dotted path; None: the whole state).
+
+        The model's parameters and buffers are overwritten in place: chunks are
+        decoded straight into their memory (CPU, contiguous, same dtype), through a
+        one-chunk staging buffer otherwise (GPU, non-contiguous), never through a
+        second copy of the state. ``data_ptr()``s do not change. ``strict``: missing
+        or unexpected keys and any shape or dtype difference raise
+        IncompatibleStateError before anything is modified; ``strict=False``
+        returns the missing and unexpected keys (like ``load_state_dict``) and
+        casts dtypes, but shapes must still match. The optimizer and scheduler are
+        restored with their ``load_state_dict`` (``map_location``: where their
+        tensors are loaded first; the optimizer then follows its parameters).
+        Verified as ``load`` is; a chunk found damaged while the model is being
+        written leaves it partly written (CorruptObjectError)."""
+        from ckvc.view import load_into
+
+        return load_into(
+            self,
+            rev,
+            model=model,
+            optimizer=optimizer,
+            scheduler=scheduler,
+            strict=strict,
+            model_key=model_key,
+            optimizer_key=optimizer_key,
+            scheduler_key=scheduler_key,
+            map_location=map_location,
+            allow_pickle=allow_pickle,
+            progress=progress,
+        )
 
     def _read_blobs(
         self, commit: Commit, blobs: Sequence[Blob], progress: ProgressCallback | None = None

@@ -75,6 +75,7 @@ class PendingBlob:
     data: memoryview  # contiguous bytes (format "B")
     path: str  # the first state path that uses it, for messages and delta bases
     owner: Any  # keeps the memory behind ``data`` alive
+    private: bool = False  # ``data`` is a copy made here, shared with no caller tensor
 
 
 class _Tuple(list[Any]):
@@ -111,6 +112,20 @@ def _bytes_of(t: torch.Tensor) -> memoryview:
     return flat.numpy().data.cast("B")
 
 
+def _to_host(t: torch.Tensor, pin: bool) -> tuple[torch.Tensor, bool]:
+    """``t`` as a contiguous CPU tensor, and whether that is a private copy (memory
+    no caller tensor shares). With ``pin`` a CUDA tensor is copied into pinned
+    (page-locked) host memory without blocking; the caller synchronizes before
+    reading it (``_Encoder.assign_blobs`` does)."""
+    if pin and t.device.type == "cuda" and torch.cuda.is_available():
+        host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+        host.copy_(t, non_blocking=True)
+        return host, True
+    host = t.to("cpu").contiguous()
+    shared = host.untyped_storage().data_ptr() == t.untyped_storage().data_ptr() and t.device.type == "cpu"
+    return host, not shared
+
+
 def _caller_stacklevel() -> int:
     """The warnings stacklevel of the first frame outside ckvc, as seen from the
     function that calls warnings.warn (which calls this)."""
@@ -136,8 +151,9 @@ def _join(path: str, key: object) -> str:
 
 
 class _Encoder:
-    def __init__(self, allow_pickle: bool) -> None:
+    def __init__(self, allow_pickle: bool, pin_memory: bool = False) -> None:
         self.allow_pickle = allow_pickle
+        self.pin_memory = pin_memory
         self.pickled = False
         self.blobs: list[PendingBlob] = []
         self.tensor_uses: list[_TensorUse] = []
@@ -229,11 +245,14 @@ class _Encoder:
                 continue
             for use in uses:
                 self._store_alone(use)
+        on_gpu = any(u.tensor.device.type == "cuda" for u in self.tensor_uses)
+        if self.pin_memory and on_gpu and torch.cuda.is_available():
+            torch.cuda.synchronize()  # the non-blocking copies into pinned memory have landed
 
     def _store_alone(self, use: _TensorUse) -> None:
-        t = use.tensor.to("cpu").contiguous()
+        t, private = _to_host(use.tensor, self.pin_memory)
         index = len(self.blobs)
-        self.blobs.append(PendingBlob(dtype_name(t.dtype), t.dtype.itemsize, _bytes_of(t), use.path, t))
+        self.blobs.append(PendingBlob(dtype_name(t.dtype), t.dtype.itemsize, _bytes_of(t), use.path, t, private))
         use.node[0] = index
 
     def _share(self, uses: list[_TensorUse]) -> bool:
@@ -258,9 +277,9 @@ class _Encoder:
             return False
         base = uses[0].tensor
         span = torch.empty(0, dtype=dtype, device=base.device).set_(base.untyped_storage(), lo, (hi - lo,), (1,))
-        span = span.to("cpu")
+        span, private = _to_host(span, self.pin_memory)
         index = len(self.blobs)
-        self.blobs.append(PendingBlob(dtype_name(dtype), dtype.itemsize, _bytes_of(span), uses[0].path, span))
+        self.blobs.append(PendingBlob(dtype_name(dtype), dtype.itemsize, _bytes_of(span), uses[0].path, span, private))
         for u in uses:
             u.node[0] = index
             u.node[2] = list(u.tensor.stride())
@@ -288,10 +307,13 @@ def _wire(value: Any) -> Any:
     return value
 
 
-def encode_state(state: Any, *, allow_pickle: bool = False) -> tuple[bytes, list[PendingBlob], bool]:
+def encode_state(
+    state: Any, *, allow_pickle: bool = False, pin_memory: bool = False
+) -> tuple[bytes, list[PendingBlob], bool]:
     """(encoded tree, blobs, whether anything was pickled). Raises UnsupportedTypeError
-    naming the path of the first value it cannot store."""
-    encoder = _Encoder(allow_pickle)
+    naming the path of the first value it cannot store. ``pin_memory``: copy CUDA
+    tensors into pinned host memory (when CUDA is available), for async commits."""
+    encoder = _Encoder(allow_pickle, pin_memory)
     markers = encoder.encode(state, "")
     encoder.assign_blobs()
     return _pack(_wire(markers)), encoder.blobs, encoder.pickled
@@ -455,6 +477,12 @@ def flatten(value: Any, path: str = "") -> dict[str, Any]:
     return out
 
 
+def skeleton(tree: bytes, *, allow_pickle: bool | None = False) -> Any:
+    """The state's structure with a TensorInfo in place of every tensor: reads no
+    tensor bytes. Pickled values follow ``allow_pickle`` as in ``_parse_tree``."""
+    return _parse_tree(tree, lambda info: info, allow_pickle)
+
+
 def describe_state(tree: bytes) -> dict[str, Any]:
     """Leaves by path, with TensorInfo for tensors and PickledValue for pickles;
     reads no tensor bytes and runs no pickle."""
@@ -548,6 +576,14 @@ def allocate_blob(dtype: str, nbytes: int) -> tuple[torch.Tensor | np.ndarray, m
     raw_t = torch.empty(nbytes, dtype=torch.uint8)
     view = raw_t.numpy().data.cast("B")
     return raw_t.view(torch_dtype), view
+
+
+def torch_dtype(name: str) -> torch.dtype:
+    """The torch dtype a blob's dtype name stands for."""
+    try:
+        return _TORCH_DTYPES[name]
+    except KeyError:
+        raise CorruptObjectError(f"unknown dtype {name!r}") from None
 
 
 def blob_itemsize(dtype: str) -> int:

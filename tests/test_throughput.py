@@ -1,0 +1,147 @@
+"""Serial vs parallel pipelines, async-commit copies (pinned memory on CUDA), CLI progress."""
+
+from __future__ import annotations
+
+import io
+import os
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from helpers import assert_state_equal
+
+import ckvc
+from ckvc import state as state_mod
+from ckvc.storage.packs import list_packs, pack_entries, parse_record
+
+CHUNK = 4096  # small chunks: every test tensor spans several
+
+
+@pytest.fixture
+def repo(tmp_path: Path) -> Iterator[ckvc.Repo]:
+    with ckvc.Repo.init(tmp_path / "r", chunk_size=CHUNK) as r:
+        yield r
+
+
+# ---- serial vs parallel ------------------------------------------------------
+
+
+def pack_records(repo: ckvc.Repo) -> set[tuple[Any, ...]]:
+    out = set()
+    for name in list_packs(repo.dir / "packs"):
+        with repo.store.reader.opened(name) as fd:
+            entries, _ = pack_entries(fd, name)
+        for e in entries:
+            r = parse_record(repo.store.reader.read(name, e.offset, e.record_size), e.record_size)
+            out.add((r.oid, r.kind, r.codec, r.raw_size, r.base, bytes(r.payload)))
+    return out
+
+
+def test_serial_and_parallel_commits_are_identical(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CKVC_AUTHOR", "tester")
+    monkeypatch.setattr(time, "time_ns", lambda: 1_700_000_000_000_000_000)
+    g = torch.Generator().manual_seed(0)
+    weights = torch.randn(64, 1024, generator=g)  # 256 KiB
+    states = [
+        {"w": weights.clone(), "b": torch.zeros(10, dtype=torch.bfloat16), "step": 0},
+        {
+            "w": weights + 1e-3 * torch.randn(64, 1024, generator=g),
+            "b": torch.ones(10, dtype=torch.bfloat16),
+            "step": 1,
+        },
+    ]
+    repos = [
+        ckvc.Repo.init(tmp_path / "serial", threads=1, chunk_size=16384),
+        ckvc.Repo.init(tmp_path / "pool", chunk_size=16384),
+    ]
+    ids = [[r.commit(s, message=f"step {s['step']}") for s in states] for r in repos]
+    serial, parallel = repos
+    assert serial.threads == 1 and parallel.threads == (os.cpu_count() or 2)
+    assert serial._pool is None  # nothing ran on threads
+    assert ids[0] == ids[1]
+    assert pack_records(serial) == pack_records(parallel)
+    assert any(codec != 0 for _, _, codec, *_ in pack_records(serial))
+    assert_state_equal(serial.load(), parallel.load())
+    assert serial._pool is None
+    for r in repos:
+        r.close()
+
+
+def test_thread_count_setting(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    ckvc.Repo.init(tmp_path).close()
+    monkeypatch.setenv("CKVC_THREADS", "1")
+    with ckvc.Repo.open(tmp_path) as r:
+        assert r.threads == 1
+    with ckvc.Repo.open(tmp_path, threads=3) as r:
+        assert r.threads == 3
+    monkeypatch.setenv("CKVC_THREADS", "many")
+    with pytest.raises(ckvc.InvalidInputError, match="CKVC_THREADS"):
+        ckvc.Repo.open(tmp_path)
+    for bad in (0, -1, True, 1.5):
+        with pytest.raises(ckvc.InvalidInputError):
+            ckvc.Repo.open(tmp_path, threads=bad)  # type: ignore[arg-type]
+
+
+# ---- async copies (pinned memory on CUDA) ------------------------------------
+
+
+def test_async_commit_copies_cpu_tensors_once(repo: ckvc.Repo, monkeypatch: pytest.MonkeyPatch) -> None:
+    contiguous = torch.arange(3000, dtype=torch.float32)
+    strided = torch.arange(6000, dtype=torch.float32).reshape(60, 100).t()  # .contiguous() copies it
+    state = {"a": contiguous, "b": strided}
+    _, blobs, _ = state_mod.encode_state(state, pin_memory=True)
+    assert [b.private for b in blobs] == [False, True]
+    assert not any(b.owner.is_pinned() for b in blobs)  # no CUDA here: plain host memory
+    assert blobs[0].owner.data_ptr() == contiguous.data_ptr()
+
+    copies: list[int] = []
+    real_bytearray = bytearray
+
+    def counting_bytearray(data: Any) -> bytearray:
+        copies.append(len(data))
+        return real_bytearray(data)
+
+    monkeypatch.setattr("builtins.bytearray", counting_bytearray)
+    want = {k: v.clone() for k, v in state.items()}
+    pending = repo.commit(state, blocking=False)
+    monkeypatch.undo()
+    contiguous.add_(1)  # mutate at once
+    strided.add_(1)
+    commit_id = pending.result()
+    assert copies == [3000 * 4]  # only the tensor still shared with the caller was copied
+    assert_state_equal(repo.load(commit_id), want)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_async_commit_of_cuda_tensors_uses_pinned_memory(repo: ckvc.Repo) -> None:
+    w = torch.randn(1000, device="cuda")
+    _, blobs, _ = state_mod.encode_state({"w": w}, pin_memory=True)
+    assert blobs[0].private and blobs[0].owner.is_pinned()
+    want = w.cpu()
+    pending = repo.commit({"w": w}, blocking=False)
+    w.add_(1)
+    assert torch.equal(repo.load(pending.result(), map_location="cpu")["w"], want)
+
+
+# ---- progress in the CLI -----------------------------------------------------
+
+
+def test_cli_progress_bar_shows_on_a_terminal(monkeypatch: pytest.MonkeyPatch) -> None:
+    from ckvc.cli import _progress_bar
+
+    class Tty(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    err = Tty()
+    monkeypatch.setattr(sys, "stderr", err)
+    with _progress_bar("checkout", True) as update:
+        assert update is not None
+        update(512 << 10, 1 << 20)
+    assert "checkout" in err.getvalue() and "512k" in err.getvalue().lower()
+    with _progress_bar("checkout", False) as update:  # --json
+        assert update is None
