@@ -883,46 +883,18 @@ class Repo:
         """Allocate every blob and fill it with its chunks, decoded and verified on
         the pool. Chunks of all blobs are in flight together (a bounded window), so
         small tensors load in parallel too."""
+        from ckvc.view import read_chunks  # the one chunk reader (view.py imports this module)
+
         bases: list[torch.Tensor | np.ndarray] = []
-        tasks: list[tuple[Blob, bytes, memoryview]] = []
+        reads: list[tuple[Blob, bytes, memoryview]] = []
         for blob in blobs:
             spans = list(chunk_spans(blob.nbytes, blob.chunk_size))
             if len(spans) != len(blob.chunks):
                 raise CorruptObjectError("blob chunk list does not cover its size", commit=commit.id, tensor=blob.path)
             base, view = state_mod.allocate_blob(blob.dtype, blob.nbytes)
             bases.append(base)
-            tasks.extend((blob, oid, view[a:b]) for oid, (a, b) in zip(blob.chunks, spans, strict=True))
-        total = sum(len(out) for _, _, out in tasks)
-        done = 0
-        window = 4 * (os.cpu_count() or 2)
-        in_flight: collections.deque[tuple[Blob, Future[None], int]] = collections.deque()
-
-        def finish_oldest() -> None:
-            nonlocal done
-            blob, fut, size = in_flight.popleft()
-            try:
-                fut.result()
-            except CorruptObjectError as exc:
-                raise exc.with_context(commit=commit.id, tensor=blob.path) from None
-            except ObjectNotFoundError as exc:
-                raise ObjectNotFoundError(f"{exc} (tensor {blob.path!r}, commit {commit.id})") from None
-            done += size
-            if progress is not None:
-                progress(done, total)
-
-        try:
-            for blob, oid, out in tasks:
-                in_flight.append((blob, self._submit(self.store.read_into, oid, out), len(out)))
-                if len(in_flight) >= window:
-                    finish_oldest()
-            while in_flight:
-                finish_oldest()
-        finally:
-            for _, fut, _ in in_flight:  # after an error: let running reads finish before buffers go
-                fut.cancel()
-            for _, fut, _ in in_flight:
-                if not fut.cancelled():
-                    fut.exception()
+            reads.extend((blob, oid, view[a:b]) for oid, (a, b) in zip(blob.chunks, spans, strict=True))
+        read_chunks(self, commit, reads, progress)
         return bases
 
     def checkout(

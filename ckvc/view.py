@@ -134,6 +134,14 @@ def _run_reads(repo: Repo, commit: Commit, reads: Sequence[_Read], progress: _Pr
                 fut.exception()
 
 
+def read_chunks(
+    repo: Repo, commit: Commit, reads: Sequence[tuple[Blob, bytes, memoryview]], progress: ProgressCallback | None
+) -> None:
+    """Decode and verify whole chunks straight into their destinations (Repo.load)."""
+    plan = [_Read(blob, oid, len(out), into=out) for blob, oid, out in reads]
+    _run_reads(repo, commit, plan, _Progress(progress, sum(r.size for r in plan)))
+
+
 def _spans(blob: Blob, commit: Commit) -> list[tuple[int, int]]:
     spans = list(chunk_spans(blob.nbytes, blob.chunk_size))
     if len(spans) != len(blob.chunks):
