@@ -29,6 +29,7 @@ import argparse
 import contextlib
 import json
 import os
+import random
 import resource
 import shutil
 import statistics
@@ -36,7 +37,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -95,8 +96,8 @@ class Shape:
         shapes["ln_f.bias"] = (d,)
         return shapes
 
-    def nbytes(self) -> int:
-        return 4 * sum(_numel(s) for s in self.tensor_shapes().values())
+    def nbytes(self, itemsize: int = 4) -> int:
+        return itemsize * sum(_numel(s) for s in self.tensor_shapes().values())
 
 
 def _numel(shape: tuple[int, ...]) -> int:
@@ -106,12 +107,13 @@ def _numel(shape: tuple[int, ...]) -> int:
     return n
 
 
-def pick_shape(target_bytes: int) -> Shape:
-    """The widest model with at least 4 layers that fits, then as many layers as fill the target."""
+def pick_shape(target_bytes: int, itemsize: int = 4) -> Shape:
+    """The widest model with at least 4 layers that fits, then as many layers as fill the target
+    (``itemsize``: bytes per element, 4 for fp32, 2 for bf16)."""
     vocab = 32000 if target_bytes >= 512 * MIB else 8192
     n_ctx = 1024
-    per_layer = lambda d: 4 * (12 * d * d + 13 * d)  # noqa: E731
-    embed = lambda d: 4 * (vocab + n_ctx + 2) * d  # noqa: E731
+    per_layer = lambda d: itemsize * (12 * d * d + 13 * d)  # noqa: E731
+    embed = lambda d: itemsize * (vocab + n_ctx + 2) * d  # noqa: E731
     dims = [128, 256, 384, 512, 768, 1024, 1280, 1536, 2048, 2560, 3072, 4096, 5120, 6144, 8192]
     d = dims[0]
     for cand in dims:
@@ -121,12 +123,13 @@ def pick_shape(target_bytes: int) -> Shape:
     return Shape(vocab, d, layers, n_ctx)
 
 
-def build_state(shape: Shape, seed: int = SEED) -> State:
-    """fp32 N(0, 0.02) weights; layernorm weights around 1. Generated in place (no temporaries)."""
+def build_state(shape: Shape, seed: int = SEED, dtype: torch.dtype = torch.float32) -> State:
+    """N(0, 0.02) weights (fp32 unless ``dtype`` says otherwise); layernorm weights around 1.
+    Generated in place (no temporaries)."""
     gen = torch.Generator().manual_seed(seed)
     out: State = {}
     for name, shp in shape.tensor_shapes().items():
-        t = torch.empty(shp, dtype=torch.float32)
+        t = torch.empty(shp, dtype=dtype)
         t.normal_(0.0, 0.02, generator=gen)
         if name.endswith(("ln_1.weight", "ln_2.weight", "ln_f.weight")):
             t.add_(1.0)
@@ -280,14 +283,20 @@ class Op:
     after: Callable[[int, Any], None] | None = None
 
 
-def measure(ops: list[Op], repeats: int) -> dict[str, Samples]:
+def measure(ops: list[Op], repeats: int, shuffle: bool = False) -> dict[str, Samples]:
     """Samples per op. Ops are interleaved: each round runs every op once, starting at a
     rotating position, so slow drifts in machine load hit all of them alike. Round -1 is an
-    untimed warm-up. ``os.sync()`` runs before every timed call."""
+    untimed warm-up. ``os.sync()`` runs before every timed call.
+
+    Rotation keeps each op's neighbours: an op that always follows one freeing a lot of
+    memory pays for it every round (this VM hands freed pages back to the host, and
+    touching them again is slow). ``shuffle`` runs each round in a seeded random order
+    instead, so no op is stuck behind the same neighbour."""
     out = {op.name: Samples() for op in ops}
+    rng = random.Random(SEED)
     for i in range(-1, repeats):
         shift = (i + 1) % len(ops)
-        for op in ops[shift:] + ops[:shift]:
+        for op in rng.sample(ops, len(ops)) if shuffle else ops[shift:] + ops[:shift]:
             if op.before is not None:
                 op.before(i)
             os.sync()
@@ -411,55 +420,65 @@ def _reset_hwm() -> bool:
         return False
 
 
+def peak_memory(op: str, run: Callable[[], Any], state: State | None = None) -> dict[str, Any]:
+    """Run ``run`` once and return its memory figures: RSS before, peak RSS during (VmHWM reset
+    through clear_refs when allowed, ru_maxrss otherwise), the state the process held before
+    (``state``, for saves) and the bytes of the state ``run`` returned (for loads)."""
+    rss_before = _status_kb("VmRSS") * 1024
+    hwm_reset = _reset_hwm()
+    result = run()
+    peak = _status_kb("VmHWM") * 1024 if hwm_reset else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    loaded = state_nbytes(result) if isinstance(result, dict) else 0
+    held = state_nbytes(state) if state is not None else 0
+    return {
+        "op": op,
+        "rss_before": rss_before,
+        "peak": peak,
+        "hwm_reset": hwm_reset,
+        "state_held": held,
+        "loaded": loaded,
+        "rss_file_after": _status_kb("RssFile") * 1024,
+    }
+
+
 def child_main(op: str, path: Path, size_mb: int, rev: str) -> None:
     """Run one operation and print its memory figures as JSON (run in a fresh process)."""
     needs_state = op in ("ckvc_commit", "torch_save", "st_save")
     state = build_state(pick_shape(size_mb * MIB)) if needs_state else None
-    rss_before = _status_kb("VmRSS") * 1024
-    hwm_reset = _reset_hwm()
-    result: Any = None
-    if op == "ckvc_commit":
-        with ckvc.Repo.init(path) as repo:
-            repo.commit(state, message="mem")
-    elif op == "ckvc_load":
-        with ckvc.Repo.open(path) as repo:
-            result = repo.load(rev)
-    elif op == "torch_save":
-        with open(path, "wb") as f:
-            torch.save(state, f)
-            f.flush()
-            os.fsync(f.fileno())
-    elif op == "torch_load":
-        result = torch.load(path, weights_only=True)
-    elif op == "st_save":
-        assert state is not None
-        save_file(state, str(path))
-        fsync_path(path)
-    elif op == "st_load":
-        result = {k: v.clone() for k, v in load_file(str(path)).items()}
-    else:
-        raise SystemExit(f"unknown child op {op}")
-    peak = _status_kb("VmHWM") * 1024 if hwm_reset else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    loaded = state_nbytes(result) if isinstance(result, dict) else 0
-    held = state_nbytes(state) if state is not None else 0
-    print(
-        json.dumps(
-            {
-                "op": op,
-                "rss_before": rss_before,
-                "peak": peak,
-                "hwm_reset": hwm_reset,
-                "state_held": held,
-                "loaded": loaded,
-                "rss_file_after": _status_kb("RssFile") * 1024,
-            }
-        )
-    )
+
+    def run() -> Any:
+        if op == "ckvc_commit":
+            with ckvc.Repo.init(path) as repo:
+                repo.commit(state, message="mem")
+        elif op == "ckvc_load":
+            with ckvc.Repo.open(path) as repo:
+                return repo.load(rev)
+        elif op == "torch_save":
+            with open(path, "wb") as f:
+                torch.save(state, f)
+                f.flush()
+                os.fsync(f.fileno())
+        elif op == "torch_load":
+            return torch.load(path, weights_only=True)
+        elif op == "st_save":
+            assert state is not None
+            save_file(state, str(path))
+            fsync_path(path)
+        elif op == "st_load":
+            return {k: v.clone() for k, v in load_file(str(path)).items()}
+        else:
+            raise SystemExit(f"unknown child op {op}")
+        return None
+
+    print(json.dumps(peak_memory(op, run, state)))
 
 
-def run_child(op: str, path: Path, size_mb: int, rev: str = "") -> dict[str, Any]:
-    cmd = [sys.executable, os.path.abspath(__file__), "--child-op", op, "--child-path", str(path)]
-    cmd += ["--size-mb", str(size_mb), "--child-rev", rev]
+def run_child(
+    op: str, path: Path, size_mb: int, rev: str = "", script: str | None = None, extra_args: Sequence[str] = ()
+) -> dict[str, Any]:
+    """Run ``script`` (default: this file) with ``--child-op op`` in a fresh process; its memory figures."""
+    cmd = [sys.executable, os.path.abspath(script or __file__), "--child-op", op, "--child-path", str(path)]
+    cmd += ["--size-mb", str(size_mb), "--child-rev", rev, *extra_args]
     out = subprocess.run(cmd, check=True, capture_output=True, text=True)
     data: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
     # Extra memory beyond the state itself: for saves the state is already held
@@ -792,6 +811,54 @@ def fmt_ratio(r: float | None) -> str:
     return "-" if r is None else f"{r:.2f}x"
 
 
+GROUP_TITLES = {
+    "copy": "memory",
+    "save": "save / commit",
+    "load": "load, warm page cache",
+    "single": "single tensor, warm",
+    "load-cold": "load, cold page cache",
+    "single-cold": "single tensor, cold",
+}
+
+
+def print_timing_rows(res: Results, group_titles: dict[str, str] | None = None) -> None:
+    """The timing table (group by group, in ``group_titles`` order), the contention warning and row notes."""
+    w = max(len(r.op) for r in res.rows) + 2
+    cols = f"{'median s':>10}{'best s':>8}{'GB/s':>8}{'ratio':>9}{'faults':>8}{'cpu':>6}{'other':>7}"
+    header = f"{'operation':<{w}}{cols}  baseline"
+    print(header)
+    print("-" * (len(header) + 40))
+    for group, title in (group_titles or GROUP_TITLES).items():
+        rows = [r for r in res.rows if r.group == group]
+        if not rows:
+            continue
+        print(f"[{title}]")
+        for r in rows:
+            if not r.seconds:
+                print(f"{r.op:<{w}}{'n/a':>10}{'n/a':>8}{'n/a':>8}{'n/a':>9}{'':>21}  {r.note}")
+                continue
+            base = "" if r.baseline in (None, r.op) else r.baseline
+            faults = f"{r.fresh_pages:.2f}"
+            cpu, other = f"{_median(r.samples.own_cores):.2f}", f"{_median(r.samples.other_cores):.2f}"
+            ratio = fmt_ratio(res.ratio(r))
+            best = min(r.seconds)
+            print(
+                f"{r.op:<{w}}{r.median:>10.3f}{best:>8.3f}{r.gbps:>8.2f}{ratio:>9}{faults:>8}{cpu:>6}{other:>7}  {base}"
+            )
+    c = res.config
+    busy = [r.op for r in res.rows if r.seconds and _median(r.samples.other_cores) > 0.25]
+    if busy:
+        print(
+            f"\nWARNING: other processes kept >0.25 CPU cores busy during {len(busy)} of {len(res.rows)} rows "
+            f"(load average at start {c['loadavg_start']}, end {c.get('loadavg_end', '?')}); timings are contended"
+        )
+    notes = [r for r in res.rows if r.note and r.seconds]
+    if notes:
+        print()
+        for r in notes:
+            print(f"  note ({r.op}): {r.note}")
+
+
 def print_table(res: Results) -> None:
     c = res.config
     sh = c["shape"]
@@ -806,47 +873,7 @@ def print_table(res: Results) -> None:
         f"({c['single_tensor_bytes'] / MIB:.0f} MiB); ratio = median / baseline median (lower is better)"
     )
     print()
-    w = max(len(r.op) for r in res.rows) + 2
-    cols = f"{'median s':>10}{'best s':>8}{'GB/s':>8}{'ratio':>9}{'faults':>8}{'cpu':>6}{'other':>7}"
-    header = f"{'operation':<{w}}{cols}  baseline"
-    print(header)
-    print("-" * (len(header) + 40))
-    group_titles = {
-        "copy": "memory",
-        "save": "save / commit",
-        "load": "load, warm page cache",
-        "single": "single tensor, warm",
-        "load-cold": "load, cold page cache",
-        "single-cold": "single tensor, cold",
-    }
-    for group in ("copy", "save", "load", "single", "load-cold", "single-cold"):
-        rows = [r for r in res.rows if r.group == group]
-        if not rows:
-            continue
-        print(f"[{group_titles[group]}]")
-        for r in rows:
-            if not r.seconds:
-                print(f"{r.op:<{w}}{'n/a':>10}{'n/a':>8}{'n/a':>8}{'n/a':>9}{'':>21}  {r.note}")
-                continue
-            base = "" if r.baseline in (None, r.op) else r.baseline
-            faults = f"{r.fresh_pages:.2f}"
-            cpu, other = f"{_median(r.samples.own_cores):.2f}", f"{_median(r.samples.other_cores):.2f}"
-            ratio = fmt_ratio(res.ratio(r))
-            best = min(r.seconds)
-            print(
-                f"{r.op:<{w}}{r.median:>10.3f}{best:>8.3f}{r.gbps:>8.2f}{ratio:>9}{faults:>8}{cpu:>6}{other:>7}  {base}"
-            )
-    busy = [r.op for r in res.rows if r.seconds and _median(r.samples.other_cores) > 0.25]
-    if busy:
-        print(
-            f"\nWARNING: other processes kept >0.25 CPU cores busy during {len(busy)} of {len(res.rows)} rows "
-            f"(load average at start {c['loadavg_start']}, end {c.get('loadavg_end', '?')}); timings are contended"
-        )
-    notes = [r for r in res.rows if r.note and r.seconds]
-    if notes:
-        print()
-        for r in notes:
-            print(f"  note ({r.op}): {r.note}")
+    print_timing_rows(res)
 
     print()
     print("stored size")
