@@ -485,7 +485,7 @@ class Repo:
             # Own the bytes now: the caller may mutate its tensors as soon as we return.
             # Blobs that already are private copies (from a GPU, made contiguous) are kept as they are.
             owned = [
-                b if b.private else dataclasses.replace(b, data=memoryview(bytearray(b.data)), owner=None, private=True)
+                b if b.private else dataclasses.replace(b, **state_mod.private_copy(b.data), private=True)
                 for b in pending
             ]
             future = self._committer().submit(

@@ -99,13 +99,13 @@ def test_async_commit_copies_cpu_tensors_once(repo: ckvc.Repo, monkeypatch: pyte
     assert blobs[0].owner.data_ptr() == contiguous.data_ptr()
 
     copies: list[int] = []
-    real_bytearray = bytearray
+    real_private_copy = state_mod.private_copy
 
-    def counting_bytearray(data: Any) -> bytearray:
+    def counting_private_copy(data: memoryview) -> dict[str, Any]:
         copies.append(len(data))
-        return real_bytearray(data)
+        return real_private_copy(data)
 
-    monkeypatch.setattr("builtins.bytearray", counting_bytearray)
+    monkeypatch.setattr(state_mod, "private_copy", counting_private_copy)
     want = {k: v.clone() for k, v in state.items()}
     pending = repo.commit(state, blocking=False)
     monkeypatch.undo()

@@ -126,30 +126,19 @@ def join_planes(planes: list[np.ndarray], tail: Buffer, width: int, sign_move: b
     out[n * width :] = as_u8(tail)
 
 
-_UINTS = (np.uint8, np.uint16, np.uint32, np.uint64)
-
-
 def _interleave(planes: list[np.ndarray], out: np.ndarray) -> None:
-    """Write planes back as whole elements: ``lo | hi << 8`` pairwise, then pairs of
-    pairs, with integer ops on little-endian words. Three times faster in numpy
-    than writing each plane as a strided byte column (0.39 ms against 1.16 ms
-    for 4 MiB of bf16 here)."""
-    if sys.byteorder != "little" or len(planes) not in (2, 4, 8):
-        grid = out.reshape(-1, len(planes))
-        for k, plane in enumerate(planes):
-            grid[:, k] = plane
+    """Write planes back as whole elements. Two planes (16-bit types) merge as
+    ``lo | hi << 8`` on little-endian words: 0.6 ms for 4 MiB here against 1.3 ms
+    for strided byte columns; for 4 and 8 planes the word merges cost more passes
+    than they save (1.9 / 3.5 ms), so those are written column by column."""
+    if len(planes) == 2 and sys.byteorder == "little":
+        word = out.view(np.uint16)
+        np.left_shift(planes[1], 8, out=word, dtype=np.uint16, casting="unsafe")
+        np.bitwise_or(word, planes[0], out=word)
         return
-    level, bits = planes, 8
-    while len(level) > 1:
-        wide = _UINTS[bits.bit_length() - 3]  # 8 -> uint16, 16 -> uint32, 32 -> uint64
-        last = len(level) == 2
-        merged: list[np.ndarray] = []
-        for lo, hi in zip(level[0::2], level[1::2], strict=True):
-            word = out.view(wide) if last else _scratch(2 + bits + len(merged), len(lo), wide)  # per level
-            np.left_shift(hi, bits, out=word, dtype=wide, casting="unsafe")
-            np.bitwise_or(word, lo, out=word)
-            merged.append(word)
-        level, bits = merged, bits * 2
+    grid = out.reshape(-1, len(planes))
+    for k, plane in enumerate(planes):
+        grid[:, k] = plane
 
 
 def _encode_plane(plane: np.ndarray) -> tuple[int, Buffer]:
