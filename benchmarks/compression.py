@@ -104,7 +104,7 @@ class CodecFigures:
     def row(self) -> str:
         enc = self.raw / MB / self.encode_s if self.encode_s else float("nan")
         dec = self.raw / MB / self.decode_s if self.decode_s else float("nan")
-        return f"  {self.name:<28} stored/raw {self.ratio:7.4f}   compress {enc:7.0f} MB/s   decompress {dec:7.0f} MB/s"
+        return f"  {self.name:<28} stored/raw {self.ratio:8.5f}   compress {enc:7.0f} MB/s   decompress {dec:7.0f} MB/s"
 
 
 def zstd3_per_file(files: Sequence[bytes], repeats: int) -> CodecFigures:
