@@ -16,14 +16,16 @@ Bytes past the last whole element (odd sizes) are always XORed.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
-from ckvc.codecs.planes import Buffer, as_u8
+from ckvc.codecs.planes import Buffer, as_u8, scratch
 from ckvc.errors import CorruptObjectError
 
 XOR = 1
 SUB = 2
-_UINT = {2: np.uint16, 4: np.uint32, 8: np.uint64}
+_UINT: dict[int, type[np.unsignedinteger[Any]]] = {2: np.uint16, 4: np.uint32, 8: np.uint64}
 _INT = {2: np.int16, 4: np.int32, 8: np.int64}
 
 
@@ -53,7 +55,8 @@ def apply_residual(out: np.ndarray, base: Buffer | np.ndarray, transform: int, w
         raise CorruptObjectError(f"unknown delta transform {transform} (width {width})")
     n = len(out) // width * width
     zigzag = out[:n].view(_UINT[width])
-    sign = zigzag & 1
+    sign = scratch(100, len(zigzag), _UINT[width])
+    np.bitwise_and(zigzag, 1, out=sign)
     np.negative(sign, out=sign)  # 0 or all ones
     zigzag >>= 1
     zigzag ^= sign

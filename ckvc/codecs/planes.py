@@ -64,7 +64,7 @@ _PLANE_PARAMS = zstandard.ZstdCompressionParameters(
 _local = threading.local()
 
 
-def _scratch(slot: int, n: int, dtype: type[np.unsignedinteger[Any]]) -> np.ndarray:
+def scratch(slot: int, n: int, dtype: type[np.unsignedinteger[Any]]) -> np.ndarray:
     """A per-thread reusable array: fresh memory costs a page fault per 4 KiB, which
     in these VMs is slower than the arithmetic done on it."""
     buffers: dict[int, np.ndarray] = _local.__dict__.setdefault("scratch", {})
@@ -116,7 +116,7 @@ def join_planes(planes: list[np.ndarray], tail: Buffer, width: int, sign_move: b
     n = len(planes[0]) if planes else 0
     if sign_move and n:
         hi, nxt = planes[-1], planes[-2]  # possibly read-only views of the payload
-        swap, new_nxt = _scratch(0, n, np.uint8), _scratch(1, n, np.uint8)
+        swap, new_nxt = scratch(0, n, np.uint8), scratch(1, n, np.uint8)
         np.bitwise_xor(hi, nxt, out=swap)
         swap &= 0x80
         np.bitwise_xor(nxt, swap, out=new_nxt)

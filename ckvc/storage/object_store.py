@@ -44,42 +44,54 @@ from ckvc.storage.packs import (
 
 DEFAULT_MAX_PACK_SIZE = 256 << 20
 # Decoded links of delta chains, so that consecutive checkouts (and chains that
-# share links) decode each base once. Bounded: it is part of the memory budget.
-BASE_CACHE_BYTES = 64 << 20
+# share links) decode each base once. Bounded per thread: part of the memory budget.
+BASE_CACHE_BYTES = 32 << 20
 
 
 class _PlainCache:
-    """A small thread-safe LRU of decoded chunk bytes, bounded by total size."""
+    """Decoded delta bases, an LRU bounded by total size, one per thread: a base
+    is only ever used by the thread that decoded it, so an evicted buffer can be
+    handed out again at once, and decoding bases touches no fresh memory."""
 
     def __init__(self, max_bytes: int) -> None:
         self.max_bytes = max_bytes
-        self._items: collections.OrderedDict[bytes, np.ndarray] = collections.OrderedDict()
-        self._bytes = 0
-        self._lock = threading.Lock()
+        self._local = threading.local()
+
+    def _items(self) -> collections.OrderedDict[bytes, np.ndarray]:
+        items: collections.OrderedDict[bytes, np.ndarray] | None = getattr(self._local, "items", None)
+        if items is None:
+            items = self._local.items = collections.OrderedDict()
+            self._local.spare = []
+        return items
 
     def get(self, oid: bytes) -> np.ndarray | None:
-        with self._lock:
-            item = self._items.get(oid)
-            if item is not None:
-                self._items.move_to_end(oid)
-            return item
+        items = self._items()
+        item = items.get(oid)
+        if item is not None:
+            items.move_to_end(oid)
+        return item
+
+    def buffer(self, size: int) -> np.ndarray:
+        """A buffer to decode a base into: a recycled one when there is one."""
+        self._items()
+        spare: list[np.ndarray] = self._local.spare
+        for i, buf in enumerate(spare):
+            if len(buf) == size:
+                return spare.pop(i)
+        return np.empty(size, dtype=np.uint8)
 
     def put(self, oid: bytes, plain: np.ndarray) -> None:
+        items = self._items()
+        spare: list[np.ndarray] = self._local.spare
         if len(plain) > self.max_bytes:
+            spare[:] = [plain]
             return
-        with self._lock:
-            if oid in self._items:
-                return
-            self._items[oid] = plain
-            self._bytes += len(plain)
-            while self._bytes > self.max_bytes:
-                _, dropped = self._items.popitem(last=False)
-                self._bytes -= len(dropped)
-
-    def clear(self) -> None:
-        with self._lock:
-            self._items.clear()
-            self._bytes = 0
+        items[oid] = plain
+        total = sum(len(v) for v in items.values())
+        while total > self.max_bytes:
+            _, dropped = items.popitem(last=False)
+            total -= len(dropped)
+            spare[:] = [dropped]  # keep one to recycle; the rest go back to the allocator
 
 
 class BaseInfo(NamedTuple):
@@ -227,8 +239,9 @@ class ObjectStore:
         self._decode_entry(oid, entry, kind, out)
         return out.data
 
-    def _record(self, oid: bytes, entry: IndexEntry, kind: ObjectType | None) -> Record:
-        raw = self.reader.read(entry.pack, entry.offset, entry.record_size)
+    def _record(self, oid: bytes, entry: IndexEntry, kind: ObjectType | None, slot: int = 0) -> Record:
+        """The parsed record, in this thread's read buffer ``slot`` (valid until the next read into it)."""
+        raw = self.reader.read_reusing(entry.pack, entry.offset, entry.record_size, slot)
         record = parse_record(raw, entry.record_size)
         if record.oid != oid:
             raise CorruptObjectError("record holds a different object than the index says")
@@ -276,7 +289,7 @@ class ObjectStore:
         entry = self.locate(oid)
         if entry.raw_size != size:
             raise CorruptObjectError(f"delta base {oid.hex()[:12]} is {entry.raw_size} bytes, expected {size}")
-        record = self._record(oid, entry, ObjectType.CHUNK)
+        record = self._record(oid, entry, ObjectType.CHUNK, slot=1 + depth)
         base: np.ndarray | None = None
         if record.codec not in WHOLE_CODECS and record.codec != DELTA:
             raise CorruptObjectError("a lossy chunk cannot be a base", object_id=oid.hex())
@@ -289,7 +302,7 @@ class ObjectStore:
                     f"delta chain depth {own_depth} where {depth} was expected", object_id=oid.hex()
                 )
             base = self._plain_unverified(record.base, size, depth - 1)
-        out = np.empty(size, dtype=np.uint8)
+        out = self._base_cache.buffer(size)
         decode_chunk_into(record.codec, record.payload, out, base)
         self._base_cache.put(oid, out)
         return out
