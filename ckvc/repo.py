@@ -33,7 +33,7 @@ from ckvc.codecs import DELTA, QUANT, DeltaBase, layout_for, make_codec
 from ckvc.codecs.lossy import DTYPE_CODES as LOSSY_DTYPES
 from ckvc.codecs.lossy import MODES as LOSSY_MODES
 from ckvc.codecs.lossy import quantize
-from ckvc.config import RepoConfig
+from ckvc.config import FORMAT_VERSION, RepoConfig
 from ckvc.errors import (
     CkvcError,
     CorruptObjectError,
@@ -44,6 +44,7 @@ from ckvc.errors import (
     PrunedCommitError,
     RefNotFoundError,
     UnsafeContentError,
+    UnsupportedFormatError,
 )
 from ckvc.ids import ObjectType, is_full_hex_id, object_id
 from ckvc.objects import Blob, Commit, Snapshot, Tag, validate_metadata, validate_metrics
@@ -1273,22 +1274,38 @@ class Repo:
         self.config = config
 
     def set_config(self, **values: Any) -> RepoConfig:
-        """Change lifecycle settings: reflog_expiry_s, gc_grace_s, repack_threshold."""
-        allowed = {"reflog_expiry_s", "gc_grace_s", "repack_threshold"}
-        unknown = set(values) - allowed
+        """Change settings: reflog_expiry_s, gc_grace_s, repack_threshold (lifecycle),
+        keyframe_interval (int) and codec ({"name": "auto"|"zstd"|"raw", "level": n}).
+        Choosing a version-2 codec upgrades a version 1 repository's format (older
+        ckvc then refuses it, rather than misreading it)."""
+        numbers = {"reflog_expiry_s", "gc_grace_s", "repack_threshold"}
+        unknown = set(values) - numbers - {"keyframe_interval", "codec"}
         if unknown:
-            raise InvalidInputError(f"unknown or read-only setting(s): {sorted(unknown)}; settable: {sorted(allowed)}")
+            settable = sorted(numbers | {"keyframe_interval", "codec"})
+            raise InvalidInputError(f"unknown or read-only setting(s): {sorted(unknown)}; settable: {settable}")
         config = RepoConfig.load(self.dir)
         for key, value in values.items():
-            if isinstance(value, bool) or not isinstance(value, (int, float)):
-                raise InvalidInputError(f"{key} must be a number, got {value!r}")
-            setattr(config, key, float(value))
+            if key == "codec":
+                if not isinstance(value, Mapping) or not isinstance(value.get("name"), str):
+                    raise InvalidInputError(f"codec must be a mapping with a name, got {value!r}")
+                config.codec = dict(value)
+                if config.codec["name"] not in ("raw", "zstd"):
+                    config.format_version = max(config.format_version, FORMAT_VERSION)
+            elif key == "keyframe_interval":
+                if isinstance(value, bool) or not isinstance(value, int):
+                    raise InvalidInputError(f"keyframe_interval must be an integer, got {value!r}")
+                config.keyframe_interval = value
+            else:
+                if isinstance(value, bool) or not isinstance(value, (int, float)):
+                    raise InvalidInputError(f"{key} must be a number, got {value!r}")
+                setattr(config, key, float(value))
         try:
             config.validate()
-        except ValueError as exc:
+        except (ValueError, UnsupportedFormatError) as exc:
             raise InvalidInputError(str(exc)) from None
         config.save(self.dir)
         self.config = config
+        self._codec = make_codec(str(config.codec["name"]), config.codec.get("level"))
         return config
 
     def retain(self, policy: RetentionPolicy | None = None, *, dry_run: bool = False) -> RetentionPlan:

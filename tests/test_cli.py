@@ -220,3 +220,33 @@ def test_retain_gc_config_and_pruned_log(work: Path) -> None:
     assert json.loads(run(work, "config", "--json").output)["reflog_expiry_s"] == 30 * 86400
     assert run(work, "config", "nope", "1").exit_code == ckvc.InvalidInputError.exit_code
     assert run(work, "retain", "--keep-best", "bad").exit_code == ckvc.InvalidInputError.exit_code
+
+
+def test_config_sets_keyframe_interval_and_codec(tmp_path: Path) -> None:
+    runner = CliRunner()
+    base = ["-C", str(tmp_path)]
+    assert runner.invoke(cli, [*base, "init"]).exit_code == 0
+    out = runner.invoke(cli, [*base, "config", "keyframe_interval", "8", "--json"])
+    assert out.exit_code == 0 and json.loads(out.output)["keyframe_interval"] == 8
+    out = runner.invoke(cli, [*base, "config", "codec", "zstd:3", "--json"])
+    assert json.loads(out.output)["codec"] == {"name": "zstd", "level": 3}
+    before = (tmp_path / ".ckvc" / "config.json").read_bytes()
+    for bad in (["keyframe_interval", "0"], ["keyframe_interval", "x"], ["codec", "zipnn"], ["codec", "raw:3"]):
+        out = runner.invoke(cli, [*base, "config", *bad])
+        assert out.exit_code == ckvc.InvalidInputError.exit_code, (bad, out.output)
+    assert (tmp_path / ".ckvc" / "config.json").read_bytes() == before
+
+
+def test_choosing_a_v2_codec_upgrades_a_v1_repository(tmp_path: Path) -> None:
+    with ckvc.Repo.init(tmp_path, codec={"name": "zstd"}) as repo:
+        state = {"w": torch.randn(64, 64)}
+        first = repo.commit(state)
+    config = json.loads((tmp_path / ".ckvc" / "config.json").read_text())
+    config["format_version"] = 1
+    (tmp_path / ".ckvc" / "config.json").write_text(json.dumps(config))
+    with ckvc.Repo.open(tmp_path) as repo:
+        assert repo.config.format_version == 1
+        repo.set_config(codec={"name": "auto"})
+        assert repo.config.format_version == 2
+        second = repo.commit({"w": state["w"] * 2})
+        assert torch.equal(repo.load(first)["w"], state["w"]) and torch.equal(repo.load(second)["w"], state["w"] * 2)

@@ -696,8 +696,9 @@ def gc(obj: Context, dry_run: bool, now: bool, grace: str | None, as_json: bool)
 @json_option
 @click.pass_obj
 def config_cmd(obj: Context, key: str | None, value: str | None, as_json: bool) -> None:
-    """Show the repository config, or set reflog_expiry (e.g. 30d), gc_grace (e.g. 1h)
-    or repack_threshold (0..1)."""
+    """Show the repository config, or set reflog_expiry (e.g. 30d), gc_grace (e.g. 1h),
+    repack_threshold (0..1), keyframe_interval (1..255; 1 turns deltas off) or codec
+    (auto, zstd, raw; zstd:LEVEL)."""
     from ckvc.retention import parse_duration
 
     repo = obj.repo
@@ -711,8 +712,26 @@ def config_cmd(obj: Context, key: str | None, value: str | None, as_json: bool) 
                 repo.set_config(repack_threshold=float(value))
             except ValueError:
                 raise InvalidInputError(f"repack_threshold must be a number, got {value!r}") from None
+        elif key == "keyframe_interval":
+            try:
+                interval = int(value)
+            except ValueError:
+                raise InvalidInputError(f"keyframe_interval must be an integer, got {value!r}") from None
+            repo.set_config(keyframe_interval=interval)
+        elif key == "codec":
+            name, _, level = value.partition(":")
+            try:
+                codec: dict[str, Any] = {"name": name, **({"level": int(level)} if level else {})}
+            except ValueError:
+                raise InvalidInputError(f"codec level must be an integer, got {level!r}") from None
+            if name == "raw" and level:
+                raise InvalidInputError("the raw codec takes no level")
+            repo.set_config(codec=codec)
         else:
-            raise InvalidInputError(f"unknown setting {key!r}; settable: reflog_expiry, gc_grace, repack_threshold")
+            raise InvalidInputError(
+                f"unknown setting {key!r}; settable: "
+                "reflog_expiry, gc_grace, repack_threshold, keyframe_interval, codec"
+            )
     data = dataclasses.asdict(repo.config)
     if as_json:
         _emit_json(data)
