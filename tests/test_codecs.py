@@ -70,9 +70,9 @@ def test_every_path_round_trips_adversarial_inputs(n: int, layout: ChunkLayout) 
         for width in (1, 2, 4, 8):
             assert bytes(decode_chunk(SPARSE, encode_sparse(data, width, width > 1), n)) == data
         for width in (2, 4, 8):
-            for sign_move in (False, True):
+            for sign_swap in (False, True):
                 out = np.empty(n, dtype=np.uint8)
-                decode_planes_into(encode_planes(data, width, sign_move), out)
+                decode_planes_into(encode_planes(data, width, sign_swap), out)
                 assert out.tobytes() == data
 
 

@@ -37,7 +37,7 @@ Buffer = bytes | bytearray | memoryview
 
 PLANE_RAW = 0
 PLANE_ZSTD = 1
-FLAG_SIGN_MOVE = 1
+FLAG_SIGN_SWAP = 1
 SUPPORTED_WIDTHS = (2, 4, 8)
 _HEAD = struct.Struct("<BB")
 _PLANE = struct.Struct("<BI")
@@ -96,13 +96,13 @@ def as_u8(data: Buffer | np.ndarray) -> np.ndarray:
     return np.frombuffer(data, dtype=np.uint8)
 
 
-def split_planes(data: Buffer, width: int, sign_move: bool) -> tuple[list[np.ndarray], np.ndarray]:
+def split_planes(data: Buffer, width: int, sign_swap: bool) -> tuple[list[np.ndarray], np.ndarray]:
     """(planes, tail): the element bytes grouped by significance, plane 0 lowest."""
     raw = as_u8(data)
     n = len(raw) // width
     grid = raw[: n * width].reshape(n, width)
     planes = [grid[:, k].copy() for k in range(width)]  # always copies (the sign swap writes them)
-    if sign_move and n:
+    if sign_swap and n:
         hi, nxt = planes[-1], planes[-2]  # fresh copies: safe to change in place
         swap = np.bitwise_xor(hi, nxt)
         swap &= 0x80
@@ -111,10 +111,10 @@ def split_planes(data: Buffer, width: int, sign_move: bool) -> tuple[list[np.nda
     return planes, raw[n * width :]
 
 
-def join_planes(planes: list[np.ndarray], tail: Buffer, width: int, sign_move: bool, out: np.ndarray) -> None:
+def join_planes(planes: list[np.ndarray], tail: Buffer, width: int, sign_swap: bool, out: np.ndarray) -> None:
     """Inverse of :func:`split_planes`, written into ``out`` (uint8, exact size)."""
     n = len(planes[0]) if planes else 0
-    if sign_move and n:
+    if sign_swap and n:
         hi, nxt = planes[-1], planes[-2]  # possibly read-only views of the payload
         swap, new_nxt = scratch(0, n, np.uint8), scratch(1, n, np.uint8)
         np.bitwise_xor(hi, nxt, out=swap)
@@ -153,13 +153,13 @@ def _encode_plane(plane: np.ndarray) -> tuple[int, Buffer]:
     return PLANE_RAW, data
 
 
-def encode_planes(data: Buffer, width: int, sign_move: bool) -> bytes:
+def encode_planes(data: Buffer, width: int, sign_swap: bool) -> bytes:
     """The bytegroup payload for ``data`` (any length; the tail is kept raw)."""
     if width not in SUPPORTED_WIDTHS:
         raise ValueError(f"unsupported element width {width}")
-    planes, tail = split_planes(data, width, sign_move)
+    planes, tail = split_planes(data, width, sign_swap)
     encoded = [_encode_plane(p) for p in planes]
-    head = [_HEAD.pack(width, FLAG_SIGN_MOVE if sign_move else 0)]
+    head = [_HEAD.pack(width, FLAG_SIGN_SWAP if sign_swap else 0)]
     head += [_PLANE.pack(codec, len(payload)) for codec, payload in encoded]
     return b"".join([*head, *(payload for _, payload in encoded), tail.tobytes()])
 
@@ -172,7 +172,7 @@ def decode_planes_into(payload: Buffer, out: np.ndarray) -> None:
     if len(view) < _HEAD.size:
         raise CorruptObjectError("bytegroup payload truncated")
     width, flags = _HEAD.unpack_from(view, 0)
-    if width not in SUPPORTED_WIDTHS or flags & ~FLAG_SIGN_MOVE:
+    if width not in SUPPORTED_WIDTHS or flags & ~FLAG_SIGN_SWAP:
         raise CorruptObjectError(f"bytegroup header invalid (width {width}, flags {flags})")
     n = raw_size // width
     pos = _HEAD.size + width * _PLANE.size
@@ -189,7 +189,7 @@ def decode_planes_into(payload: Buffer, out: np.ndarray) -> None:
     tail = view[pos:]
     if len(tail) != raw_size - n * width:
         raise CorruptObjectError(f"bytegroup tail is {len(tail)} bytes, expected {raw_size - n * width}")
-    join_planes(planes, tail, width, bool(flags & FLAG_SIGN_MOVE), out)
+    join_planes(planes, tail, width, bool(flags & FLAG_SIGN_SWAP), out)
 
 
 def _decode_plane(codec: int, chunk: memoryview, n: int) -> np.ndarray:

@@ -2,7 +2,7 @@
 
 Layout (docs/FORMAT.md, "sparse payload")::
 
-    u8 width  u8 flags(bit 0: sign move)  u64 element count  u64 nonzero count  u32 mask size  u32 values size
+    u8 width  u8 flags(bit 0: sign swap)  u64 element count  u64 nonzero count  u32 mask size  u32 values size
     mask    zstd frame of ceil(n / 8) bytes: bit i (little-endian bit order) set when element i is nonzero
     values  the nonzero elements in order: a bytegroup payload (width 2, 4, 8) or raw bytes (width 1)
     tail    raw_size % width bytes, raw
@@ -17,7 +17,7 @@ import struct
 import numpy as np
 
 from ckvc.codecs.planes import (
-    FLAG_SIGN_MOVE,
+    FLAG_SIGN_SWAP,
     SUPPORTED_WIDTHS,
     Buffer,
     as_u8,
@@ -46,7 +46,7 @@ def zero_fraction(data: Buffer, width: int) -> float:
     return 1.0 - np.count_nonzero(_elements(raw, width)) / n
 
 
-def encode_sparse(data: Buffer, width: int, sign_move: bool) -> bytes:
+def encode_sparse(data: Buffer, width: int, sign_swap: bool) -> bytes:
     if width not in SPARSE_WIDTHS:
         raise ValueError(f"unsupported element width {width}")
     raw = as_u8(data)
@@ -55,9 +55,9 @@ def encode_sparse(data: Buffer, width: int, sign_move: bool) -> bytes:
     nonzero = elements != 0
     mask = zstd_plane_encode(np.packbits(nonzero, bitorder="little").tobytes())
     values = elements[nonzero].view(np.uint8)
-    packed_values = encode_planes(values.data, width, sign_move) if width > 1 else values.tobytes()
+    packed_values = encode_planes(values.data, width, sign_swap) if width > 1 else values.tobytes()
     nnz = int(np.count_nonzero(nonzero))
-    flags = FLAG_SIGN_MOVE if sign_move and width > 1 else 0
+    flags = FLAG_SIGN_SWAP if sign_swap and width > 1 else 0
     head = _HEAD.pack(width, flags, n, nnz, len(mask), len(packed_values))
     return b"".join([head, mask, packed_values, raw[n * width :].tobytes()])
 
@@ -67,7 +67,7 @@ def decode_sparse_into(payload: Buffer, out: np.ndarray) -> None:
     if len(view) < _HEAD.size:
         raise CorruptObjectError("sparse payload truncated")
     width, flags, count, nnz, mask_size, values_size = _HEAD.unpack_from(view, 0)
-    if width not in SPARSE_WIDTHS or flags & ~FLAG_SIGN_MOVE:
+    if width not in SPARSE_WIDTHS or flags & ~FLAG_SIGN_SWAP:
         raise CorruptObjectError(f"sparse header invalid (width {width}, flags {flags})")
     n = len(out) // width
     if count != n:
