@@ -480,6 +480,8 @@ class Repo:
         except ValueError as exc:
             raise InvalidInputError(str(exc)) from None
         self._lossy_modes([], lossy)  # a bad spec fails here, before any work
+        if lossy is not None and self.config.format_version < FORMAT_VERSION:
+            self._upgrade_format()  # quantized records are a version-2 codec
         # Async: GPU tensors go to pinned host memory (when CUDA is present).
         tree, pending, pickled = state_mod.encode_state(state, allow_pickle=allow_pickle, pin_memory=not blocking)
         if not blocking:
@@ -1270,6 +1272,14 @@ class Repo:
         """Store ``policy`` in the repository config (None removes it)."""
         config = RepoConfig.load(self.dir)
         config.retention = policy.to_config() if policy is not None else None
+        config.save(self.dir)
+        self.config = config
+
+    def _upgrade_format(self) -> None:
+        """Mark a version 1 repository as version 2 before writing a version-2 record,
+        so an older ckvc refuses it up front instead of failing on that record."""
+        config = RepoConfig.load(self.dir)
+        config.format_version = FORMAT_VERSION
         config.save(self.dir)
         self.config = config
 

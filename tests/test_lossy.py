@@ -176,3 +176,18 @@ def test_codec_level_corruption_is_typed() -> None:
         dequantize_into(q.payload, np.empty(len(x) - 4, dtype=np.uint8), None)
     with pytest.raises(CorruptObjectError):
         dequantize_into(q.payload, out, x)  # a base it does not use
+
+
+def test_a_lossy_commit_upgrades_a_version_1_repository(tmp_path: Path) -> None:
+    with ckvc.Repo.init(tmp_path, codec={"name": "zstd"}) as repo:
+        exact = repo.commit(train_state(0))
+    config = json.loads((tmp_path / ".ckvc" / "config.json").read_text())
+    config["format_version"] = 1
+    (tmp_path / ".ckvc" / "config.json").write_text(json.dumps(config))
+    with ckvc.Repo.open(tmp_path) as repo:
+        repo.commit(train_state(1))  # exact commits keep version 1
+        assert repo.config.format_version == 1
+        repo.commit(train_state(2), lossy="optimizer-q8")
+        assert repo.config.format_version == 2
+        assert json.loads((tmp_path / ".ckvc" / "config.json").read_text())["format_version"] == 2
+        assert torch.equal(repo.load(exact)["model"]["w"], train_state(0)["model"]["w"])  # type: ignore[index]
