@@ -4,9 +4,11 @@ raises CorruptObjectError without writing past the declared size."""
 from __future__ import annotations
 
 import struct
+from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -231,3 +233,17 @@ def test_sparse_keeps_negative_zero_and_nan_payloads() -> None:
     out = np.empty(len(data), dtype=np.uint8)
     decode_sparse_into(encode_sparse(data, 4, True), out)
     assert out.tobytes() == data
+
+
+def test_metadata_objects_use_only_codecs_0_and_1(tmp_path: Path) -> None:
+    """Snapshots, commits and tags are whole-buffer objects (FORMAT.md §6), even
+    when their bytes are mostly zero and the repository encodes chunks with 'auto'."""
+    import ckvc
+    from ckvc.ids import ObjectType
+
+    with ckvc.Repo.init(tmp_path) as repo:
+        repo.commit({"w": torch.zeros(4096)}, message="\0" * 5000, metadata={"z": "\0" * 5000})
+        repo.tag("v1", message="\0" * 5000)
+        kinds = {(o.kind, o.codec) for o in repo.store.iter_stored()}
+    assert {codec for kind, codec in kinds if kind != ObjectType.CHUNK} <= {RAW, ZSTD}
+    assert TensorCodec().codec_id == ZSTD  # what its whole-buffer encode() produces

@@ -163,11 +163,12 @@ DELTA_MIN_GAIN = 0.9  # a delta must be under this fraction of the standalone en
 
 
 class TensorCodec(Codec):
-    """The tensor-aware encoder ("auto"): byte planes for multi-byte elements,
-    XOR against the same chunk of the parent commit when that is smaller,
-    sparse for mostly-zero data, plain zstd for bytes, raw when nothing helps."""
+    """The tensor-aware chunk encoder ("auto"): byte planes for multi-byte
+    elements, a delta against the tensor's keyframe when that saves enough,
+    sparse for mostly-zero data, plain zstd for bytes, raw when nothing helps.
+    Whole-buffer ``encode`` (metadata objects) is plain zstd."""
 
-    codec_id = BYTEGROUP
+    codec_id = ZSTD
     name = "auto"
     uses_bases = True
 

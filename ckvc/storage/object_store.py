@@ -25,6 +25,7 @@ from ckvc.codecs import (
     DeltaBase,
     decode_chunk_into,
     delta_header,
+    encode_smallest,
 )
 from ckvc.codecs.lossy import QUANT_HEAD_SIZE, quant_header
 from ckvc.errors import CorruptObjectError, ObjectNotFoundError, UnsupportedFormatError
@@ -387,9 +388,10 @@ class ObjectWriter:
     def encode(
         self, data: Buffer, layout: ChunkLayout | None = None, base: DeltaBase | None = None
     ) -> tuple[int, Buffer]:
-        """(codec id, payload) for ``data``: thread-safe, to run on a pool."""
+        """(codec id, payload) for ``data``: thread-safe, to run on a pool. Without a
+        layout (metadata objects) only codecs 0 and 1 are used (docs/FORMAT.md §6)."""
         if layout is None:
-            return self.codec.encode_chunk(data)
+            return encode_smallest(self.codec, data)
         return self.codec.encode_chunk(data, layout, base)
 
     def add_encoded(
