@@ -72,6 +72,7 @@ ProgressCallback = Callable[[int, int], None]
 # base it uses, whether a delta base was offered at all, and for a quantized
 # chunk (max abs error, sum of squared errors, sum of squared values).
 _Encoded = tuple[bytes, int, Any, bytes | None, bool, tuple[float, float, float] | None]
+MIN_DELTA_CHUNK = 64 << 10  # chunks below this many bytes are always stored whole
 # Tensors smaller than this stay exact under any lossy spec: step counters and
 # scalars cost nothing and must not drift.
 MIN_LOSSY_ELEMENTS = 4096
@@ -735,7 +736,10 @@ class Repo:
                 ):
                     bases = before.chunks
                 for i, (start, end) in enumerate(chunk_spans(len(blob.data), chunk_size)):
-                    base_oid = bases[i] if i < len(bases) else None
+                    # A tiny chunk's delta saves a few hundred bytes and costs a second
+                    # record read and decode on every checkout (lossy residuals excepted).
+                    small = end - start < MIN_DELTA_CHUNK and modes[index] is None
+                    base_oid = bases[i] if i < len(bases) and not small else None
                     task = self._submit(work, blob.data[start:end], layout, base_oid, blob.dtype, modes[index])
                     in_flight.append((index, task, end - start))
                     if len(in_flight) >= max_in_flight:
