@@ -782,6 +782,18 @@ class Repo:
         except CorruptObjectError as exc:
             raise exc.with_context(commit=commit.id) from None
 
+    def readable_commit(self, rev: str, *, allow_pickle: bool = False) -> Commit:
+        """The commit ``rev`` names, refused as every read refuses it: pruned
+        (PrunedCommitError), or holding pickles unless allowed (UnsafeContentError)."""
+        commit = self.read_commit(self.resolve(rev))
+        self._check_not_pruned(commit.id)
+        if commit.pickled and not allow_pickle:
+            raise UnsafeContentError(
+                f"commit {commit.id[:12]} holds pickled values, which can run code; "
+                "load with allow_pickle=True only if you trust it"
+            )
+        return commit
+
     def load(
         self,
         rev: str = "HEAD",
@@ -803,13 +815,7 @@ class Repo:
 
             view = open_view(self, rev, map_location, allow_pickle=allow_pickle, progress=progress)
             return view.load(keys, prefix=prefix)
-        commit = self.read_commit(self.resolve(rev))
-        self._check_not_pruned(commit.id)
-        if commit.pickled and not allow_pickle:
-            raise UnsafeContentError(
-                f"commit {commit.id[:12]} holds pickled values, which can run code; "
-                "load with allow_pickle=True only if you trust it"
-            )
+        commit = self.readable_commit(rev, allow_pickle=allow_pickle)
         snapshot = self.read_snapshot(commit)
         bases = self._read_blobs(commit, snapshot.blobs, progress)
 

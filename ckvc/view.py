@@ -34,7 +34,6 @@ from ckvc.errors import (
     InvalidInputError,
     ObjectNotFoundError,
     UnknownKeyError,
-    UnsafeContentError,
 )
 from ckvc.objects import Blob, Commit, Snapshot
 from ckvc.state import MapLocation, TensorInfo
@@ -287,13 +286,7 @@ def _fill_tree(node: Any, loader: _TensorLoader) -> Any:
 def _open(repo: Repo, rev: str, allow_pickle: bool) -> tuple[Commit, Snapshot, Any]:
     """The commit, its snapshot and its value tree (tensors as TensorInfo), with
     the same refusals as ``Repo.load``: pruned commits, and pickles unless allowed."""
-    commit = repo.read_commit(repo.resolve(rev))
-    repo._check_not_pruned(commit.id)
-    if commit.pickled and not allow_pickle:
-        raise UnsafeContentError(
-            f"commit {commit.id[:12]} holds pickled values, which can run code; "
-            "load with allow_pickle=True only if you trust it"
-        )
+    commit = repo.readable_commit(rev, allow_pickle=allow_pickle)
     snapshot = repo.read_snapshot(commit)
     try:
         root = state_mod.skeleton(snapshot.tree, allow_pickle=allow_pickle)
