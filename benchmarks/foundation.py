@@ -821,6 +821,19 @@ GROUP_TITLES = {
 }
 
 
+def print_commit_stats(res: Results, key_width: int) -> None:
+    """What each measured ckvc commit wrote, as the last repeat saw it."""
+    if not res.commit_stats:
+        return
+    print()
+    print("ckvc commit stats (last repeat)")
+    for k, st in res.commit_stats.items():
+        print(
+            f"  {k:<{key_width}} chunks {st['chunks']:>5}  new {st['new_chunks']:>5}  "
+            f"new raw {st['new_chunk_raw_bytes'] / MIB:>8.1f} MiB  stored {st['stored_bytes'] / MIB:>8.1f} MiB"
+        )
+
+
 def print_timing_rows(res: Results, group_titles: dict[str, str] | None = None) -> None:
     """The timing table (group by group, in ``group_titles`` order), the contention warning and row notes."""
     w = max(len(r.op) for r in res.rows) + 2
@@ -880,14 +893,7 @@ def print_table(res: Results) -> None:
     for s in res.sizes:
         print(f"  {s['format']:<52}{s['bytes'] / MIB:>10.1f} MiB  {s['ratio_vs_raw']:.3f} of raw")
 
-    if res.commit_stats:
-        print()
-        print("ckvc commit stats (last repeat)")
-        for k, st in res.commit_stats.items():
-            print(
-                f"  {k:<10} chunks {st['chunks']:>5}  new {st['new_chunks']:>5}  "
-                f"new raw {st['new_chunk_raw_bytes'] / MIB:>8.1f} MiB  stored {st['stored_bytes'] / MIB:>8.1f} MiB"
-            )
+    print_commit_stats(res, key_width=10)
 
     print()
     print("peak RSS minus state size (fresh process per op; saves hold the state before, loads return it)")

@@ -464,14 +464,7 @@ def print_report(res: fd.Results, checks: list[Check]) -> None:
     print("stored size")
     for s in res.sizes:
         print(f"  {s['format']:<40}{s['bytes'] / MIB:>10.1f} MiB  {s['bytes'] / c['state_bytes']:.3f} of raw")
-    if res.commit_stats:
-        print()
-        print("ckvc commit stats (last repeat)")
-        for k, st in res.commit_stats.items():
-            print(
-                f"  {k:<8} chunks {st['chunks']:>5}  new {st['new_chunks']:>5}  "
-                f"new raw {st['new_chunk_raw_bytes'] / MIB:>8.1f} MiB  stored {st['stored_bytes'] / MIB:>8.1f} MiB"
-            )
+    fd.print_commit_stats(res, key_width=8)
     print()
     print("peak RSS minus state size (fresh process per op; a commit holds the state before, a checkout returns it)")
     for m in res.memory:
