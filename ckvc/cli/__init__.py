@@ -21,6 +21,7 @@ import click
 import numpy as np
 
 from ckvc.cli.files import read_checkpoint, write_checkpoint
+from ckvc.codecs import planes
 from ckvc.errors import CkvcError, InvalidInputError
 from ckvc.objects import Commit
 from ckvc.repo import Repo, TensorSummary
@@ -137,7 +138,12 @@ json_option = click.option("--json", "as_json", is_flag=True, help="Machine-read
 
 @click.group(cls=CkvcGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("-C", "directory", default=".", metavar="DIR", help="Run as if started in DIR (like git -C).")
-@click.version_option(package_name="ckvc")
+@click.version_option(
+    package_name="ckvc",
+    message="%(prog)s %(version)s (native codec loops: "
+    + ("built" if planes._native is not None else "not built, numpy fallback 3-10x slower")
+    + ")",
+)
 @click.pass_context
 def cli(ctx: click.Context, directory: str) -> None:
     """ckvc: version control for deep-learning checkpoints."""

@@ -23,7 +23,7 @@ import zstandard
 
 from ckvc.codecs.delta import SUB, XOR, apply_residual, residual
 from ckvc.codecs.lossy import dequantize_into
-from ckvc.codecs.planes import SUPPORTED_WIDTHS, as_u8, decode_planes_into, encode_planes, zstd_decode
+from ckvc.codecs.planes import SUPPORTED_WIDTHS, as_u8, decode_planes_into, encode_planes, scratch, zstd_decode
 from ckvc.codecs.sparse import SPARSE_WIDTHS, decode_sparse_into, encode_sparse, zero_fraction
 from ckvc.errors import CorruptObjectError, UnsupportedFormatError
 
@@ -187,7 +187,8 @@ class TensorCodec(Codec):
         best: tuple[int, Buffer] = (RAW, data)
         if base is not None and len(base.plain) == len(data) and base.depth < MAX_CHAIN_DEPTH:
             transform, width = (SUB, layout.width) if layout.planes else (XOR, 1)
-            diff = residual(data, base.plain, transform, width)
+            # The residual lives until its payload is encoded: a per-thread buffer.
+            diff = residual(data, base.plain, transform, width, scratch(3, len(data), np.uint8))
             inner, payload = self._encode_standalone(diff.data, ChunkLayout(width, False) if width > 1 else layout)
             if inner != RAW:
                 head = _DELTA_HEAD.pack(transform, width, base.depth + 1, min(base.age + 1, MAX_AGE), inner)

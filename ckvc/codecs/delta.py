@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from ckvc.codecs import planes
 from ckvc.codecs.planes import Buffer, as_u8, scratch
 from ckvc.errors import CorruptObjectError
 
@@ -29,17 +30,22 @@ _UINT: dict[int, type[np.unsignedinteger[Any]]] = {2: np.uint16, 4: np.uint32, 8
 _INT = {2: np.int16, 4: np.int32, 8: np.int64}
 
 
-def residual(data: Buffer, base: Buffer, transform: int, width: int) -> np.ndarray:
-    """The residual of ``data`` against ``base`` (same size), as bytes."""
+def residual(data: Buffer, base: Buffer, transform: int, width: int, out: np.ndarray | None = None) -> np.ndarray:
+    """The residual of ``data`` against ``base`` (same size), as bytes, written
+    into ``out`` (uint8 of that size) when given."""
     new, old = as_u8(data), as_u8(base)
+    if out is None:
+        out = np.empty(len(new), dtype=np.uint8)
     if transform == XOR:
-        return np.bitwise_xor(new, old)
+        return np.bitwise_xor(new, old, out=out)
     n = len(new) // width * width
-    out = np.empty(len(new), dtype=np.uint8)
+    np.bitwise_xor(new[n:], old[n:], out=out[n:])
+    if planes._native is not None:
+        planes._native.zigzag_residual(new, old, width, out[:n])
+        return out
     diff = new[:n].view(_UINT[width]) - old[:n].view(_UINT[width])  # wraps
     signed = diff.view(_INT[width])
     out[:n].view(_UINT[width])[:] = ((signed << 1) ^ (signed >> (8 * width - 1))).view(_UINT[width])
-    np.bitwise_xor(new[n:], old[n:], out=out[n:])
     return out
 
 
@@ -54,6 +60,10 @@ def apply_residual(out: np.ndarray, base: Buffer | np.ndarray, transform: int, w
     if transform != SUB or width not in _UINT:
         raise CorruptObjectError(f"unknown delta transform {transform} (width {width})")
     n = len(out) // width * width
+    np.bitwise_xor(out[n:], old[n:], out=out[n:])
+    if planes._native is not None:
+        planes._native.apply_zigzag(out[:n], old[:n], width)
+        return
     zigzag = out[:n].view(_UINT[width])
     sign = scratch(100, len(zigzag), _UINT[width])
     np.bitwise_and(zigzag, 1, out=sign)
@@ -61,4 +71,3 @@ def apply_residual(out: np.ndarray, base: Buffer | np.ndarray, transform: int, w
     zigzag >>= 1
     zigzag ^= sign
     zigzag += old[:n].view(_UINT[width])  # wraps
-    np.bitwise_xor(out[n:], old[n:], out=out[n:])

@@ -33,6 +33,11 @@ import zstandard
 
 from ckvc.errors import CorruptObjectError
 
+try:
+    from ckvc import _native
+except ImportError:  # installed without a C compiler: the numpy loops below give the same bytes, slower
+    _native = None  # type: ignore[assignment]
+
 Buffer = bytes | bytearray | memoryview
 
 PLANE_RAW = 0
@@ -96,10 +101,18 @@ def as_u8(data: Buffer | np.ndarray) -> np.ndarray:
     return np.frombuffer(data, dtype=np.uint8)
 
 
-def split_planes(data: Buffer, width: int, sign_swap: bool) -> tuple[list[np.ndarray], np.ndarray]:
-    """(planes, tail): the element bytes grouped by significance, plane 0 lowest."""
+def split_planes(
+    data: Buffer, width: int, sign_swap: bool, out: np.ndarray | None = None
+) -> tuple[list[np.ndarray], np.ndarray]:
+    """(planes, tail): the element bytes grouped by significance, plane 0 lowest.
+    With the native loops the planes are views of ``out`` (uint8, the whole
+    elements' size) when it is given, else of a new array."""
     raw = as_u8(data)
     n = len(raw) // width
+    if _native is not None:
+        grouped = np.empty(n * width, dtype=np.uint8) if out is None else out
+        _native.split_planes(raw, width, sign_swap, grouped)
+        return [grouped[k * n : (k + 1) * n] for k in range(width)], raw[n * width :]
     grid = raw[: n * width].reshape(n, width)
     planes = [grid[:, k].copy() for k in range(width)]  # always copies (the sign swap writes them)
     if sign_swap and n:
@@ -111,9 +124,15 @@ def split_planes(data: Buffer, width: int, sign_swap: bool) -> tuple[list[np.nda
     return planes, raw[n * width :]
 
 
-def join_planes(planes: list[np.ndarray], tail: Buffer, width: int, sign_swap: bool, out: np.ndarray) -> None:
+def join_planes(
+    planes: list[np.ndarray], tail: Buffer | np.ndarray, width: int, sign_swap: bool, out: np.ndarray
+) -> None:
     """Inverse of :func:`split_planes`, written into ``out`` (uint8, exact size)."""
     n = len(planes[0]) if planes else 0
+    if _native is not None and planes:
+        _native.join_planes(planes, sign_swap, out[: n * width])
+        out[n * width :] = as_u8(tail)
+        return
     if sign_swap and n:
         hi, nxt = planes[-1], planes[-2]  # possibly read-only views of the payload
         swap, new_nxt = scratch(0, n, np.uint8), scratch(1, n, np.uint8)
@@ -157,7 +176,10 @@ def encode_planes(data: Buffer, width: int, sign_swap: bool) -> bytes:
     """The bytegroup payload for ``data`` (any length; the tail is kept raw)."""
     if width not in SUPPORTED_WIDTHS:
         raise ValueError(f"unsupported element width {width}")
-    planes, tail = split_planes(data, width, sign_swap)
+    whole = len(data) // width * width
+    # The planes live only until the payload is joined below: a per-thread buffer
+    # spares a page fault per 4 KiB of fresh memory.
+    planes, tail = split_planes(data, width, sign_swap, scratch(2, whole, np.uint8))
     encoded = [_encode_plane(p) for p in planes]
     head = [_HEAD.pack(width, FLAG_SIGN_SWAP if sign_swap else 0)]
     head += [_PLANE.pack(codec, len(payload)) for codec, payload in encoded]

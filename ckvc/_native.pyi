@@ -1,0 +1,13 @@
+# Types of the C extension built from ckvc/_native.c (see its docstrings).
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+from typing_extensions import Buffer
+
+_Bytes = Buffer | np.ndarray[Any, Any]
+
+def split_planes(src: _Bytes, width: int, sign_swap: bool, dst: _Bytes, /) -> None: ...
+def join_planes(planes: Sequence[_Bytes], sign_swap: bool, dst: _Bytes, /) -> None: ...
+def zigzag_residual(new: _Bytes, base: _Bytes, width: int, dst: _Bytes, /) -> None: ...
+def apply_zigzag(out: _Bytes, base: _Bytes, width: int, /) -> None: ...
