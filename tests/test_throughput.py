@@ -145,3 +145,41 @@ def test_cli_progress_bar_shows_on_a_terminal(monkeypatch: pytest.MonkeyPatch) -
     assert "checkout" in err.getvalue() and "512k" in err.getvalue().lower()
     with _progress_bar("checkout", False) as update:  # --json
         assert update is None
+
+
+# ---- cold-read prefetch ---------------------------------------------------------
+
+
+def test_checkout_prefetches_every_chunk_it_reads(repo: ckvc.Repo, monkeypatch: pytest.MonkeyPatch) -> None:
+    state = {"w": torch.randn(10_000), "b": torch.arange(3000, dtype=torch.int64)}
+    cid = repo.commit(state, message="x")
+    advised: list[tuple[str, int, int]] = []
+    real = os.posix_fadvise
+
+    def spy(fd: int, offset: int, length: int, advice: int) -> None:
+        assert advice == os.POSIX_FADV_WILLNEED
+        advised.append((os.readlink(f"/proc/self/fd/{fd}"), offset, length))
+        real(fd, offset, length, advice)
+
+    monkeypatch.setattr(os, "posix_fadvise", spy)
+    assert_state_equal(repo.load(cid), state)
+    blobs = repo.show(cid).tensors
+    chunk_count = sum(len(range(0, t.nbytes, CHUNK)) for t in blobs)
+    assert len(advised) == chunk_count
+    for path, offset, length in advised:
+        entries = {(e.offset, e.record_size) for e in _entries(repo, Path(path).name)}
+        assert (offset, length) in entries  # exactly one record's bytes
+
+
+def _entries(repo: ckvc.Repo, name: str) -> list[Any]:
+    with repo.store.reader.opened(name) as fd:
+        return pack_entries(fd, name)[0]
+
+
+def test_prefetch_is_only_a_hint(repo: ckvc.Repo) -> None:
+    cid = repo.commit({"w": torch.randn(5000)}, message="x")
+    repo.store.prefetch(b"\x01" * 32)  # unknown object: nothing to do, no error
+    for name in list_packs(repo.dir / "packs"):
+        repo.store.reader.prefetch(name, 0, 1 << 30)  # past the end of the file: fine
+    repo.store.reader.prefetch("no-such.pack", 0, 10)  # the read, not the hint, reports a missing pack
+    assert repo.load(cid)["w"].shape == (5000,)

@@ -349,6 +349,13 @@ class ObjectStore:
                 raise
             self._decode_entry(oid, retry, ObjectType.CHUNK, target)
 
+    def prefetch(self, oid: bytes) -> None:
+        """Start reading a chunk's record from disk in the background (a hint:
+        errors are left to the read that follows)."""
+        entry = self.index.get(oid)
+        if entry is not None:
+            self.reader.prefetch(entry.pack, entry.offset, entry.record_size)
+
     def verify(self, oid: bytes) -> None:
         """Read and verify one object; raises CorruptObjectError or ObjectNotFoundError."""
         self.read(oid)
