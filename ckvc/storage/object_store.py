@@ -18,6 +18,7 @@ from ckvc.codecs import (
     CODEC_NAMES,
     DELTA,
     QUANT,
+    RAW,
     WHOLE_CODECS,
     Buffer,
     ChunkLayout,
@@ -254,13 +255,18 @@ class ObjectStore:
         """Decode the object into ``out`` and verify it against ``oid``."""
         hex_id = oid.hex()
         try:
-            record = self._record(oid, entry, kind)
-            base = self._base_plain(record, len(out))
-            decode_chunk_into(record.codec, record.payload, out, base)
-            if object_id(ObjectType(record.kind), out.data) != oid:
+            if entry.codec == RAW and entry.record_size == RECORD_HEADER_SIZE + len(out):
+                record_kind = self._read_raw_into(oid, entry, kind, out)
+                base_oid = None
+            else:
+                record = self._record(oid, entry, kind)
+                base = self._base_plain(record, len(out))
+                decode_chunk_into(record.codec, record.payload, out, base)
+                record_kind, base_oid = record.kind, record.base
+            if object_id(ObjectType(record_kind), out.data) != oid:
                 # A delta whose base chain is damaged decodes to wrong bytes: name the culprit.
-                if record.base is not None:
-                    self._verify_chain(record.base)
+                if base_oid is not None:
+                    self._verify_chain(base_oid)
                 raise CorruptObjectError("content does not match its id")
         except CorruptObjectError as exc:
             if exc.object_id and exc.object_id != hex_id:
@@ -268,6 +274,19 @@ class ObjectStore:
             raise CorruptObjectError(f"{exc.reason} in pack {entry.pack}", object_id=hex_id) from None
         except ValueError as exc:  # an unknown type byte
             raise CorruptObjectError(f"unreadable record in pack {entry.pack}: {exc}", object_id=hex_id) from None
+
+    def _read_raw_into(self, oid: bytes, entry: IndexEntry, kind: ObjectType | None, out: np.ndarray) -> int:
+        """A record stored raw: its payload read straight into ``out`` (no second copy),
+        its header checked like :meth:`_record` does. Returns the record's type."""
+        head = self.reader.read_head_into(entry.pack, entry.offset, entry.record_size, RECORD_HEADER_SIZE, out.data)
+        record_kind, codec, raw_size, payload_size, record_oid, base = parse_record_header(head)
+        if record_oid != oid:
+            raise CorruptObjectError("record holds a different object than the index says")
+        if kind is not None and record_kind != kind:
+            raise CorruptObjectError(f"expected a {kind.name.lower()} object, found type {record_kind}")
+        if codec != RAW or base is not None or raw_size != payload_size or payload_size != len(out):
+            raise CorruptObjectError("record header does not match its index entry")
+        return record_kind
 
     def _base_plain(self, record: Record, size: int) -> np.ndarray | None:
         """The plain bytes of a record's base (delta or lossy residual): decoded

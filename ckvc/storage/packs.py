@@ -317,6 +317,21 @@ class PackReader:
         except (ObjectNotFoundError, OSError):
             pass
 
+    def read_head_into(self, name: str, offset: int, size: int, head_size: int, out: memoryview) -> memoryview:
+        """Read ``size`` bytes at ``offset``: the first ``head_size`` into this thread's
+        buffer (returned, valid until its next read), the rest straight into ``out``
+        (a raw chunk's destination: no second copy)."""
+        bufs: dict[int, bytearray] = self._local.__dict__.setdefault("bufs", {})
+        head = bufs.setdefault(-1, bytearray(head_size))
+        view = memoryview(head)[:head_size]
+        if len(out) != size - head_size:
+            raise ValueError("destination does not match the record's payload size")
+        with self.opened(name) as fd:
+            got = os.preadv(fd, [view, out], offset)
+        if got != size:
+            raise CorruptObjectError(f"pack {name} is truncated at offset {offset}")
+        return view
+
     def forget(self, name: str) -> None:
         """Drop a pack's cached file (gc removed the pack)."""
         with self._lock:
