@@ -76,6 +76,30 @@ def test_zigzag_match_numpy(width: int, size: int, monkeypatch: pytest.MonkeyPat
 
 
 @pytest.mark.skipif(native is None, reason="extension not built")
+@pytest.mark.parametrize("width", [2, 4, 8])
+@pytest.mark.parametrize("size", SIZES)
+def test_fused_delta_decode_matches_join_then_apply(width: int, size: int) -> None:
+    rng = np.random.default_rng(size * 7 + width)
+    base = rng.bytes(size)
+    new = (np.frombuffer(base, np.uint8).astype(np.int16) + rng.integers(-3, 4, size)).astype(np.uint8).tobytes()
+    payload = encode_planes(residual(new, base, SUB, width).data, width, False)
+    base_arr = np.frombuffer(base, np.uint8)
+    out = np.full(size + 8, 0xEE, dtype=np.uint8)
+    assert decode_planes_into(payload, out[:size], zigzag_base=base_arr, zigzag_width=width)
+    assert out[:size].tobytes() == new and out[size:].tobytes() == b"\xee" * 8
+    # Where the fused loop does not apply, out holds the residual and the caller applies it.
+    for use_native, zigzag_width in ((False, width), (True, 2 if width != 2 else 4)):
+        with mock.patch.object(planes, "_native", native if use_native else None):
+            out = np.empty(size, dtype=np.uint8)
+            assert not decode_planes_into(payload, out, zigzag_base=base_arr, zigzag_width=zigzag_width)
+            apply_residual(out, base, SUB, width)
+            assert out.tobytes() == new
+    assert native is not None
+    with pytest.raises(ValueError, match="sizes differ"):
+        native.join_planes_add([bytes(4)] * 4, bytes(15), bytearray(16))
+
+
+@pytest.mark.skipif(native is None, reason="extension not built")
 @settings(max_examples=60, deadline=None)
 @given(data=st.binary(max_size=3000), width=st.sampled_from([2, 4, 8]), sign_swap=st.booleans())
 def test_payloads_decode_across_implementations(data: bytes, width: int, sign_swap: bool) -> None:

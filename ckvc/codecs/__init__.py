@@ -219,7 +219,12 @@ def decode_chunk_into(codec_id: int, payload: Buffer, out: np.ndarray, base: Buf
         if base is None or len(base) != len(out):
             raise CorruptObjectError("delta record without a base of its size")
         head = delta_header(payload)
-        decode_chunk_into(head.inner, memoryview(payload)[_DELTA_HEAD.size :], out)
+        inner = memoryview(payload)[_DELTA_HEAD.size :]
+        if head.inner == BYTEGROUP and head.transform == SUB:
+            if decode_planes_into(inner, out, zigzag_base=as_u8(base), zigzag_width=head.width):
+                return  # residual applied while joining its planes
+        else:
+            decode_chunk_into(head.inner, inner, out)
         apply_residual(out, base, head.transform, head.width)
     elif codec_id == BYTEGROUP:
         decode_planes_into(payload, out)

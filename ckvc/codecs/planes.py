@@ -186,11 +186,30 @@ def encode_planes(data: Buffer, width: int, sign_swap: bool) -> bytes:
     return b"".join([*head, *(payload for _, payload in encoded), tail.tobytes()])
 
 
-def decode_planes_into(payload: Buffer, out: np.ndarray) -> None:
+def decode_planes_into(
+    payload: Buffer, out: np.ndarray, zigzag_base: np.ndarray | None = None, zigzag_width: int = 0
+) -> bool:
     """Decode a bytegroup payload into ``out`` (uint8 of the declared raw size).
-    Never writes past ``out``; malformed input raises CorruptObjectError."""
+    Never writes past ``out``; malformed input raises CorruptObjectError.
+
+    With ``zigzag_base`` (a delta's base, the size of ``out``) the payload holds a
+    ``sub`` residual (codecs/delta.py) of elements ``zigzag_width`` bytes wide; where
+    the native loops can, ``out`` receives the base plus the residual in one pass:
+    returns True then, False when ``out`` holds the residual still to be applied."""
+    planes, tail, width, sign_swap = _decode_plane_set(payload, len(out))
+    n = len(planes[0])
+    if zigzag_base is not None and _native is not None and not sign_swap and width == zigzag_width:
+        base = as_u8(zigzag_base)
+        _native.join_planes_add(planes, base, out[: n * width])
+        np.bitwise_xor(as_u8(tail), base[n * width :], out=out[n * width :])  # delta.py: tails are XORed
+        return True
+    join_planes(planes, tail, width, sign_swap, out)
+    return False
+
+
+def _decode_plane_set(payload: Buffer, raw_size: int) -> tuple[list[np.ndarray], memoryview, int, bool]:
+    """(planes, tail, width, sign swap) of a bytegroup payload, planes decoded."""
     view = memoryview(payload)
-    raw_size = len(out)
     if len(view) < _HEAD.size:
         raise CorruptObjectError("bytegroup payload truncated")
     width, flags = _HEAD.unpack_from(view, 0)
@@ -211,7 +230,7 @@ def decode_planes_into(payload: Buffer, out: np.ndarray) -> None:
     tail = view[pos:]
     if len(tail) != raw_size - n * width:
         raise CorruptObjectError(f"bytegroup tail is {len(tail)} bytes, expected {raw_size - n * width}")
-    join_planes(planes, tail, width, bool(flags & FLAG_SIGN_SWAP), out)
+    return planes, tail, width, bool(flags & FLAG_SIGN_SWAP)
 
 
 def _decode_plane(codec: int, chunk: memoryview, n: int) -> np.ndarray:
