@@ -120,11 +120,12 @@ ZIGZAG_KERNELS(64)
 
 /* A delta's residual planes joined, unzigzagged and added to the base in one
  * pass (join + apply would write and re-read the whole chunk). Written out per
- * width with restrict pointers so that gcc vectorizes them. */
+ * width so that gcc vectorizes them. base may be dst itself (element i reads
+ * only base[i]), so those two are not restrict. */
 #define UNZIGZAG_ADD(BITS, zz, b) ((uint##BITS##_t)((((zz) >> 1) ^ (uint##BITS##_t)(0 - ((zz)&1))) + (b)))
 
-KERNEL static void join_add16(const uint8_t *restrict p0, const uint8_t *restrict p1, const uint8_t *restrict base,
-                              uint8_t *restrict dst, size_t n) {
+KERNEL static void join_add16(const uint8_t *restrict p0, const uint8_t *restrict p1, const uint8_t *base, uint8_t *dst,
+                              size_t n) {
     for (size_t i = 0; i < n; i++) {
         uint16_t zz = (uint16_t)(p0[i] | (p1[i] << 8)), b;
         memcpy(&b, base + 2 * i, 2);
@@ -134,8 +135,7 @@ KERNEL static void join_add16(const uint8_t *restrict p0, const uint8_t *restric
 }
 
 KERNEL static void join_add32(const uint8_t *restrict p0, const uint8_t *restrict p1, const uint8_t *restrict p2,
-                              const uint8_t *restrict p3, const uint8_t *restrict base, uint8_t *restrict dst,
-                              size_t n) {
+                              const uint8_t *restrict p3, const uint8_t *base, uint8_t *dst, size_t n) {
     for (size_t i = 0; i < n; i++) {
         uint32_t zz = (uint32_t)p0[i] | ((uint32_t)p1[i] << 8) | ((uint32_t)p2[i] << 16) | ((uint32_t)p3[i] << 24), b;
         memcpy(&b, base + 4 * i, 4);
@@ -144,7 +144,7 @@ KERNEL static void join_add32(const uint8_t *restrict p0, const uint8_t *restric
     }
 }
 
-KERNEL static void join_add64(const uint8_t *const *p, const uint8_t *restrict base, uint8_t *restrict dst, size_t n) {
+KERNEL static void join_add64(const uint8_t *const *p, const uint8_t *base, uint8_t *dst, size_t n) {
     const uint8_t *restrict p0 = p[0], *restrict p1 = p[1], *restrict p2 = p[2], *restrict p3 = p[3];
     const uint8_t *restrict p4 = p[4], *restrict p5 = p[5], *restrict p6 = p[6], *restrict p7 = p[7];
     for (size_t i = 0; i < n; i++) {
@@ -301,8 +301,8 @@ PyDoc_STRVAR(join_planes_add_doc,
              "join_planes_add(planes, base, dst)\n\n"
              "dst = base + unzigzag(join_planes(planes)) per little-endian element of\n"
              "len(planes) bytes: a delta's residual planes applied in one pass. base (at\n"
-             "least len(dst) bytes) must not overlap dst, which is n * width bytes for planes\n"
-             "of n bytes.");
+             "least len(dst) bytes) is either dst itself (in place) or does not overlap it;\n"
+             "dst is n * width bytes for planes of n bytes.");
 
 static PyObject *join_planes_add(PyObject *self, PyObject *args) {
     PyObject *seq;

@@ -14,7 +14,14 @@ from hypothesis import strategies as st
 
 from ckvc.codecs import delta, planes
 from ckvc.codecs.delta import SUB, apply_residual, residual
-from ckvc.codecs.planes import decode_planes_into, encode_planes, join_planes, split_planes
+from ckvc.codecs.planes import (
+    add_residual_planes,
+    decode_plane_set,
+    decode_planes_into,
+    encode_planes,
+    join_planes,
+    split_planes,
+)
 
 native = planes._native
 T = TypeVar("T")
@@ -84,16 +91,19 @@ def test_fused_delta_decode_matches_join_then_apply(width: int, size: int) -> No
     new = (np.frombuffer(base, np.uint8).astype(np.int16) + rng.integers(-3, 4, size)).astype(np.uint8).tobytes()
     payload = encode_planes(residual(new, base, SUB, width).data, width, False)
     base_arr = np.frombuffer(base, np.uint8)
+    decoded = decode_plane_set(payload, size)
     out = np.full(size + 8, 0xEE, dtype=np.uint8)
-    assert decode_planes_into(payload, out[:size], zigzag_base=base_arr, zigzag_width=width)
+    assert add_residual_planes(decoded, base_arr, out[:size], width)
     assert out[:size].tobytes() == new and out[size:].tobytes() == b"\xee" * 8
-    # Where the fused loop does not apply, out holds the residual and the caller applies it.
-    for use_native, zigzag_width in ((False, width), (True, 2 if width != 2 else 4)):
+    in_place = base_arr.copy()  # out holding the base: a checkout's keyframe
+    assert add_residual_planes(decoded, in_place, in_place, width)
+    assert in_place.tobytes() == new
+    # Where the fused loop does not apply, nothing is written.
+    for use_native, plane_width in ((False, width), (True, 2 if width != 2 else 4)):
         with mock.patch.object(planes, "_native", native if use_native else None):
-            out = np.empty(size, dtype=np.uint8)
-            assert not decode_planes_into(payload, out, zigzag_base=base_arr, zigzag_width=zigzag_width)
-            apply_residual(out, base, SUB, width)
-            assert out.tobytes() == new
+            untouched = base_arr.copy()
+            assert not add_residual_planes(decoded, untouched, untouched, plane_width)
+            assert untouched.tobytes() == base
     assert native is not None
     with pytest.raises(ValueError, match="sizes differ"):
         native.join_planes_add([bytes(4)] * 4, bytes(15), bytearray(16))

@@ -23,7 +23,17 @@ import zstandard
 
 from ckvc.codecs.delta import SUB, XOR, apply_residual, residual
 from ckvc.codecs.lossy import dequantize_into
-from ckvc.codecs.planes import SUPPORTED_WIDTHS, as_u8, decode_planes_into, encode_planes, scratch, zstd_decode
+from ckvc.codecs.planes import (
+    SUPPORTED_WIDTHS,
+    add_residual_planes,
+    as_u8,
+    decode_plane_set,
+    decode_planes_into,
+    encode_planes,
+    join_planes,
+    scratch,
+    zstd_decode,
+)
 from ckvc.codecs.sparse import SPARSE_WIDTHS, decode_sparse_into, encode_sparse, zero_fraction
 from ckvc.errors import CorruptObjectError, UnsupportedFormatError
 
@@ -218,14 +228,7 @@ def decode_chunk_into(codec_id: int, payload: Buffer, out: np.ndarray, base: Buf
     if codec_id == DELTA:
         if base is None or len(base) != len(out):
             raise CorruptObjectError("delta record without a base of its size")
-        head = delta_header(payload)
-        inner = memoryview(payload)[_DELTA_HEAD.size :]
-        if head.inner == BYTEGROUP and head.transform == SUB:
-            if decode_planes_into(inner, out, zigzag_base=as_u8(base), zigzag_width=head.width):
-                return  # residual applied while joining its planes
-        else:
-            decode_chunk_into(head.inner, inner, out)
-        apply_residual(out, base, head.transform, head.width)
+        apply_delta(payload, out, as_u8(base))
     elif codec_id == BYTEGROUP:
         decode_planes_into(payload, out)
     elif codec_id == SPARSE:
@@ -237,6 +240,28 @@ def decode_chunk_into(codec_id: int, payload: Buffer, out: np.ndarray, base: Buf
         out[:] = as_u8(plain)
     else:
         raise UnsupportedFormatError(f"unknown codec id {codec_id}")
+
+
+def apply_delta(payload: Buffer, out: np.ndarray, base: np.ndarray | None) -> None:
+    """Decode a delta record's payload into ``out`` given its base's plain bytes,
+    or with ``base`` None, turn ``out``, which holds the base, into the chunk in
+    place (a checkout decodes the keyframe straight into the destination)."""
+    head = delta_header(payload)
+    inner = memoryview(payload)[_DELTA_HEAD.size :]
+    old = out if base is None else base
+    # Where the residual cannot be added while decoding, it needs a buffer of its
+    # own when out holds the base.
+    residual = scratch(4, len(out), np.uint8) if base is None else out
+    if head.inner == BYTEGROUP and head.transform == SUB:
+        decoded = decode_plane_set(inner, len(out))
+        if add_residual_planes(decoded, old, out, head.width):
+            return
+        join_planes(*decoded, residual)
+    else:
+        decode_chunk_into(head.inner, inner, residual)
+    apply_residual(residual, old, head.transform, head.width)
+    if residual is not out:
+        out[:] = residual
 
 
 def delta_header(payload: Buffer) -> DeltaHeader:

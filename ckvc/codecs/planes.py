@@ -26,7 +26,7 @@ from __future__ import annotations
 import struct
 import sys
 import threading
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import zstandard
@@ -186,29 +186,37 @@ def encode_planes(data: Buffer, width: int, sign_swap: bool) -> bytes:
     return b"".join([*head, *(payload for _, payload in encoded), tail.tobytes()])
 
 
-def decode_planes_into(
-    payload: Buffer, out: np.ndarray, zigzag_base: np.ndarray | None = None, zigzag_width: int = 0
-) -> bool:
+class PlaneSet(NamedTuple):
+    """A decoded bytegroup payload: planes (plane 0 lowest) and the raw tail."""
+
+    planes: list[np.ndarray]
+    tail: memoryview
+    width: int
+    sign_swap: bool
+
+
+def decode_planes_into(payload: Buffer, out: np.ndarray) -> None:
     """Decode a bytegroup payload into ``out`` (uint8 of the declared raw size).
-    Never writes past ``out``; malformed input raises CorruptObjectError.
-
-    With ``zigzag_base`` (a delta's base, the size of ``out``) the payload holds a
-    ``sub`` residual (codecs/delta.py) of elements ``zigzag_width`` bytes wide; where
-    the native loops can, ``out`` receives the base plus the residual in one pass:
-    returns True then, False when ``out`` holds the residual still to be applied."""
-    planes, tail, width, sign_swap = _decode_plane_set(payload, len(out))
-    n = len(planes[0])
-    if zigzag_base is not None and _native is not None and not sign_swap and width == zigzag_width:
-        base = as_u8(zigzag_base)
-        _native.join_planes_add(planes, base, out[: n * width])
-        np.bitwise_xor(as_u8(tail), base[n * width :], out=out[n * width :])  # delta.py: tails are XORed
-        return True
-    join_planes(planes, tail, width, sign_swap, out)
-    return False
+    Never writes past ``out``; malformed input raises CorruptObjectError."""
+    join_planes(*decode_plane_set(payload, len(out)), out)
 
 
-def _decode_plane_set(payload: Buffer, raw_size: int) -> tuple[list[np.ndarray], memoryview, int, bool]:
-    """(planes, tail, width, sign swap) of a bytegroup payload, planes decoded."""
+def add_residual_planes(decoded: PlaneSet, base: np.ndarray, out: np.ndarray, width: int) -> bool:
+    """``out = base + residual`` in one native pass, where ``decoded`` holds a delta's
+    ``sub`` residual of ``width``-byte elements (codecs/delta.py; bytes past the last
+    whole element are XORed). ``base`` may be ``out`` itself. Returns False, having
+    written nothing, where the fused loop does not apply (no native loops, a sign
+    swap, another plane width)."""
+    if _native is None or decoded.sign_swap or decoded.width != width:
+        return False
+    n = len(decoded.planes[0]) * width
+    _native.join_planes_add(decoded.planes, base, out[:n])
+    np.bitwise_xor(as_u8(decoded.tail), base[n:], out=out[n:])
+    return True
+
+
+def decode_plane_set(payload: Buffer, raw_size: int) -> PlaneSet:
+    """The planes and tail of a bytegroup payload of ``raw_size`` plain bytes, decoded."""
     view = memoryview(payload)
     if len(view) < _HEAD.size:
         raise CorruptObjectError("bytegroup payload truncated")
@@ -230,7 +238,7 @@ def _decode_plane_set(payload: Buffer, raw_size: int) -> tuple[list[np.ndarray],
     tail = view[pos:]
     if len(tail) != raw_size - n * width:
         raise CorruptObjectError(f"bytegroup tail is {len(tail)} bytes, expected {raw_size - n * width}")
-    return planes, tail, width, bool(flags & FLAG_SIGN_SWAP)
+    return PlaneSet(planes, tail, width, bool(flags & FLAG_SIGN_SWAP))
 
 
 def _decode_plane(codec: int, chunk: memoryview, n: int) -> np.ndarray:

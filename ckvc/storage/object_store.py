@@ -24,6 +24,7 @@ from ckvc.codecs import (
     ChunkLayout,
     Codec,
     DeltaBase,
+    apply_delta,
     decode_chunk_into,
     delta_header,
     encode_smallest,
@@ -260,8 +261,9 @@ class ObjectStore:
                 base_oid = None
             else:
                 record = self._record(oid, entry, kind)
-                base = self._base_plain(record, len(out))
-                decode_chunk_into(record.codec, record.payload, out, base)
+                if not self._decode_on_keyframe(record, out):
+                    base = self._base_plain(record, len(out))
+                    decode_chunk_into(record.codec, record.payload, out, base)
                 record_kind, base_oid = record.kind, record.base
             if object_id(ObjectType(record_kind), out.data) != oid:
                 # A delta whose base chain is damaged decodes to wrong bytes: name the culprit.
@@ -288,6 +290,22 @@ class ObjectStore:
             raise CorruptObjectError("record header does not match its index entry")
         return record_kind
 
+    def _decode_on_keyframe(self, record: Record, out: np.ndarray) -> bool:
+        """A delta one link from a whole chunk (all ckvc writes) whose base is not
+        cached: the keyframe decodes straight into ``out`` and the residual is added
+        in place, so a checkout touches no buffer besides its destination. False
+        for every other record, left to the general path."""
+        if record.codec != DELTA or record.base is None or delta_header(record.payload).depth != 1:
+            return False
+        if self._base_cache.get(record.base) is not None:
+            return False
+        keyframe = self._base_record(record.base, len(out), slot=1)
+        if keyframe.codec not in WHOLE_CODECS:  # depth 1: the base must be stored whole
+            raise CorruptObjectError("delta chain depth 1 where its base is not whole", object_id=record.base.hex())
+        decode_chunk_into(keyframe.codec, keyframe.payload, out)
+        apply_delta(record.payload, out, None)
+        return True
+
     def _base_plain(self, record: Record, size: int) -> np.ndarray | None:
         """The plain bytes of a record's base (delta or lossy residual): decoded
         along its chain without verifying each link (the final id check covers
@@ -306,10 +324,7 @@ class ObjectStore:
         cached = self._base_cache.get(oid)
         if cached is not None:
             return cached
-        entry = self.locate(oid)
-        if entry.raw_size != size:
-            raise CorruptObjectError(f"delta base {oid.hex()[:12]} is {entry.raw_size} bytes, expected {size}")
-        record = self._record(oid, entry, ObjectType.CHUNK, slot=1 + depth)
+        record = self._base_record(oid, size, slot=1 + depth)
         base: np.ndarray | None = None
         if record.codec not in WHOLE_CODECS and record.codec != DELTA:
             raise CorruptObjectError("a lossy chunk cannot be a base", object_id=oid.hex())
@@ -326,6 +341,13 @@ class ObjectStore:
         decode_chunk_into(record.codec, record.payload, out, base)
         self._base_cache.put(oid, out)
         return out
+
+    def _base_record(self, oid: bytes, size: int, slot: int) -> Record:
+        """The record of a delta's base, which must have the delta's size."""
+        entry = self.locate(oid)
+        if entry.raw_size != size:
+            raise CorruptObjectError(f"delta base {oid.hex()[:12]} is {entry.raw_size} bytes, expected {size}")
+        return self._record(oid, entry, ObjectType.CHUNK, slot=slot)
 
     def _verify_chain(self, oid: bytes) -> None:
         """Verify every link of a delta chain; raises naming the first damaged one."""
