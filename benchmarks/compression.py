@@ -243,6 +243,7 @@ def checkout_medians(runs: Sequence[RepoFigures], rounds: int) -> list[float]:
     checkout's output lands in recycled or fresh pages depended on what the previous
     round freed: the same pair measured 1.4x in one run and 1.95x in the next."""
     specs = json.dumps([(str(r.path), r.last_id) for r in runs])
+    os.sync()  # the repositories were just written: their writeback must not land in the timed rounds
     done = subprocess.run(
         [sys.executable, "-c", _CHECKOUT_TIMER, specs, str(rounds)], check=True, capture_output=True, text=True
     )

@@ -168,8 +168,12 @@ def drifting(dtype: torch.dtype, n: int) -> list[dict[str, torch.Tensor]]:
     """States of one dtype that change a little per epoch (deltas win), odd byte sizes included."""
     g = torch.Generator().manual_seed(3)
     if dtype.is_floating_point:
-        base = torch.randn(70_001, generator=g).to(dtype)
-        return [{"t": base + (1e-3 * i * torch.randn(70_001, generator=g)).to(dtype)} for i in range(n)]
+        step = {torch.bfloat16: 1e-2, torch.float32: 1e-5, torch.float64: 1e-12}[dtype]  # a few ulps
+        base = torch.randn(70_001, generator=g, dtype=torch.float64)
+        return [
+            {"t": (base * (1 + step * i * torch.randn(70_001, generator=g, dtype=torch.float64))).to(dtype)}
+            for i in range(n)
+        ]
     base = torch.randint(0, 100, (70_001,), generator=g, dtype=dtype)
     out = []
     for i in range(n):

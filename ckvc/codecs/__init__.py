@@ -169,7 +169,7 @@ DELTA_INNER_CODECS = (RAW, ZSTD, BYTEGROUP, SPARSE)
 MAX_CHAIN_DEPTH = 255  # one byte; ckvc writes depth 1 (deltas against keyframes, docs/DESIGN.md)
 MAX_AGE = 255
 SPARSE_MIN_ZERO_FRACTION = 0.5
-DELTA_MIN_GAIN = 0.9  # a delta must be under this fraction of the standalone encoding
+DELTA_MIN_GAIN = 0.8  # a delta must be under this fraction of the standalone encoding (docs/DESIGN.md)
 
 
 class TensorCodec(Codec):
