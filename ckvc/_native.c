@@ -194,6 +194,47 @@ done:
     return result;
 }
 
+/* The planes argument of join_planes and join_planes_add: a sequence of width
+ * (2, 4, 8) C-contiguous buffers of one length n. */
+typedef struct {
+    Py_buffer views[8];
+    const uint8_t *p[8];
+    Py_ssize_t held;
+    Py_ssize_t width;
+    size_t n;
+} Planes;
+
+static void planes_release(Planes *pl) {
+    for (Py_ssize_t k = 0; k < pl->held; k++) PyBuffer_Release(&pl->views[k]);
+    pl->held = 0;
+}
+
+static int planes_acquire(PyObject *seq, Planes *pl) {
+    pl->held = 0;
+    PyObject *fast = PySequence_Fast(seq, "planes must be a sequence of buffers");
+    if (fast == NULL) return -1;
+    int rc = -1;
+    pl->width = PySequence_Fast_GET_SIZE(fast);
+    if (check_width(pl->width) < 0) goto done;
+    for (; pl->held < pl->width; pl->held++) {
+        Py_buffer *view = &pl->views[pl->held];
+        if (PyObject_GetBuffer(PySequence_Fast_GET_ITEM(fast, pl->held), view, PyBUF_C_CONTIGUOUS) < 0) goto done;
+        pl->p[pl->held] = view->buf;
+    }
+    pl->n = (size_t)pl->views[0].len;
+    for (Py_ssize_t k = 1; k < pl->width; k++) {
+        if ((size_t)pl->views[k].len != pl->n) {
+            PyErr_SetString(PyExc_ValueError, "planes differ in length");
+            goto done;
+        }
+    }
+    rc = 0;
+done:
+    Py_DECREF(fast);
+    if (rc < 0) planes_release(pl);
+    return rc;
+}
+
 PyDoc_STRVAR(join_planes_doc,
              "join_planes(planes, sign_swap, dst)\n\n"
              "Inverse of split_planes: planes is a sequence of width (2, 4, 8) buffers of\n"
@@ -204,29 +245,15 @@ static PyObject *join_planes(PyObject *self, PyObject *args) {
     Py_buffer dst;
     int swap;
     if (!PyArg_ParseTuple(args, "Opw*", &seq, &swap, &dst)) return NULL;
-    Py_buffer planes[8];
-    Py_ssize_t held = 0;
+    Planes pl;
     PyObject *result = NULL;
-    PyObject *fast = PySequence_Fast(seq, "planes must be a sequence of buffers");
-    if (fast == NULL) goto done;
-    Py_ssize_t width = PySequence_Fast_GET_SIZE(fast);
-    if (check_width(width) < 0) goto done;
-    for (; held < width; held++) {
-        if (PyObject_GetBuffer(PySequence_Fast_GET_ITEM(fast, held), &planes[held], PyBUF_C_CONTIGUOUS) < 0) goto done;
-    }
-    size_t n = (size_t)planes[0].len;
-    for (Py_ssize_t k = 1; k < width; k++) {
-        if ((size_t)planes[k].len != n) {
-            PyErr_SetString(PyExc_ValueError, "planes differ in length");
-            goto done;
-        }
-    }
-    if ((size_t)dst.len != n * (size_t)width) {
-        PyErr_Format(PyExc_ValueError, "dst is %zd bytes, expected %zu", dst.len, n * (size_t)width);
+    if (planes_acquire(seq, &pl) < 0) goto done;
+    size_t n = pl.n, width = (size_t)pl.width;
+    if ((size_t)dst.len != n * width) {
+        PyErr_Format(PyExc_ValueError, "dst is %zd bytes, expected %zu", dst.len, n * width);
         goto done;
     }
-    const uint8_t *p[8];
-    for (Py_ssize_t k = 0; k < width; k++) p[k] = planes[k].buf;
+    const uint8_t *const *p = pl.p;
     Py_BEGIN_ALLOW_THREADS
     if (width == 2) join2(p[0], p[1], dst.buf, n, swap);
     else if (width == 4) join4(p[0], p[1], p[2], p[3], dst.buf, n, swap);
@@ -234,8 +261,7 @@ static PyObject *join_planes(PyObject *self, PyObject *args) {
     Py_END_ALLOW_THREADS
     result = Py_NewRef(Py_None);
 done:
-    for (Py_ssize_t k = 0; k < held; k++) PyBuffer_Release(&planes[k]);
-    Py_XDECREF(fast);
+    planes_release(&pl);
     PyBuffer_Release(&dst);
     return result;
 }
@@ -308,29 +334,15 @@ static PyObject *join_planes_add(PyObject *self, PyObject *args) {
     PyObject *seq;
     Py_buffer base, dst;
     if (!PyArg_ParseTuple(args, "Oy*w*", &seq, &base, &dst)) return NULL;
-    Py_buffer planes[8];
-    Py_ssize_t held = 0;
+    Planes pl;
     PyObject *result = NULL;
-    PyObject *fast = PySequence_Fast(seq, "planes must be a sequence of buffers");
-    if (fast == NULL) goto done;
-    Py_ssize_t width = PySequence_Fast_GET_SIZE(fast);
-    if (check_width(width) < 0) goto done;
-    for (; held < width; held++) {
-        if (PyObject_GetBuffer(PySequence_Fast_GET_ITEM(fast, held), &planes[held], PyBUF_C_CONTIGUOUS) < 0) goto done;
-    }
-    size_t n = (size_t)planes[0].len;
-    for (Py_ssize_t k = 1; k < width; k++) {
-        if ((size_t)planes[k].len != n) {
-            PyErr_SetString(PyExc_ValueError, "planes differ in length");
-            goto done;
-        }
-    }
-    if ((size_t)dst.len != n * (size_t)width || (size_t)base.len < n * (size_t)width) {
+    if (planes_acquire(seq, &pl) < 0) goto done;
+    size_t n = pl.n, width = (size_t)pl.width;
+    if ((size_t)dst.len != n * width || (size_t)base.len < n * width) {
         PyErr_SetString(PyExc_ValueError, "join_planes_add: buffer sizes differ");
         goto done;
     }
-    const uint8_t *p[8];
-    for (Py_ssize_t k = 0; k < width; k++) p[k] = planes[k].buf;
+    const uint8_t *const *p = pl.p;
     Py_BEGIN_ALLOW_THREADS
     if (width == 2) join_add16(p[0], p[1], base.buf, dst.buf, n);
     else if (width == 4) join_add32(p[0], p[1], p[2], p[3], base.buf, dst.buf, n);
@@ -338,8 +350,7 @@ static PyObject *join_planes_add(PyObject *self, PyObject *args) {
     Py_END_ALLOW_THREADS
     result = Py_NewRef(Py_None);
 done:
-    for (Py_ssize_t k = 0; k < held; k++) PyBuffer_Release(&planes[k]);
-    Py_XDECREF(fast);
+    planes_release(&pl);
     PyBuffer_Release(&base);
     PyBuffer_Release(&dst);
     return result;
