@@ -94,6 +94,9 @@ def _scratch(read: _Read) -> np.ndarray:
     return np.empty(read.size, dtype=np.uint8)
 
 
+PREFETCH_WINDOWS = 2  # how far ahead of the reads in flight chunks are announced to the kernel
+
+
 def _run_reads(repo: Repo, commit: Commit, reads: Sequence[_Read], progress: _Progress) -> None:
     """Decode and verify ``reads`` on the repository's pool, a bounded window of
     chunks in flight (so scratch memory stays a few chunks)."""
@@ -115,7 +118,7 @@ def _run_reads(repo: Repo, commit: Commit, reads: Sequence[_Read], progress: _Pr
 
     # Cold reads: the kernel fetches the chunks queued behind the running ones
     # while these decode, instead of each read waiting on the disk in turn.
-    prefetch_ahead = 2 * window
+    prefetch_ahead = PREFETCH_WINDOWS * window
     for read in reads[:prefetch_ahead]:
         repo.store.prefetch(read.oid)
     try:
