@@ -351,7 +351,9 @@ def codec_only(state: dict[str, torch.Tensor], repeats: int, pool: ThreadPoolExe
     def decode_all() -> None:
         # Like a checkout (and like zipnn, which returns one buffer per file): one
         # fresh output buffer, its first touch included; each chunk decodes into its slice.
-        out = np.empty(fig.raw, dtype=np.uint8)
+        # Allocated by torch as a checkout's tensors are: numpy asks the kernel for huge
+        # pages on large arrays, which in a long-running process stalled in compaction.
+        out = torch.empty(fig.raw, dtype=torch.uint8).numpy()
         list(pool.map(lambda job: decode_chunk_into(job[0][0], job[0][1], out[job[1] : job[2]]), jobs))
 
     fig.decode_s = median_time(decode_all, repeats)
