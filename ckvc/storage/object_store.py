@@ -51,6 +51,14 @@ DEFAULT_MAX_PACK_SIZE = 256 << 20
 BASE_CACHE_BYTES = 32 << 20
 
 
+def _check_identity(record_oid: bytes, record_kind: int, oid: bytes, kind: ObjectType | None) -> None:
+    """A record read at an index entry's place must be the object the index names."""
+    if record_oid != oid:
+        raise CorruptObjectError("record holds a different object than the index says")
+    if kind is not None and record_kind != kind:
+        raise CorruptObjectError(f"expected a {kind.name.lower()} object, found type {record_kind}")
+
+
 class _PlainCache:
     """Decoded delta bases, an LRU bounded by total size, one per thread: a base
     is only ever used by the thread that decoded it, so an evicted buffer can be
@@ -246,10 +254,7 @@ class ObjectStore:
         """The parsed record, in this thread's read buffer ``slot`` (valid until the next read into it)."""
         raw = self.reader.read_reusing(entry.pack, entry.offset, entry.record_size, slot)
         record = parse_record(raw, entry.record_size)
-        if record.oid != oid:
-            raise CorruptObjectError("record holds a different object than the index says")
-        if kind is not None and record.kind != kind:
-            raise CorruptObjectError(f"expected a {kind.name.lower()} object, found type {record.kind}")
+        _check_identity(record.oid, record.kind, oid, kind)
         return record
 
     def _decode_entry(self, oid: bytes, entry: IndexEntry, kind: ObjectType | None, out: np.ndarray) -> None:
@@ -282,10 +287,7 @@ class ObjectStore:
         its header checked like :meth:`_record` does. Returns the record's type."""
         head = self.reader.read_head_into(entry.pack, entry.offset, entry.record_size, RECORD_HEADER_SIZE, out.data)
         record_kind, codec, raw_size, payload_size, record_oid, base = parse_record_header(head)
-        if record_oid != oid:
-            raise CorruptObjectError("record holds a different object than the index says")
-        if kind is not None and record_kind != kind:
-            raise CorruptObjectError(f"expected a {kind.name.lower()} object, found type {record_kind}")
+        _check_identity(record_oid, record_kind, oid, kind)
         if codec != RAW or base is not None or raw_size != payload_size or payload_size != len(out):
             raise CorruptObjectError("record header does not match its index entry")
         return record_kind

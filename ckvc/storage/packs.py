@@ -294,16 +294,23 @@ class PackReader:
         """Like :meth:`read`, into a buffer this thread reuses per ``slot``: valid
         only until this thread's next read into the same slot. Fresh pages cost a
         fault per 4 KiB in these VMs, more than decoding what lands in them."""
+        view = self._buffer(slot, size)
+        self._read_exact(name, offset, [view])
+        return view
+
+    def _buffer(self, slot: int, size: int) -> memoryview:
         bufs: dict[int, bytearray] = self._local.__dict__.setdefault("bufs", {})
         buf = bufs.get(slot)
         if buf is None or len(buf) < size:
             buf = bufs[slot] = bytearray(max(size, 1 << 20))
-        view = memoryview(buf)[:size]
+        return memoryview(buf)[:size]
+
+    def _read_exact(self, name: str, offset: int, buffers: list[memoryview]) -> None:
+        """Fill ``buffers`` in order from ``offset``; a short read means a truncated pack."""
         with self.opened(name) as fd:
-            got = os.preadv(fd, [view], offset)
-        if got != size:
+            got = os.preadv(fd, buffers, offset)
+        if got != sum(len(b) for b in buffers):
             raise CorruptObjectError(f"pack {name} is truncated at offset {offset}")
-        return view
 
     def prefetch(self, name: str, offset: int, size: int) -> None:
         """Ask the kernel to start reading a range now (POSIX_FADV_WILLNEED): the
@@ -321,16 +328,11 @@ class PackReader:
         """Read ``size`` bytes at ``offset``: the first ``head_size`` into this thread's
         buffer (returned, valid until its next read), the rest straight into ``out``
         (a raw chunk's destination: no second copy)."""
-        bufs: dict[int, bytearray] = self._local.__dict__.setdefault("bufs", {})
-        head = bufs.setdefault(-1, bytearray(head_size))
-        view = memoryview(head)[:head_size]
         if len(out) != size - head_size:
             raise ValueError("destination does not match the record's payload size")
-        with self.opened(name) as fd:
-            got = os.preadv(fd, [view, out], offset)
-        if got != size:
-            raise CorruptObjectError(f"pack {name} is truncated at offset {offset}")
-        return view
+        head = self._buffer(-1, head_size)
+        self._read_exact(name, offset, [head, out])
+        return head
 
     def forget(self, name: str) -> None:
         """Drop a pack's cached file (gc removed the pack)."""
