@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from foundation import median_time
 
 import ckvc
 
@@ -37,15 +38,6 @@ def make_state(size_mb: int, seed: int = 0) -> dict[str, torch.Tensor]:
             state[f"layers.{layer}.{name}"] = torch.randn(*shape, generator=g) * 0.02
         layer += 1
     return state
-
-
-def median_time(fn: Any, repeats: int) -> float:
-    times = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return statistics.median(times)
 
 
 def measure(chunk_size: int, state: dict[str, torch.Tensor], repeats: int, base: Path) -> dict[str, Any]:

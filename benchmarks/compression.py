@@ -36,6 +36,8 @@ import zstandard
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from foundation import median_time
+
 import ckvc
 from ckvc.codecs import CODEC_NAMES
 
@@ -48,15 +50,6 @@ MB = 1e6
 
 def log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
-
-
-def median_time(fn: Callable[[], Any], repeats: int) -> float:
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
 
 
 def flat_tensors(state: Any, prefix: str = "") -> dict[str, torch.Tensor]:
@@ -225,6 +218,7 @@ def ckvc_sequence(states: Sequence[Any], workdir: Path, name: str, repeats: int,
 _CHECKOUT_TIMER = """
 import json, sys, time
 import ckvc
+from foundation import median_time
 specs, rounds = json.loads(sys.argv[1]), int(sys.argv[2])
 times = [[] for _ in specs]
 for _ in range(rounds):

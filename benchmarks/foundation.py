@@ -183,6 +183,30 @@ def fsync_path(path: Path) -> None:
         os.close(fd)
 
 
+def save_safetensors_durably(state: State, path: Path) -> None:
+    """The safetensors baseline: save_file, then fsync, as durable as a commit."""
+    save_file(state, str(path))
+    fsync_path(path)
+
+
+def save_torch_durably(state: State, path: Path) -> None:
+    """The torch.save baseline, fsynced."""
+    with open(path, "wb") as f:
+        torch.save(state, f)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def median_time(fn: Callable[[], Any], repeats: int) -> float:
+    """Median wall time of ``repeats`` calls of ``fn``."""
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
 def tree_files(path: Path) -> Iterator[Path]:
     if path.is_file():
         yield path
@@ -454,16 +478,13 @@ def child_main(op: str, path: Path, size_mb: int, rev: str) -> None:
             with ckvc.Repo.open(path) as repo:
                 return repo.load(rev)
         elif op == "torch_save":
-            with open(path, "wb") as f:
-                torch.save(state, f)
-                f.flush()
-                os.fsync(f.fileno())
+            assert state is not None
+            save_torch_durably(state, path)
         elif op == "torch_load":
             return torch.load(path, weights_only=True)
         elif op == "st_save":
             assert state is not None
-            save_file(state, str(path))
-            fsync_path(path)
+            save_safetensors_durably(state, path)
         elif op == "st_load":
             return {k: v.clone() for k, v in load_file(str(path)).items()}
         else:
@@ -600,15 +621,10 @@ def _run_all(
 
     # -- saves and commits ---------------------------------------------------------------------
     def st_save(i: int) -> None:
-        p = work / f"st-{i}.safetensors"
-        save_file(state, str(p))
-        fsync_path(p)
+        save_safetensors_durably(state, work / f"st-{i}.safetensors")
 
     def pt_save(i: int) -> None:
-        with open(work / f"pt-{i}.pt", "wb") as f:
-            torch.save(state, f)
-            f.flush()
-            os.fsync(f.fileno())
+        save_torch_durably(state, work / f"pt-{i}.pt")
 
     new_repos: dict[int, ckvc.Repo] = {}
     new_stats: list[ckvc.CommitStats] = []

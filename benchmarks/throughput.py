@@ -288,15 +288,10 @@ def _run_all(
 
     # -- saves, commits and the async stall ------------------------------------------------
     def st_save(i: int) -> None:
-        p = work / f"st-{i}.safetensors"
-        save_file(state, str(p))
-        fd.fsync_path(p)
+        fd.save_safetensors_durably(state, work / f"st-{i}.safetensors")
 
     def pt_save(i: int) -> None:
-        with open(work / f"pt-{i}.pt", "wb") as f:
-            torch.save(state, f)
-            f.flush()
-            os.fsync(f.fileno())
+        fd.save_torch_durably(state, work / f"pt-{i}.pt")
 
     fresh: dict[str, ckvc.Repo] = {}
     stats: dict[str, list[ckvc.CommitStats]] = {}
