@@ -325,7 +325,7 @@ def weights_case(dtype: torch.dtype, workdir: Path, repeats: int, results: dict[
 def codec_only(state: dict[str, torch.Tensor], repeats: int, pool: ThreadPoolExecutor) -> CodecFigures:
     """ckvc's chunk codec alone (no hashing, no I/O), on ``pool``'s threads, for a
     like-for-like speed comparison with the other codecs."""
-    from ckvc.chunking import DEFAULT_CHUNK_SIZE, chunk_spans
+    from ckvc.chunking import DEFAULT_CHUNK_SIZE, chunk_spans, size_batches
     from ckvc.codecs import TensorCodec, decode_chunk_into, layout_for
     from ckvc.state import dtype_name
 
@@ -342,14 +342,22 @@ def codec_only(state: dict[str, torch.Tensor], repeats: int, pool: ThreadPoolExe
     fig.encode_s = median_time(lambda: list(pool.map(lambda c: codec.encode_chunk(c[0], c[1]), chunks)), repeats)
     ends = np.cumsum([len(c) for c, _ in chunks])
     jobs = list(zip(encoded, ends - [len(c) for c, _ in chunks], ends, strict=True))
+    # Small chunks share a task, as a checkout batches them (ckvc/view.py).
+    tasks = list(size_batches(jobs, lambda job: int(job[2] - job[1])))
 
     def decode_all() -> None:
         # Like a checkout (and like zipnn, which returns one buffer per file): one
         # fresh output buffer, its first touch included; each chunk decodes into its slice.
         # Allocated by torch as a checkout's tensors are: numpy asks the kernel for huge
-        # pages on large arrays, which in a long-running process stalled in compaction.
+        # pages on large arrays, and a process's first huge-page allocation here takes
+        # 1-1.7 s for 1 GiB (docs/DESIGN.md, "Checkout read path").
         out = torch.empty(fig.raw, dtype=torch.uint8).numpy()
-        list(pool.map(lambda job: decode_chunk_into(job[0][0], job[0][1], out[job[1] : job[2]]), jobs))
+
+        def decode_task(task: list[Any]) -> None:
+            for (codec_id, payload), start, end in task:
+                decode_chunk_into(codec_id, payload, out[start:end])
+
+        list(pool.map(decode_task, tasks))
 
     fig.decode_s = median_time(decode_all, repeats)
     fig.decode_all = decode_all

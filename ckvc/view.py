@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 from ckvc import state as state_mod
-from ckvc.chunking import chunk_spans
+from ckvc.chunking import chunk_spans, size_batches
 from ckvc.errors import (
     CorruptObjectError,
     IncompatibleStateError,
@@ -97,40 +97,54 @@ def _scratch(read: _Read) -> np.ndarray:
 PREFETCH_WINDOWS = 2  # how far ahead of the reads in flight chunks are announced to the kernel
 
 
-def _run_reads(repo: Repo, commit: Commit, reads: Sequence[_Read], progress: _Progress) -> None:
-    """Decode and verify ``reads`` on the repository's pool, a bounded window of
-    chunks in flight (so scratch memory stays a few chunks)."""
-    window = 4 * (os.cpu_count() or 2)
-    in_flight: collections.deque[tuple[_Read, Future[None], np.ndarray | None]] = collections.deque()
-
-    def finish_oldest() -> None:
-        read, fut, scratch = in_flight.popleft()
+def _read_batch(repo: Repo, commit: Commit, batch: Sequence[tuple[_Read, memoryview]]) -> None:
+    """Decode and verify one batch of reads (on a pool thread); errors name the tensor."""
+    for read, out in batch:
         try:
-            fut.result()
+            repo.store.read_into(read.oid, out)
         except CorruptObjectError as exc:
             raise exc.with_context(commit=commit.id, tensor=read.blob.path) from None
         except ObjectNotFoundError as exc:
             raise ObjectNotFoundError(f"{exc} (tensor {read.blob.path!r}, commit {commit.id})") from None
-        if read.then is not None:
-            assert scratch is not None
-            read.then(scratch)
-        progress.add(read.size)
+
+
+def _run_reads(repo: Repo, commit: Commit, reads: Sequence[_Read], progress: _Progress) -> None:
+    """Decode and verify ``reads`` on the repository's pool, a bounded window of
+    tasks in flight (so scratch memory stays a few chunks)."""
+    window = 4 * (os.cpu_count() or 2)
+    in_flight: collections.deque[tuple[list[_Read], Future[None], list[np.ndarray | None]]] = collections.deque()
+
+    def finish_oldest() -> None:
+        batch, fut, scratches = in_flight.popleft()
+        fut.result()
+        for read, scratch in zip(batch, scratches, strict=True):
+            if read.then is not None:
+                assert scratch is not None
+                read.then(scratch)
+            progress.add(read.size)
 
     # Cold reads: the kernel fetches the chunks queued behind the running ones
     # while these decode, instead of each read waiting on the disk in turn.
     prefetch_ahead = PREFETCH_WINDOWS * window
     for read in reads[:prefetch_ahead]:
         repo.store.prefetch(read.oid)
+    queued = 0
     try:
-        for i, read in enumerate(reads):
-            if i + prefetch_ahead < len(reads):
-                repo.store.prefetch(reads[i + prefetch_ahead].oid)
-            scratch = None
-            out = read.into
-            if out is None:
-                scratch = _scratch(read)
-                out = scratch.data.cast("B")
-            in_flight.append((read, repo._submit(repo.store.read_into, read.oid, out), scratch))
+        for batch in size_batches(reads, lambda read: read.size):
+            scratches: list[np.ndarray | None] = []
+            targets: list[tuple[_Read, memoryview]] = []
+            for read in batch:
+                if queued + prefetch_ahead < len(reads):
+                    repo.store.prefetch(reads[queued + prefetch_ahead].oid)
+                queued += 1
+                scratch = None
+                out = read.into
+                if out is None:
+                    scratch = _scratch(read)
+                    out = scratch.data.cast("B")
+                scratches.append(scratch)
+                targets.append((read, out))
+            in_flight.append((batch, repo._submit(_read_batch, repo, commit, targets), scratches))
             if len(in_flight) >= window:
                 finish_oldest()
         while in_flight:

@@ -357,3 +357,22 @@ def test_fsck_reports_damaged_ref(setup: Setup) -> None:
         report = repo.fsck()
         assert not report.ok
         assert any("refs/heads/main" in p.detail for p in report.problems)
+
+
+def test_damage_among_small_tensors_read_together_names_its_tensor(tmp_path: Path) -> None:
+    """Small chunks share one pool task on checkout (chunking.size_batches): a
+    damaged one is still named with its own tensor, and nothing is returned."""
+    state = {f"norm{i}": random_bytes_tensor(64, seed=10 + i) for i in range(12)}
+    with ckvc.Repo.init(tmp_path / "r") as repo:
+        a = repo.commit(state, message="small tensors")
+        blobs = {b.path: b for b in repo.read_snapshot(repo.read_commit(a)).blobs}
+        target = blobs["norm7"].chunks[0].hex()
+        pack, entries = pack_entries_of(repo, target)
+    (e,) = [e for e in entries if e.oid.hex() == target]
+    flip_byte(pack, e.offset + RECORD_HEADER_SIZE + 5)
+    with ckvc.Repo.open(tmp_path / "r") as repo:
+        with pytest.raises(ckvc.CorruptObjectError) as info:
+            repo.load(a)
+        assert (info.value.object_id, info.value.tensor, info.value.commit) == (target, "norm7", a)
+        loaded = repo.load(a, keys=["norm6", "norm8"])
+        assert_state_equal(loaded, {"norm6": state["norm6"], "norm8": state["norm8"]})

@@ -28,7 +28,7 @@ import pytest
 import torch
 import zstandard
 
-from ckvc.chunking import chunk_count, chunk_spans, validate_chunk_size
+from ckvc.chunking import chunk_count, chunk_spans, size_batches, validate_chunk_size
 from ckvc.codecs import decode_chunk, decoder_for, encode_smallest, make_codec
 from ckvc.config import RepoConfig
 from ckvc.errors import CorruptObjectError, UnsupportedFormatError
@@ -682,3 +682,11 @@ def test_layout(vec: Vector, tmp_path: Path) -> None:
     assert entry == {"message": "commit: m", "new": commit_id, "old": None, "time_ns": entry["time_ns"]}
     assert line == json.dumps(entry, sort_keys=True) + "\n"
     assert json.loads((root / "logs/HEAD").read_text())["new"] == commit_id
+
+
+def test_size_batches_group_small_chunks_in_order() -> None:
+    sizes = [100, 200, 1 << 20, 300, (1 << 20) - 300, 1, 5 << 20]
+    batches = list(size_batches(sizes, lambda n: n))
+    assert batches == [[100, 200], [1 << 20], [300, (1 << 20) - 300], [1], [5 << 20]]
+    assert list(size_batches([], lambda n: n)) == []
+    assert list(size_batches([3, 3, 3], lambda n: n, limit=6)) == [[3, 3], [3]]
