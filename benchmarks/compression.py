@@ -218,7 +218,6 @@ def ckvc_sequence(states: Sequence[Any], workdir: Path, name: str, repeats: int,
 _CHECKOUT_TIMER = """
 import json, sys, time
 import ckvc
-from foundation import median_time
 specs, rounds = json.loads(sys.argv[1]), int(sys.argv[2])
 times = [[] for _ in specs]
 for _ in range(rounds):
@@ -239,9 +238,9 @@ def checkout_medians(runs: Sequence[RepoFigures], rounds: int) -> list[float]:
     round freed: the same pair measured 1.4x in one run and 1.95x in the next."""
     specs = json.dumps([(str(r.path), r.last_id) for r in runs])
     os.sync()  # the repositories were just written: their writeback must not land in the timed rounds
-    done = subprocess.run(
-        [sys.executable, "-c", _CHECKOUT_TIMER, specs, str(rounds)], check=True, capture_output=True, text=True
-    )
+    done = subprocess.run([sys.executable, "-c", _CHECKOUT_TIMER, specs, str(rounds)], capture_output=True, text=True)
+    if done.returncode:
+        raise SystemExit(f"the checkout timer failed (exit {done.returncode}):\n{done.stderr}")
     return [statistics.median(t) for t in json.loads(done.stdout)]
 
 
