@@ -182,6 +182,9 @@ def ckvc_sequence(states: Sequence[Any], workdir: Path, name: str, repeats: int,
     the checkout of the last one (a fresh Repo, warm page cache), check it is exact."""
     path = workdir / name
     shutil.rmtree(path, ignore_errors=True)
+    # Deleting a large repository here discards its blocks, and earlier runs leave
+    # writeback behind: both must not land in the timed commits.
+    os.sync()
     repo = ckvc.Repo.init(path, **config)
     result = RepoFigures(CodecFigures(f"ckvc ({name})"))
     ids = []

@@ -27,7 +27,7 @@ from ckvc.codecs import (
     layout_for,
 )
 from ckvc.codecs.delta import SUB, XOR
-from ckvc.codecs.planes import decode_planes_into, encode_planes, split_planes
+from ckvc.codecs.planes import decode_planes_into, encode_planes, sample_planes, split_planes
 from ckvc.codecs.sparse import decode_sparse_into, encode_sparse
 from ckvc.errors import CorruptObjectError, UnsupportedFormatError
 
@@ -115,6 +115,26 @@ def test_incompressible_data_is_stored_raw_and_costs_no_expansion() -> None:
     data = np.random.default_rng(1).bytes(1 << 20)
     codec_id, payload = TensorCodec().encode_chunk(data, ChunkLayout(4, True))
     assert codec_id == RAW and payload == data
+
+
+@pytest.mark.parametrize("width", [2, 4, 8])
+def test_sampled_plane_verdicts_give_the_same_payload(width: int) -> None:
+    """encode_chunk samples the planes once, up front, and skips the full split when
+    no plane compresses; the payloads must be what unsampled encoding produces."""
+    rng = np.random.default_rng(width)
+    n = (4 << 20) // width  # a default-size chunk
+    weights = (rng.standard_normal(n) * 0.02).astype(np.float64).astype(f"<f{width}").tobytes()
+    noise = rng.bytes(n * width)
+    noisy_head = noise[: len(noise) // 4] + weights[len(noise) // 4 :]  # the sample sees only noise
+    for data in (weights, noise, noisy_head, weights[: 1000 * width + 3]):
+        for swap in (True, False):
+            sampled = sample_planes(data, width, swap)
+            assert (sampled is None) == (len(data) // width <= 2 * (64 << 10))
+            assert encode_planes(data, width, swap, sampled) == encode_planes(data, width, swap)
+    assert sample_planes(noise, width, True) == [False] * width
+    assert sample_planes(weights, width, True)[-1] is True  # the exponent plane
+    codec_id, payload = TensorCodec().encode_chunk(noisy_head, ChunkLayout(width, True))
+    assert codec_id == RAW and payload == noisy_head
 
 
 def test_each_codec_is_chosen_where_it_wins() -> None:

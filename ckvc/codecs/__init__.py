@@ -31,6 +31,7 @@ from ckvc.codecs.planes import (
     decode_planes_into,
     encode_planes,
     join_planes,
+    sample_planes,
     scratch,
     zstd_decode,
 )
@@ -216,7 +217,9 @@ class TensorCodec(Codec):
         if layout.width in SPARSE_WIDTHS and zero_fraction(data, layout.width) >= SPARSE_MIN_ZERO_FRACTION:
             candidates.append((SPARSE, encode_sparse(data, layout.width, layout.is_float)))
         elif layout.planes:
-            candidates.append((BYTEGROUP, encode_planes(data, layout.width, layout.is_float)))
+            sampled = sample_planes(data, layout.width, layout.is_float)
+            if sampled is None or any(sampled):  # else every plane would be stored raw: raw wins
+                candidates.append((BYTEGROUP, encode_planes(data, layout.width, layout.is_float, sampled)))
         if not layout.planes:
             candidates.append((ZSTD, self._zstd.encode(data)))
         return min(candidates, key=lambda c: len(c[1]))

@@ -160,27 +160,48 @@ def _interleave(planes: list[np.ndarray], out: np.ndarray) -> None:
         grid[:, k] = plane
 
 
-def _encode_plane(plane: np.ndarray) -> tuple[int, Buffer]:
+def _sample_compresses(sample: Buffer) -> bool:
+    return len(_compressor().compress(sample)) <= _SAMPLE_KEEP_RATIO * _SAMPLE_SIZE
+
+
+def sample_planes(data: Buffer, width: int, sign_swap: bool) -> list[bool] | None:
+    """Whether each plane is worth compressing, judged on the planes of the first
+    _SAMPLE_SIZE elements (the same bytes :func:`encode_planes` would sample), or
+    None when ``data`` is too short to sample. All False means a bytegroup
+    payload would hold every plane raw and lose to storing the chunk raw: the
+    caller can skip splitting the whole chunk (half the CPU of an incompressible
+    chunk's encode)."""
+    if len(data) // width <= 2 * _SAMPLE_SIZE:
+        return None
+    head = memoryview(data)[: _SAMPLE_SIZE * width]
+    planes, _ = split_planes(head, width, sign_swap, scratch(5, len(head), np.uint8))
+    return [_sample_compresses(p.data) for p in planes]
+
+
+def _encode_plane(plane: np.ndarray, compresses: bool | None) -> tuple[int, Buffer]:
     data = plane.data
-    if len(plane) > 2 * _SAMPLE_SIZE:
-        sample = data[:_SAMPLE_SIZE]
-        if len(_compressor().compress(sample)) > _SAMPLE_KEEP_RATIO * _SAMPLE_SIZE:
-            return PLANE_RAW, data
+    if compresses is None and len(plane) > 2 * _SAMPLE_SIZE:
+        compresses = _sample_compresses(data[:_SAMPLE_SIZE])
+    if compresses is False:
+        return PLANE_RAW, data
     packed = _compressor().compress(data)
     if len(packed) < len(plane):
         return PLANE_ZSTD, packed
     return PLANE_RAW, data
 
 
-def encode_planes(data: Buffer, width: int, sign_swap: bool) -> bytes:
-    """The bytegroup payload for ``data`` (any length; the tail is kept raw)."""
+def encode_planes(data: Buffer, width: int, sign_swap: bool, sampled: list[bool] | None = None) -> bytes:
+    """The bytegroup payload for ``data`` (any length; the tail is kept raw).
+    ``sampled``: :func:`sample_planes`' verdicts for the same arguments, if taken
+    (the payload is the same either way)."""
     if width not in SUPPORTED_WIDTHS:
         raise ValueError(f"unsupported element width {width}")
     whole = len(data) // width * width
     # The planes live only until the payload is joined below: a per-thread buffer
     # spares a page fault per 4 KiB of fresh memory.
     planes, tail = split_planes(data, width, sign_swap, scratch(2, whole, np.uint8))
-    encoded = [_encode_plane(p) for p in planes]
+    verdicts: list[bool | None] = list(sampled) if sampled is not None else [None] * width
+    encoded = [_encode_plane(p, v) for p, v in zip(planes, verdicts, strict=True)]
     head = [_HEAD.pack(width, FLAG_SIGN_SWAP if sign_swap else 0)]
     head += [_PLANE.pack(codec, len(payload)) for codec, payload in encoded]
     return b"".join([*head, *(payload for _, payload in encoded), tail.tobytes()])
