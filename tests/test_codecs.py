@@ -26,6 +26,7 @@ from ckvc.codecs import (
     delta_header,
     layout_for,
 )
+from ckvc.codecs import planes as planes_module
 from ckvc.codecs.delta import SUB, XOR
 from ckvc.codecs.planes import decode_planes_into, encode_planes, sample_planes, split_planes
 from ckvc.codecs.sparse import decode_sparse_into, encode_sparse
@@ -117,10 +118,15 @@ def test_incompressible_data_is_stored_raw_and_costs_no_expansion() -> None:
     assert codec_id == RAW and payload == data
 
 
+@pytest.mark.parametrize("native", [True, False], ids=["native", "numpy"])
 @pytest.mark.parametrize("width", [2, 4, 8])
-def test_sampled_plane_verdicts_give_the_same_payload(width: int) -> None:
+def test_sampled_plane_verdicts_give_the_same_payload(
+    width: int, native: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """encode_chunk samples the planes once, up front, and skips the full split when
     no plane compresses; the payloads must be what unsampled encoding produces."""
+    if not native:
+        monkeypatch.setattr(planes_module, "_native", None)
     rng = np.random.default_rng(width)
     n = (4 << 20) // width  # a default-size chunk
     weights = (rng.standard_normal(n) * 0.02).astype(np.float64).astype(f"<f{width}").tobytes()
