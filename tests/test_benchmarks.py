@@ -31,6 +31,7 @@ RUNS = {
     "throughput": ("throughput.py --size-mb 16 --repeats 1 --dtype fp32 --dir {tmp}", "acceptance (fp32):"),
     "foundation": ("foundation.py --size-mb 16 --repeats 1 --dir {tmp}", "safetensors"),
     "chunk-size": ("chunk_size.py --size-mb 8 --repeats 1", "entries/GB"),
+    "delta-floor": ("delta_floor.py --synthetic --epochs 4 --workdir {tmp}", "order-0 entropy bound"),
     "gc": ("gc.py --commits 6 --size-mb 4 --keep 2 --history 3,6 --repeats 1 --dir {tmp}", "slope"),
 }
 

@@ -1,0 +1,221 @@
+"""How far a lossless coder could go below what ckvc stores for a checkpoint sequence.
+
+For every changed 4 MiB chunk of every tensor kind (frozen weights, trained
+weights, Adam's first and second moments) it prints, against the chunk at the
+same place one commit back:
+
+- ``whole``: ckvc's encoding of the chunk alone (byte planes);
+- ``parent delta``: the smaller of that and ckvc's delta against the parent's chunk,
+  with no minimum gain (what parent-chain deltas would store, restore cost aside);
+- ``delta <=3 back``: the same against the chunk three commits back (two, one in
+  the first commits): the drift a delta against an older keyframe pays;
+- ``entropy``: the order-0 entropy of the delta residual's byte planes, each plane
+  coded in the context of the base's exponent byte (a coder ckvc does not have),
+  or of the chunk's own planes when that is smaller.
+
+Then the totals over the sequence (bit-identical chunks counted once): what ckvc
+stores with its defaults, what parent deltas everywhere would store, and the
+entropy bound. The acceptance target of the tensor-aware compression issue for the
+last-two-layers MiniLM sequence (0.30 of raw) is judged against these.
+
+    python benchmarks/delta_floor.py [--mode last2|all]   # MiniLM (needs '.[bench]')
+    python benchmarks/delta_floor.py --synthetic          # a small MLP, no extras
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+from collections import defaultdict
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+import blake3
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import ckvc
+import ckvc.codecs as codecs
+from ckvc.chunking import DEFAULT_CHUNK_SIZE, chunk_spans
+from ckvc.codecs import DeltaBase, TensorCodec, layout_for
+from ckvc.codecs.delta import SUB, residual
+from ckvc.codecs.planes import split_planes
+from ckvc.state import dtype_name
+
+MB = 1e6
+KINDS = ("frozen weights", "trained weights", "Adam m", "Adam v", "other")
+
+
+def leaves(state: Any, prefix: str = "") -> Iterator[tuple[str, torch.Tensor]]:
+    """(dotted path, tensor) for every tensor of a training state."""
+    if isinstance(state, torch.Tensor):
+        yield prefix, state
+    elif isinstance(state, dict):
+        for key, value in state.items():
+            yield from leaves(value, f"{prefix}.{key}" if prefix else str(key))
+    elif isinstance(state, list | tuple):
+        for i, value in enumerate(state):
+            yield from leaves(value, f"{prefix}.{i}" if prefix else str(i))
+
+
+def kind_of(path: str, changes: bool) -> str:
+    if path.endswith("exp_avg"):
+        return "Adam m"
+    if path.endswith("exp_avg_sq"):
+        return "Adam v"
+    if path.startswith("model."):
+        return "trained weights" if changes else "frozen weights"
+    return "other"
+
+
+def plane_entropy_bytes(planes: Iterable[np.ndarray], context: np.ndarray | None) -> float:
+    """Order-0 entropy in bytes of each plane, coded alone or per value of ``context``."""
+    bits = 0.0
+    for plane in planes:
+        if context is None:
+            counts = np.bincount(plane, minlength=256).reshape(1, 256)
+        else:
+            counts = np.bincount(context.astype(np.int64) * 256 + plane, minlength=65536).reshape(256, 256)
+        totals = counts.sum(axis=1, keepdims=True)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            p = np.where(counts > 0, counts / np.maximum(totals, 1), 1.0)
+        bits -= float((counts * np.log2(p)).sum())
+    return bits / 8
+
+
+def entropy_whole(chunk: np.ndarray, width: int) -> float:
+    planes, tail = split_planes(chunk.data, width, True)
+    return plane_entropy_bytes(planes, None) + len(tail)
+
+
+def entropy_delta(chunk: np.ndarray, base: np.ndarray, width: int) -> float:
+    diff = residual(chunk.data, base.data, SUB, width)
+    planes, tail = split_planes(diff.data, width, False)
+    base_planes, _ = split_planes(base.data, width, True)
+    return plane_entropy_bytes(planes, base_planes[-1]) + len(tail)
+
+
+class Totals:
+    def __init__(self) -> None:
+        self.sizes: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
+        self.raw: dict[str, float] = defaultdict(float)
+
+    def add(self, kind: str, column: str, size: float) -> None:
+        self.sizes[kind][column] += size
+
+
+def measure(states: list[dict[str, Any]]) -> tuple[Totals, int]:
+    codec = TensorCodec()
+    flat = [dict(leaves(s)) for s in states]
+    changing = {
+        path for f in flat[1:] for path, t in f.items() if path not in flat[0] or not torch.equal(t, flat[0][path])
+    }
+    totals, raw_total = Totals(), 0
+    seen: set[bytes] = set()
+    for epoch, tensors in enumerate(flat):
+        for path, tensor in tensors.items():
+            data = tensor.detach().contiguous().view(-1).view(torch.uint8).numpy()
+            raw_total += len(data)
+            if not tensor.is_floating_point() or tensor.element_size() == 1:
+                continue
+            layout = layout_for(dtype_name(tensor.dtype))
+            history = [f.get(path) for f in flat[max(0, epoch - 3) : epoch]]
+            kind = kind_of(path, path in changing)
+            for a, b in chunk_spans(len(data), DEFAULT_CHUNK_SIZE):
+                chunk = data[a:b]
+                key = blake3.blake3(chunk.data).digest()
+                if key in seen:
+                    continue
+                seen.add(key)
+                totals.raw[kind] += len(chunk)
+                whole = len(codec.encode_chunk(chunk.data, layout)[1])
+                totals.add(kind, "whole", whole)
+                bases = [
+                    h.detach().contiguous().view(-1).view(torch.uint8).numpy()[a:b] for h in history if h is not None
+                ]
+                bases = [base for base in bases if len(base) == len(chunk)]
+                own_h = entropy_whole(chunk, layout.width)
+                if not bases:  # the first commit: stored whole by every scheme
+                    for column in ("parent delta", "delta <=3 back"):
+                        totals.add(kind, column, whole)
+                    totals.add(kind, "entropy", min(own_h, whole))
+                    continue
+                parent, oldest = bases[-1], bases[0]
+                for column, base in (("parent delta", parent), ("delta <=3 back", oldest)):
+                    stored = codec.encode_chunk(chunk.data, layout, DeltaBase(b"", base.data, 0))
+                    totals.add(kind, column, len(stored[1]))
+                totals.add(kind, "entropy", min(own_h, entropy_delta(chunk, parent, layout.width), whole))
+    return totals, raw_total
+
+
+def ckvc_stored(states: list[dict[str, Any]], workdir: Path) -> int:
+    with tempfile.TemporaryDirectory(dir=workdir) as tmp, ckvc.Repo.init(tmp) as repo:
+        for i, state in enumerate(states):
+            repo.commit(state, message=f"epoch {i}")
+        return sum(p.stat().st_size for p in (repo.dir / "packs").glob("*.pack"))
+
+
+def synthetic_sequence(epochs: int) -> list[dict[str, Any]]:
+    """A small MLP trained with AdamW, the first layer frozen."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.GELU(), torch.nn.Linear(512, 256))
+    model[0].requires_grad_(False)
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4)
+    x, y = torch.randn(256, 256), torch.randn(256, 256)
+    states = []
+    for _ in range(epochs):
+        for _ in range(8):
+            loss = torch.nn.functional.mse_loss(model(x), y)
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+        moments = {k: {n: t.clone() for n, t in v.items()} for k, v in optimizer.state_dict()["state"].items()}
+        states.append({"model": {k: v.clone() for k, v in model.state_dict().items()}, "optimizer": {"state": moments}})
+    return states
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--mode", default="last2", help="MiniLM sequence: last2 or all")
+    parser.add_argument("--epochs", type=int, default=10)
+    parser.add_argument("--synthetic", action="store_true", help="a small MLP instead of MiniLM")
+    parser.add_argument("--workdir", type=Path)
+    args = parser.parse_args(argv)
+    if args.synthetic:
+        states, title = synthetic_sequence(args.epochs), f"synthetic MLP, {args.epochs} checkpoints"
+    else:
+        from minilm_data import cached_sequence
+
+        paths = cached_sequence(args.mode, args.epochs)
+        states = [torch.load(p, weights_only=True) for p in paths]
+        title = f"MiniLM fine-tune ({args.mode}), {args.epochs} checkpoints"
+    codecs.DELTA_MIN_GAIN = 1.0  # any gain: the parent-delta column is a bound, not a policy
+    totals, raw = measure(states)
+    codecs.DELTA_MIN_GAIN = DELTA_DEFAULT
+    actual = ckvc_stored(states, args.workdir or Path(tempfile.gettempdir()))
+    columns = ("whole", "parent delta", "delta <=3 back", "entropy")
+    print(f"\n{title}  (raw {raw / MB:.1f} MB; distinct chunks by kind, stored MB and /raw)")
+    print(f"  {'kind':16s} {'raw MB':>8s}" + "".join(f" {c:>20s}" for c in columns))
+    for kind in KINDS:
+        if kind not in totals.raw:
+            continue
+        cells = "".join(
+            f" {totals.sizes[kind][c] / MB:9.1f} ({totals.sizes[kind][c] / totals.raw[kind]:.3f})" for c in columns
+        )
+        print(f"  {kind:16s} {totals.raw[kind] / MB:8.1f}{cells}")
+    sums = {c: sum(totals.sizes[k][c] for k in totals.sizes) for c in columns}
+    print("  stored / (raw of every checkpoint), bit-identical chunks once:")
+    print(f"    ckvc with its defaults (keyframe deltas)   {actual / raw:.5f}")
+    print(f"    parent deltas everywhere, ckvc's coder     {sums['parent delta'] / raw:.5f}")
+    print(f"    deltas 3 commits back, ckvc's coder       {sums['delta <=3 back'] / raw:.5f}")
+    print(f"    order-0 entropy bound (exponent context)   {sums['entropy'] / raw:.5f}")
+
+
+DELTA_DEFAULT = codecs.DELTA_MIN_GAIN
+
+if __name__ == "__main__":
+    main()
