@@ -28,7 +28,7 @@ import argparse
 import sys
 import tempfile
 from collections import defaultdict
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +37,8 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from compression import flat_tensors, pack_bytes
 
 import ckvc
 import ckvc.codecs as codecs
@@ -48,18 +50,6 @@ from ckvc.state import dtype_name
 
 MB = 1e6
 KINDS = ("frozen weights", "trained weights", "Adam m", "Adam v", "other")
-
-
-def leaves(state: Any, prefix: str = "") -> Iterator[tuple[str, torch.Tensor]]:
-    """(dotted path, tensor) for every tensor of a training state."""
-    if isinstance(state, torch.Tensor):
-        yield prefix, state
-    elif isinstance(state, dict):
-        for key, value in state.items():
-            yield from leaves(value, f"{prefix}.{key}" if prefix else str(key))
-    elif isinstance(state, list | tuple):
-        for i, value in enumerate(state):
-            yield from leaves(value, f"{prefix}.{i}" if prefix else str(i))
 
 
 def kind_of(path: str, changes: bool) -> str:
@@ -110,7 +100,7 @@ class Totals:
 
 def measure(states: list[dict[str, Any]]) -> tuple[Totals, int]:
     codec = TensorCodec()
-    flat = [dict(leaves(s)) for s in states]
+    flat = [flat_tensors(s) for s in states]
     changing = {
         path for f in flat[1:] for path, t in f.items() if path not in flat[0] or not torch.equal(t, flat[0][path])
     }
@@ -118,7 +108,7 @@ def measure(states: list[dict[str, Any]]) -> tuple[Totals, int]:
     seen: set[bytes] = set()
     for epoch, tensors in enumerate(flat):
         for path, tensor in tensors.items():
-            data = tensor.detach().contiguous().view(-1).view(torch.uint8).numpy()
+            data = tensor.view(-1).view(torch.uint8).numpy()
             raw_total += len(data)
             if not tensor.is_floating_point() or tensor.element_size() == 1:
                 continue
@@ -134,9 +124,7 @@ def measure(states: list[dict[str, Any]]) -> tuple[Totals, int]:
                 totals.raw[kind] += len(chunk)
                 whole = len(codec.encode_chunk(chunk.data, layout)[1])
                 totals.add(kind, "whole", whole)
-                bases = [
-                    h.detach().contiguous().view(-1).view(torch.uint8).numpy()[a:b] for h in history if h is not None
-                ]
+                bases = [h.view(-1).view(torch.uint8).numpy()[a:b] for h in history if h is not None]
                 bases = [base for base in bases if len(base) == len(chunk)]
                 own_h = entropy_whole(chunk, layout.width)
                 if not bases:  # the first commit: stored whole by every scheme
@@ -156,7 +144,7 @@ def ckvc_stored(states: list[dict[str, Any]], workdir: Path) -> int:
     with tempfile.TemporaryDirectory(dir=workdir) as tmp, ckvc.Repo.init(tmp) as repo:
         for i, state in enumerate(states):
             repo.commit(state, message=f"epoch {i}")
-        return sum(p.stat().st_size for p in (repo.dir / "packs").glob("*.pack"))
+        return pack_bytes(repo)
 
 
 def synthetic_sequence(epochs: int) -> list[dict[str, Any]]:
