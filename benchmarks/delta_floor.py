@@ -181,9 +181,11 @@ def main(argv: list[str] | None = None) -> None:
         paths = cached_sequence(args.mode, args.epochs)
         states = [torch.load(p, weights_only=True) for p in paths]
         title = f"MiniLM fine-tune ({args.mode}), {args.epochs} checkpoints"
-    codecs.DELTA_MIN_GAIN = 1.0  # any gain: the parent-delta column is a bound, not a policy
-    totals, raw = measure(states)
-    codecs.DELTA_MIN_GAIN = DELTA_DEFAULT
+    default_gain, codecs.DELTA_MIN_GAIN = codecs.DELTA_MIN_GAIN, 1.0  # any gain: a bound, not a policy
+    try:
+        totals, raw = measure(states)
+    finally:
+        codecs.DELTA_MIN_GAIN = default_gain
     actual = ckvc_stored(states, args.workdir or Path(tempfile.gettempdir()))
     columns = ("whole", "parent delta", "delta <=3 back", "entropy")
     print(f"\n{title}  (raw {raw / MB:.1f} MB; distinct chunks by kind, stored MB and /raw)")
@@ -202,8 +204,6 @@ def main(argv: list[str] | None = None) -> None:
     print(f"    deltas 3 commits back, ckvc's coder       {sums['delta <=3 back'] / raw:.5f}")
     print(f"    order-0 entropy bound (exponent context)   {sums['entropy'] / raw:.5f}")
 
-
-DELTA_DEFAULT = codecs.DELTA_MIN_GAIN
 
 if __name__ == "__main__":
     main()
