@@ -201,7 +201,7 @@ def main(argv: list[str] | None = None) -> None:
     print("  stored / (raw of every checkpoint), bit-identical chunks once:")
     print(f"    ckvc with its defaults (keyframe deltas)   {actual / raw:.5f}")
     print(f"    parent deltas everywhere, ckvc's coder     {sums['parent delta'] / raw:.5f}")
-    print(f"    deltas 3 commits back, ckvc's coder       {sums['delta <=3 back'] / raw:.5f}")
+    print(f"    deltas up to 3 commits back, ckvc's coder {sums['delta <=3 back'] / raw:.5f}")
     print(f"    order-0 entropy bound (exponent context)   {sums['entropy'] / raw:.5f}")
 
 
