@@ -157,19 +157,69 @@ class IncompatibleStateError(InvalidInputError):
         super().__init__(message)
 
 
+class StorageError(CkvcError):
+    """The operating system refused a read or write (disk full, I/O error, permissions).
+
+    ``done`` says what had already happened when it failed, e.g. "nothing was
+    committed" or "commit abc123 landed; its reflog entry was not written"."""
+
+    exit_code = 18
+
+    def __init__(self, message: str, *, path: str | None = None, errno: int | None = None) -> None:
+        self.path = path
+        self.errno = errno
+        super().__init__(message)
+
+
+class StorageFullError(StorageError):
+    """No space left on the device (ENOSPC, EDQUOT) or the index map is full."""
+
+    exit_code = 19
+
+
+class StorageIOError(StorageError):
+    """An I/O error from the device (EIO) or another OS error with no better class."""
+
+    exit_code = 20
+
+
+class ReadOnlyRepositoryError(StorageError):
+    """A write was asked of a repository that can only be read (read-only mount, no write permission)."""
+
+    exit_code = 21
+
+
+class DamagedIndexError(CkvcError):
+    """The LMDB index cannot be opened or read; ``ckvc fsck --rebuild-index`` recreates it from the packs."""
+
+    exit_code = 22
+
+
+class InterruptedOperationError(CkvcError):
+    """Ctrl-C or a signal stopped an operation; the message says whether it took effect."""
+
+    exit_code = 130
+
+
 __all__ = [
     "CkvcError",
     "CorruptObjectError",
+    "DamagedIndexError",
     "IncompatibleStateError",
+    "InterruptedOperationError",
     "InvalidInputError",
     "InvalidRefNameError",
     "InvalidRevisionError",
     "NotARepositoryError",
     "ObjectNotFoundError",
     "PrunedCommitError",
+    "ReadOnlyRepositoryError",
     "RefConflictError",
     "RefNotFoundError",
     "RepositoryLockedError",
+    "StorageError",
+    "StorageFullError",
+    "StorageIOError",
     "UnknownKeyError",
     "UnsafeContentError",
     "UnsupportedFormatError",
