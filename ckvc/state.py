@@ -36,6 +36,7 @@ EXT_PICKLE = 6
 EXT_DEVICE = 7
 EXT_SIZE = 8
 EXT_ODICT = 9
+EXT_FILE = 10  # a file's content plus how to rebuild its exact bytes (ckvc.files)
 
 # Tensor node kinds.
 KIND_TENSOR = 0
@@ -76,6 +77,22 @@ class PendingBlob:
     path: str  # the first state path that uses it, for messages and delta bases
     owner: Any  # keeps the memory behind ``data`` alive
     private: bool = False  # ``data`` is a copy made here, shared with no caller tensor
+
+
+@dataclass
+class StoredFile:
+    """A file of a committed file or directory (ckvc.files): ``content`` is what
+    ``load`` returns (tensors, bytes, a link's target); ``layout`` says how to rebuild
+    the file's exact bytes and mode, read only by :func:`decode_state` with
+    ``files=True``. Encoded as ext 10 (docs/FORMAT.md, 10.7)."""
+
+    content: Any
+    layout: dict[str, Any]
+    as_bytes: bool = False  # content is a uint8 array that ``load`` returns as bytes
+
+
+class _File(list[Any]):
+    """Marker: [content, as_bytes, layout] becomes EXT_FILE."""
 
 
 class _Tuple(list[Any]):
@@ -191,6 +208,10 @@ class _Encoder:
             return encoded if t is dict else _ODict(encoded)
         if isinstance(value, torch.Tensor):
             return self._tensor(value, path)
+        if t is StoredFile:
+            # Content first: its tensors give shared blobs their path (delta bases).
+            content = self.encode(value.content, path)
+            return _File([content, value.as_bytes, self.encode(value.layout, path + "/layout")])
         if t is np.ndarray:
             return self._ndarray(value, path)
         if isinstance(value, np.generic) and value.dtype.kind in _NUMPY_KINDS:
@@ -314,6 +335,9 @@ def _wire(value: Any) -> Any:
         return msgpack.ExtType(EXT_ODICT, _pack({k: _wire(v) for k, v in value.items()}))
     if t is _TensorNode:
         return msgpack.ExtType(EXT_TENSOR, _pack(list(value)))
+    if t is _File:
+        # The layout is packed on its own so that a plain load skips it unparsed.
+        return msgpack.ExtType(EXT_FILE, _pack([_wire(value[0]), value[1], _pack(_wire(value[2]))]))
     return value
 
 
@@ -419,10 +443,13 @@ class PickledValue:
     nbytes: int
 
 
-def _parse_tree(tree: bytes, on_tensor: Callable[[TensorInfo], Any], allow_pickle: bool | None) -> Any:
+def _parse_tree(
+    tree: bytes, on_tensor: Callable[[TensorInfo], Any], allow_pickle: bool | None, files: bool = False
+) -> Any:
     """Decode the tree; tensor nodes become ``on_tensor(info)``. Pickled values are
     unpickled when allow_pickle is True, refused when False, and left as
-    PickledValue placeholders when None."""
+    PickledValue placeholders when None. File nodes become their content, or
+    StoredFile with ``files``."""
 
     def hook(code: int, data: bytes) -> Any:
         try:
@@ -454,6 +481,21 @@ def _parse_tree(tree: bytes, on_tensor: Callable[[TensorInfo], Any], allow_pickl
                         "this commit holds pickled values; load with allow_pickle=True to run them"
                     )
                 return pickle.loads(data)  # noqa: S301 - explicit opt-in above
+            if code == EXT_FILE:
+                content, as_bytes, layout = _unpack_tree(data, hook)
+                if not isinstance(as_bytes, bool) or not isinstance(layout, bytes):
+                    raise CorruptObjectError("malformed file node")
+                if as_bytes:
+                    if not isinstance(content, (np.ndarray, TensorInfo)):
+                        raise CorruptObjectError("file node's bytes are not an array")
+                    if isinstance(content, np.ndarray):
+                        content = content.tobytes()
+                if not files:
+                    return content
+                parsed = _unpack_tree(layout, hook)
+                if not isinstance(parsed, dict):
+                    raise CorruptObjectError("file node's layout is not a map")
+                return StoredFile(content, parsed, as_bytes)
         except (CorruptObjectError, UnsafeContentError):
             raise
         except Exception as exc:
@@ -532,10 +574,12 @@ def decode_state(
     *,
     allow_pickle: bool = False,
     map_location: MapLocation = None,
+    files: bool = False,
 ) -> Any:
     """Rebuild the state from its encoded tree. ``load_blob(index)`` returns the
     blob as a flat CPU tensor (or numpy array) of its dtype; each blob is loaded
-    at most once. Tensors sharing a blob come back sharing storage."""
+    at most once. Tensors sharing a blob come back sharing storage. ``files``:
+    file nodes come back as StoredFile (content and layout) instead of content."""
     cpu_bases: dict[int, Any] = {}
     placed: dict[tuple[int, str], Any] = {}
     made: dict[TensorInfo, Any] = {}
@@ -553,7 +597,7 @@ def decode_state(
             made[info] = materialize(info, base_for(info))
         return made[info]
 
-    return _parse_tree(tree, on_tensor, allow_pickle)
+    return _parse_tree(tree, on_tensor, allow_pickle, files)
 
 
 def place(base: Any, recorded: str, map_location: MapLocation) -> Any:

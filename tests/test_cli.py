@@ -155,7 +155,6 @@ def test_fsck_rebuild_index(work: Path) -> None:
         (["commit", "missing.pt", "-m", "x"], ckvc.InvalidInputError),
         (["commit", "e1.pt", "--metric", "loss=abc"], ckvc.InvalidInputError),
         (["commit", "e1.pt", "--metric", "noequals"], ckvc.InvalidInputError),
-        (["commit", "pickled.pt"], ckvc.InvalidInputError),
         (["branch", "-d", "nope"], ckvc.RefNotFoundError),
         (["branch", "main"], ckvc.RefConflictError),
         (["checkout", "HEAD", "-o", "out.unknown"], ckvc.InvalidInputError),

@@ -20,9 +20,9 @@ from typing import Any
 import click
 import numpy as np
 
-from ckvc.cli.files import read_checkpoint, write_checkpoint
 from ckvc.codecs import planes
 from ckvc.errors import CkvcError, InvalidInputError
+from ckvc.files import export_commit, read_checkpoint
 from ckvc.objects import Commit
 from ckvc.repo import Repo, TensorSummary
 from ckvc.stats import CodecUsage
@@ -193,6 +193,7 @@ def _parse_pairs(pairs: tuple[str, ...], what: str) -> dict[str, str]:
     metavar="PRESET|GLOB=MODE",
     help="Opt-in lossy storage: a preset (optimizer-q8, optimizer-q4, compact-q4) or e.g. 'optimizer.*=q4'.",
 )
+@click.option("--follow-links", is_flag=True, help="Store what symlinks leaving the directory point to.")
 @json_option
 @click.pass_obj
 def commit(
@@ -202,6 +203,7 @@ def commit(
     metrics: tuple[str, ...],
     meta: tuple[str, ...],
     lossy: tuple[str, ...],
+    follow_links: bool,
     as_json: bool,
 ) -> None:
     """Commit a checkpoint: a torch.save file, a .safetensors file, or a directory of them."""
@@ -214,7 +216,8 @@ def commit(
     repo = obj.repo
     if not path.is_absolute():
         path = Path(obj.directory) / path
-    state, source_meta = read_checkpoint(path)
+    with _progress_bar("read", not as_json) as progress:
+        state, source_meta = read_checkpoint(path, follow_links=follow_links, progress=progress)
     metadata = {**source_meta, **_parse_pairs(meta, "--meta")}
     lossy_spec: str | dict[str, str] | None = None
     if len(lossy) == 1 and "=" not in lossy[0]:
@@ -419,9 +422,7 @@ def checkout(obj: Context, rev: str, output: Path | None, as_json: bool) -> None
         if not output.is_absolute():
             output = Path(obj.directory) / output
         with _progress_bar("checkout", not as_json) as progress:
-            state = repo.load(rev, map_location="cpu", progress=progress)
-        commit = repo.read_commit(repo.resolve(rev))
-        written = write_checkpoint(state, output, dict(commit.metadata))
+            written = export_commit(repo, rev, output, progress=progress)
     commit_id = repo.switch(rev)
     branch, _ = repo.head()
     if as_json:
