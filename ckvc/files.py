@@ -287,9 +287,7 @@ def _read_safetensors(path: Path, data: Any, mode: int) -> StoredFile | None:
     try:
         (n,) = struct.unpack("<Q", data[:8])
         header = json.loads(bytes(data[8 : 8 + n]))
-        tensors = safetensors.torch.load(bytes(data)) if len(data) <= INLINE_BYTES else None
-        if tensors is None:
-            tensors = safetensors.torch.load_file(str(path))
+        tensors = safetensors.torch.load_file(str(path))
     except Exception:
         return None
     start = 8 + n
