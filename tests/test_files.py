@@ -165,7 +165,7 @@ def test_rng_state_file_reads_with_numpy_allowlist(tmp_path: Path) -> None:
     torch.save({"numpy": np.random.get_state(), "python": random.getstate(), "ckvc": ckvc.rng_state()}, path)
     state, _ = read_checkpoint(path)
     assert isinstance(state, StoredFile) and state.layout["format"] == "torch"
-    assert np.array_equal(state.content["numpy"][1], np.random.get_state()[1])
+    assert np.array_equal(state.content["numpy"][1], np.random.get_state()[1])  # type: ignore[index]
     out = cli_round_trip(tmp_path, path, "rng_copy.pth")
     assert sha(out) == sha(path)
 
@@ -469,7 +469,7 @@ def lightning_ckpt(tmp_path_factory: pytest.TempPathFactory) -> Path:
     pl = pytest.importorskip("lightning.pytorch")
     root = tmp_path_factory.mktemp("pl")
 
-    class Tiny(pl.LightningModule):  # type: ignore[misc, name-defined]
+    class Tiny(pl.LightningModule):  # type: ignore[name-defined]
         def __init__(self) -> None:
             super().__init__()
             self.layer = torch.nn.Linear(4, 2)
@@ -507,14 +507,14 @@ def test_lightning_ckpt_round_trip(tmp_path: Path, lightning_ckpt: Path) -> None
 def test_dcp_directory_round_trip_and_loads(tmp_path: Path) -> None:
     dcp = pytest.importorskip("torch.distributed.checkpoint")
     src = tmp_path / "dcp"
-    state = {"w": torch.randn(8, 8), "b": torch.arange(4.0), "step": 7}
+    state: dict[str, Any] = {"w": torch.randn(8, 8), "b": torch.arange(4.0), "step": 7}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # no process group: DCP says it runs single-process
         dcp.save(state, storage_writer=dcp.FileSystemWriter(str(src)))
     assert (src / ".metadata").exists() and list(src.glob("*.distcp"))
     out = cli_round_trip(tmp_path, src)
     assert_same_tree(src, out)
-    restored = {"w": torch.zeros(8, 8), "b": torch.zeros(4), "step": 0}
+    restored: dict[str, Any] = {"w": torch.zeros(8, 8), "b": torch.zeros(4), "step": 0}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         dcp.load(restored, storage_reader=dcp.FileSystemReader(str(out)))
