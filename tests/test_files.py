@@ -532,3 +532,29 @@ def test_dot_file_folder_round_trip(tmp_path: Path) -> None:
     out = cli_round_trip(tmp_path, src)
     assert_same_tree(src, out)
     assert len(tree_of(out)) == 6
+
+
+def test_file_nodes_decode_as_content_or_stored_file() -> None:
+    import msgpack
+
+    from ckvc.state import EXT_FILE, decode_state, describe_state, encode_state
+
+    t = torch.tensor([1.0, -2.0])
+    big = np.arange(100, dtype=np.uint8)
+    state = {
+        "m.pt": StoredFile({"w": t}, {"type": "file", "format": "torch", "mode": 0o600, "size": 8, "parts": [t]}),
+        "raw": StoredFile(big, {"type": "file", "format": "bytes", "mode": 0o644, "size": 100}, as_bytes=True),
+    }
+    tree, blobs, _ = encode_state(state)
+    assert len(blobs) == 2  # the tensor and its part share one blob
+    assert [b.dtype for b in blobs] == ["numpy:|u1", "float32"]  # numpy blobs first (FORMAT.md 10.4)
+    bases = [big.copy(), torch.frombuffer(bytearray(bytes(blobs[1].data)), dtype=torch.float32)]
+    plain = decode_state(tree, lambda i: bases[i])
+    assert plain["raw"] == big.tobytes() and torch.equal(plain["m.pt"]["w"], t)
+    files = decode_state(tree, lambda i: bases[i], files=True)
+    assert isinstance(files["m.pt"], StoredFile) and files["m.pt"].layout["mode"] == 0o600
+    assert files["m.pt"].layout["parts"][0].data_ptr() == files["m.pt"].content["w"].data_ptr()
+    assert set(describe_state(tree)) == {"m.pt.w", "raw"}
+    bad = msgpack.packb({"x": msgpack.ExtType(EXT_FILE, msgpack.packb([b"", 1, b"\x80"]))})
+    with pytest.raises(CorruptObjectError, match="malformed file node"):
+        decode_state(bad, lambda i: bases[i])

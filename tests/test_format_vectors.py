@@ -35,7 +35,7 @@ from ckvc.errors import CorruptObjectError, UnsupportedFormatError
 from ckvc.ids import ObjectType, object_id
 from ckvc.objects import Blob, Commit, Snapshot, Tag
 from ckvc.repo import Repo
-from ckvc.state import encode_state
+from ckvc.state import StoredFile, encode_state
 from ckvc.storage import packs
 from ckvc.storage.index import Index
 
@@ -372,7 +372,7 @@ def test_codec_raw_fallback(vec: Vector) -> None:
 
 @pytest.mark.parametrize("vec", of_kind("state"))
 def test_state_tree(vec: Vector) -> None:
-    namespace = {"torch": torch, "np": np, "OrderedDict": collections.OrderedDict}
+    namespace = {"torch": torch, "np": np, "OrderedDict": collections.OrderedDict, "StoredFile": StoredFile}
     state = eval(vec.text("state"), namespace)  # the document's own example expression
     allow_pickle = vec.fields.get("allow_pickle", ["false"])[0].strip() == "true"
     with warnings.catch_warnings():
