@@ -548,7 +548,7 @@ def test_file_nodes_decode_as_content_or_stored_file() -> None:
     tree, blobs, _ = encode_state(state)
     assert len(blobs) == 2  # the tensor and its part share one blob
     assert [b.dtype for b in blobs] == ["numpy:|u1", "float32"]  # numpy blobs first (FORMAT.md 10.4)
-    bases = [big.copy(), torch.frombuffer(bytearray(bytes(blobs[1].data)), dtype=torch.float32)]
+    bases: list[Any] = [big.copy(), torch.frombuffer(bytearray(bytes(blobs[1].data)), dtype=torch.float32)]
     plain = decode_state(tree, lambda i: bases[i])
     assert plain["raw"] == big.tobytes() and torch.equal(plain["m.pt"]["w"], t)
     files = decode_state(tree, lambda i: bases[i], files=True)
