@@ -104,7 +104,10 @@ def read_checkpoint(
     except OSError as exc:
         raise UnsupportedFileError(f"cannot read {path}: {exc.strerror}") from None
     if stat.S_ISDIR(st.st_mode):
-        entries = _walk(Path(os.path.realpath(path)), follow_links)
+        try:
+            entries = _walk(Path(os.path.realpath(path)), follow_links)
+        except OSError as exc:  # the tree changed while it was read
+            raise UnsupportedFileError(f"cannot read {exc.filename or path}: {exc.strerror or exc}") from None
         total = sum(e.size for e in entries.values())
         done = 0
         state: dict[str, StoredFile] = {}
@@ -479,16 +482,20 @@ def write_checkpoint(
         isinstance(state, dict) and bool(state) and all(isinstance(v, StoredFile) for v in state.values())
     )
     _check_parent(out)
-    _remove_leftovers(out)
-    if format == "dir" or (format is None and is_dir):
-        if not isinstance(state, dict):
-            raise OutputPathError(f"this commit is one file, not a directory; write it to a file, not {out}/")
-        return _write_directory(state, out, progress)
-    if out.is_dir():
-        raise OutputPathError(f"{out} is a directory; this writes one file (use --format dir for a directory)")
-    files = _plan_file(state, out, format)
-    _write_files(out, [(out, files)], progress)
-    return [out]
+    try:
+        _remove_leftovers(out)
+        if format == "dir" or (format is None and is_dir):
+            if not isinstance(state, dict):
+                raise OutputPathError(f"this commit is one file, not a directory; write it to a file, not {out}/")
+            return _write_directory(state, out, progress)
+        if out.is_dir():
+            raise OutputPathError(f"{out} is a directory; this writes one file (use --format dir for a directory)")
+        files = _plan_file(state, out, format)
+        _write_files(out, [(out, files)], progress)
+        return [out]
+    except OSError as exc:  # disk full, I/O error, permissions: nothing half-written is left behind
+        where = f" ({exc.filename})" if exc.filename else ""
+        raise OutputPathError(f"cannot write {out}: {exc.strerror or exc}{where}") from None
 
 
 @dataclass

@@ -558,3 +558,48 @@ def test_file_nodes_decode_as_content_or_stored_file() -> None:
     bad = msgpack.packb({"x": msgpack.ExtType(EXT_FILE, msgpack.packb([b"", 1, b"\x80"]))})
     with pytest.raises(CorruptObjectError, match="malformed file node"):
         decode_state(bad, lambda i: bases[i])
+
+
+def test_output_name_too_long_and_write_failures_are_typed(tmp_path: Path) -> None:
+    repo = Repo.init(tmp_path / "r")
+    repo.commit({"w": torch.ones(2)})
+    with pytest.raises(OutputPathError, match="the name is too long"):
+        export_commit(repo, "HEAD", tmp_path / ("x" * 210 + ".pt"))
+    if os.geteuid() != 0:
+        ro = tmp_path / "ro"
+        ro.mkdir(mode=0o500)
+        with pytest.raises(OutputPathError, match="not writable"):
+            export_commit(repo, "HEAD", ro / "x.pt")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["r"] + (["ro"] if os.geteuid() != 0 else [])
+
+
+@pytest.mark.parametrize("kind", ["file", "dir"])
+def test_disk_full_while_exporting_leaves_the_old_output(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kind: str
+) -> None:
+    import errno
+
+    repo = Repo.init(tmp_path / "r")
+    if kind == "dir":
+        repo.commit({"a": b"old"}, metadata={"ckvc.source": "directory"})
+        repo.commit({"a": b"new", "b": b"more"}, metadata={"ckvc.source": "directory"})
+        out = tmp_path / "out"
+    else:
+        repo.commit({"w": torch.zeros(2)})
+        repo.commit({"w": torch.ones(2)})
+        out = tmp_path / "out.pt"
+    export_commit(repo, "HEAD~1", out)
+
+    def outputs() -> Tree:
+        return {k: v for k, v in tree_of(tmp_path).items() if not k.startswith("r/")}
+
+    before = outputs()
+
+    def full(fd: int) -> None:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(os, "fsync", full)
+    with pytest.raises(OutputPathError, match="No space left on device"):
+        export_commit(repo, "HEAD", out)
+    monkeypatch.undo()
+    assert outputs() == before  # the old version whole, no temporary left
