@@ -603,3 +603,45 @@ def test_disk_full_while_exporting_leaves_the_old_output(
         export_commit(repo, "HEAD", out)
     monkeypatch.undo()
     assert outputs() == before  # the old version whole, no temporary left
+
+
+def test_killed_directory_export_leaves_old_version_and_next_run_sweeps(tmp_path: Path) -> None:
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    repo = Repo.init(tmp_path / "r")
+    repo.commit({"a": b"old", "b": b"old"}, metadata={"ckvc.source": "directory"})
+    repo.commit({"a": b"new", "b": b"new"}, metadata={"ckvc.source": "directory"})
+    out = tmp_path / "out"
+    export_commit(repo, "HEAD~1", out)
+    old = tree_of(out)
+    # The child stalls after its first file, inside the temporary directory.
+    child = (
+        "import sys, time, ckvc.files as f\n"
+        "from ckvc.repo import Repo\n"
+        "real = f._write_one\n"
+        "def slow(*a):\n"
+        "    real(*a)\n"
+        "    time.sleep(60)\n"
+        "f._write_one = slow\n"
+        "f.export_commit(Repo.open(sys.argv[1]), 'HEAD', sys.argv[2])\n"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", child, str(tmp_path / "r"), str(out)])
+    try:
+        for _ in range(600):
+            tmps = [p for p in tmp_path.iterdir() if p.name.startswith(".out.ckvc-tmp-")]
+            if tmps and any(tmps[0].iterdir()):
+                break
+            time.sleep(0.05)
+        else:
+            raise AssertionError("the child never started writing")
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    assert tree_of(out) == old  # never a mix of two versions
+    assert len([p for p in tmp_path.iterdir() if p.name.startswith(".out.ckvc-tmp-")]) == 1
+    export_commit(repo, "HEAD", out)
+    assert (out / "a").read_bytes() == b"new" and (out / "b").read_bytes() == b"new"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out", "r"]
