@@ -757,8 +757,9 @@ def _write_one(path: Path, planned: _Planned, count: Callable[[int], None]) -> N
         planned.write(f, count)
         f.flush()
         os.fsync(f.fileno())
-        # chmod, not the open mode: the umask must not change a committed mode.
-        os.fchmod(f.fileno(), mode if planned.mode is not None else mode & ~_umask())
+        # chmod, not the open mode: the umask must not change a committed mode. Set-id
+        # bits are not restored (as git does not): a stored commit cannot make one.
+        os.fchmod(f.fileno(), mode & 0o777 if planned.mode is not None else mode & ~_umask())
 
 
 def _umask() -> int:
