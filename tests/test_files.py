@@ -349,7 +349,7 @@ def test_crafted_links_and_layouts_refused_on_export(tmp_path: Path) -> None:
     repo.commit({"f": StoredFile(b"abc", {"type": "file", "mode": 0o644, "size": 5})})
     with pytest.raises(CorruptObjectError, match="3 bytes where the layout says 5"):
         export_commit(repo, "HEAD", tmp_path / "o2.bin")
-    repo.commit({"f": StoredFile(b"abc", {"type": "file", "mode": 0o4755, "size": 3})})
+    repo.commit(StoredFile(b"abc", {"type": "file", "format": "bytes", "mode": 0o4755, "size": 3}))
     export_commit(repo, "HEAD", tmp_path / "o3.bin")
     assert stat.S_IMODE(os.stat(tmp_path / "o3.bin").st_mode) == 0o755  # no set-uid from a stored commit
     os.unlink(tmp_path / "o3.bin")
