@@ -52,6 +52,7 @@ if TYPE_CHECKING:
 
 TORCH_SUFFIXES = (".pt", ".pth", ".bin", ".ckpt")
 SAFETENSORS_SUFFIX = ".safetensors"
+DCP_SUFFIX = ".distcp"  # torch.distributed.checkpoint's data files: torch.save archives back to back
 DIRECTORY_SOURCE = "directory"
 # Files up to this size are kept inline in the state tree; larger ones become a
 # uint8 blob (chunked, deduplicated, compressed) that ``load`` returns as bytes.
@@ -250,6 +251,8 @@ def _read_file(path: Path, st: os.stat_result) -> StoredFile:
         stored = _read_safetensors(path, data, mode)
     elif size and path.suffix in TORCH_SUFFIXES:
         stored = _read_torch(path, data, mode)
+    elif size and path.suffix == DCP_SUFFIX:
+        stored = _read_distcp(data, mode)
     if stored is not None:
         return stored
     return _bytes_file(data, mode)
@@ -422,6 +425,74 @@ def _read_torch(path: Path, data: Any, mode: int) -> StoredFile | None:
         else:  # not located (or empty): the entry's own bytes
             parts.append(np.frombuffer(data, dtype=np.uint8, count=end - begin, offset=begin).copy())
     return StoredFile(obj, _layout("torch", mode, len(data), _pieces(data, by_begin), parts))
+
+
+def _archive_end(data: Any, begin: int) -> int | None:
+    """Where the zip archive starting at ``begin`` ends: at the first end-of-central-
+    directory record (zip64 too) whose central directory ends right before it."""
+    search = begin
+    while True:
+        e = data.find(b"PK\x05\x06", search)
+        if e < 0 or e + 22 > len(data):
+            return None
+        _sig, _d, _cd, _n1, _n2, cd_size, cd_offset, comment = struct.unpack("<IHHHHIIH", data[e : e + 22])
+        cd_end = e
+        if e - 20 >= begin and data[e - 20 : e - 16] == b"PK\x06\x07":  # zip64: its record ends the directory
+            (record,) = struct.unpack("<Q", data[e - 12 : e - 4])
+            at = begin + record
+            if data[at : at + 4] == b"PK\x06\x06":
+                cd_size, cd_offset = struct.unpack("<QQ", data[at + 40 : at + 56])
+                cd_end = at
+        if begin + cd_offset + cd_size == cd_end and e + 22 + comment <= len(data):
+            return e + 22 + comment
+        search = e + 1
+
+
+def _read_distcp(data: Any, mode: int) -> StoredFile | None:
+    """A DCP data file, which holds one torch.save archive per item back to back (its
+    .metadata, a pickle, is stored as bytes and never read): the content is each
+    item as torch.load(weights_only=True) reads it, by its byte offset; the tensors'
+    storages fill the rebuild. None when it is not laid out so."""
+    import torch
+
+    from ckvc.state import flatten
+
+    content: dict[str, Any] = {}
+    spans: list[tuple[int, int]] = []
+    parts: list[Any] = []
+    pos = 0
+    while pos < len(data):
+        end = _archive_end(data, pos) if data[pos : pos + 4] == b"PK\x03\x04" else None
+        if end is None:
+            return None
+        archive = bytes(data[pos:end])
+        entries = _zip_data_spans(archive)
+        try:
+            with _numpy_allowed(), warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                item = torch.load(io.BytesIO(archive), map_location="cpu", weights_only=True)
+        except Exception:
+            return None
+        if entries is None:
+            return None
+        content[str(pos)] = item
+        by_size: dict[int, list[torch.Tensor]] = {}
+        for leaf in flatten(item).values():
+            if isinstance(leaf, torch.Tensor):
+                s = leaf.untyped_storage()
+                full = torch.empty(0, dtype=leaf.dtype).set_(s)
+                if all(t.untyped_storage().data_ptr() != s.data_ptr() for t in by_size.get(s.nbytes(), [])):
+                    by_size.setdefault(s.nbytes(), []).append(full)
+        for begin, stop in sorted(entries.values()):
+            raw = archive[begin:stop]
+            found = [t for t in by_size.get(stop - begin, []) if bytes(_raw_bytes(t, "distcp")) == raw]
+            if found and (stop - begin) % found[0].element_size() == 0:
+                parts.append(found[0])
+            else:
+                parts.append(np.frombuffer(raw, dtype=np.uint8).copy())
+            spans.append((pos + begin, pos + stop))
+        pos = end
+    return StoredFile(content, _layout("dcp", mode, len(data), _pieces(data, spans), parts))
 
 
 # --------------------------------------------------------------------------- writing

@@ -524,6 +524,21 @@ def test_dcp_directory_round_trip_and_loads(tmp_path: Path) -> None:
         dcp.load(restored, storage_reader=dcp.FileSystemReader(str(out)))
     assert torch.equal(restored["w"], state["w"]) and torch.equal(restored["b"], state["b"])
     assert restored["step"] == 7
+    # The shard's tensors are stored as tensors (read without DCP's pickled .metadata), so
+    # a second save with the same weights and a new step adds no chunks.
+    repo = Repo.open(tmp_path / "work")
+    (shard,) = (p.name for p in src.glob("*.distcp"))
+    loaded = repo.load()[shard]
+    assert sorted(v.shape for v in loaded.values() if isinstance(v, torch.Tensor)) == [(4,), (8, 8)]
+    assert 7 in loaded.values()
+    state["step"] = 8
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        dcp.save(state, storage_writer=dcp.FileSystemWriter(str(src), overwrite=True))
+    assert run(tmp_path / "work", "commit", str(src), "-m", "step 8").exit_code == 0
+    head, parent = (repo.read_snapshot(c) for c in repo.log()[:2])
+    assert {b.chunks for b in head.blobs} == {b.chunks for b in parent.blobs}
+    assert_same_tree(src, cli_round_trip(tmp_path, src, "out8"))
 
 
 def test_dot_file_folder_round_trip(tmp_path: Path) -> None:
