@@ -138,8 +138,8 @@ def _parse_reflog_line(line: bytes) -> ReflogEntry | None:
 
 @dataclass(frozen=True)
 class StrayRef:
-    """A file under refs/ whose name is not a valid ref name (e.g. ``main.lock``),
-    or whose content is not an id. ``value``: the id it holds, if it holds one."""
+    """A file under refs/ whose name is not a valid ref name (e.g. ``main.lock``).
+    ``value``: the id it holds, if it holds one."""
 
     path: str
     value: str | None
@@ -219,8 +219,9 @@ class RefStore:
         return dict(sorted(out.items()))
 
     def stray_refs(self) -> list[StrayRef]:
-        """Files under refs/ that are not valid refs: an invalid name, or content
-        that is not an id. fsck reports them; gc keeps any id they hold."""
+        """Files under refs/ whose names are not valid ref names (a valid name with
+        bad content is a damaged ref: ``list_refs(damaged=...)``). fsck reports
+        them; gc keeps any id they hold."""
         out: list[StrayRef] = []
         base = self.root / "refs"
         if not base.is_dir():
@@ -235,15 +236,11 @@ class RefStore:
                     out.append(StrayRef(full, None, f"unreadable: {exc.strerror}"))
                     continue
                 text = raw.decode("utf-8", "replace").strip()
-                value = text if is_full_hex_id(text) else None
                 try:
                     check_ref_name(full)
                 except InvalidRefNameError as exc:
                     if not fname.startswith("."):  # dot files: our own temporary files
-                        out.append(StrayRef(full, value, str(exc)))
-                    continue
-                if value is None:
-                    out.append(StrayRef(full, None, f"content is not an id: {text[:80]!r}"))
+                        out.append(StrayRef(full, text if is_full_hex_id(text) else None, str(exc)))
         return sorted(out, key=lambda r: r.path)
 
     # ---- updating -----------------------------------------------------------
@@ -315,7 +312,34 @@ class RefStore:
             os.close(os.open(self.root / REPAIR_MARKER, os.O_WRONLY | os.O_CREAT, 0o644))
 
     def repair_pending(self) -> bool:
-        return (self.root / REPAIR_MARKER).exists()
+        """Whether :meth:`repair` has work: the marker exists, or (should the
+        marker itself have failed to be written) HEAD's branch or HEAD moved
+        without its reflog entry. Cheap: reads the tails of two logs."""
+        if (self.root / REPAIR_MARKER).exists():
+            return True
+        try:
+            target, head_id = self.head()
+        except (RefNotFoundError, InvalidRefNameError, OSError):
+            return False
+        if head_id is None:
+            return False
+        return any(self._last_logged(name) != head_id for name in ((target,) if target else ()) + (HEAD,))
+
+    def _last_logged(self, name: str) -> str | None:
+        """The ``new`` id of the last parseable entry of ``name``'s reflog."""
+        path = self.root / "logs" / name
+        try:
+            with open(path, "rb") as f:
+                size = f.seek(0, os.SEEK_END)
+                f.seek(max(0, size - 65536))
+                tail = f.read()
+        except OSError:
+            return None
+        for line in reversed(tail.split(b"\n")):
+            entry = _parse_reflog_line(line) if line.strip() else None
+            if entry is not None:
+                return entry.new
+        return None
 
     def repair(self) -> int:
         """Finish updates whose follow-up writes failed: fsync the ref and log

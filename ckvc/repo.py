@@ -1487,11 +1487,12 @@ class Repo:
         grace = 0.0 if now else (self.config.gc_grace_s if grace_s is None else grace_s)
         expiry = self.config.reflog_expiry_s
         # One gc at a time: a second one could delete the first one's temporary packs.
-        with file_lock(self.dir / "gc-run.lock", timeout=0):
-            with storage_errors("planning gc", "gc deleted nothing; the repository is unchanged"):
-                plan = plan_gc(
-                    self, grace_s=grace, repack_threshold=self.config.repack_threshold, reflog_expiry_s=expiry
-                )
+        # OS errors up to gc's index swap delete nothing (execute_gc says what happened after it).
+        with (
+            storage_errors("running gc", "gc deleted nothing; the repository is unchanged"),
+            file_lock(self.dir / "gc-run.lock", timeout=0),
+        ):
+            plan = plan_gc(self, grace_s=grace, repack_threshold=self.config.repack_threshold, reflog_expiry_s=expiry)
             if dry_run:
                 return GcReport(plan)
             return execute_gc(self, plan, reflog_expiry_s=expiry)
