@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import uuid
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -10,7 +11,7 @@ from typing import Any
 
 from ckvc.chunking import DEFAULT_CHUNK_SIZE, validate_chunk_size
 from ckvc.codecs import MAX_AGE, make_codec
-from ckvc.errors import UnsupportedFormatError
+from ckvc.errors import CkvcError, InvalidConfigError, UnsupportedFormatError, storage_errors
 from ckvc.storage.files import write_atomic
 from ckvc.storage.object_store import DEFAULT_MAX_PACK_SIZE
 
@@ -20,6 +21,8 @@ READABLE_VERSIONS = (1, 2)
 DEFAULT_KEYFRAME_INTERVAL = 16
 HASH_NAME = "blake3-256"
 CONFIG_NAME = "config.json"
+# zstd's range: negative levels are its fast modes; 22 is its maximum.
+MIN_CODEC_LEVEL, MAX_CODEC_LEVEL = -7, 22
 
 
 @dataclass
@@ -44,8 +47,19 @@ class RepoConfig:
     keyframe_interval: int = DEFAULT_KEYFRAME_INTERVAL
 
     def validate(self) -> RepoConfig:
-        validate_chunk_size(self.chunk_size)
-        make_codec(str(self.codec.get("name")), self.codec.get("level"))
+        """Check every field's type and range; a ValueError names the key."""
+        for key, kinds in _FIELD_TYPES.items():
+            value = getattr(self, key)
+            if isinstance(value, bool) or not isinstance(value, kinds):
+                names = " or ".join("null" if k is type(None) else k.__name__ for k in kinds)
+                raise ValueError(f"{key} must be {names}, got {value!r}")
+            if isinstance(value, float) and not math.isfinite(value):
+                raise ValueError(f"{key} must be finite, got {value!r}")
+        try:
+            validate_chunk_size(self.chunk_size)
+        except ValueError as exc:
+            raise ValueError(f"chunk_size: {exc}") from None
+        _validate_codec(self.codec)
         if self.max_pack_size < 1 << 20:
             raise ValueError("max_pack_size must be at least 1 MiB")
         if not 0.0 <= self.repack_threshold <= 1.0:
@@ -56,10 +70,18 @@ class RepoConfig:
             raise ValueError(f"codec {self.codec.get('name')!r} needs repository format version 2")
         if self.reflog_expiry_s < 0 or self.gc_grace_s < 0:
             raise ValueError("reflog_expiry_s and gc_grace_s must not be negative")
+        if self.retention is not None:
+            from ckvc.retention import RetentionPolicy
+
+            try:
+                RetentionPolicy.from_config(self.retention)
+            except (CkvcError, TypeError, ValueError, AttributeError) as exc:
+                raise ValueError(f"retention: {exc}") from None
         return self
 
     def save(self, root: Path) -> None:
-        write_atomic(root / CONFIG_NAME, (json.dumps(asdict(self), indent=2, sort_keys=True) + "\n").encode())
+        with storage_errors("writing the config", "the config is unchanged"):
+            write_atomic(root / CONFIG_NAME, (json.dumps(asdict(self), indent=2, sort_keys=True) + "\n").encode())
 
     @classmethod
     def load(cls, root: Path) -> RepoConfig:
@@ -78,4 +100,38 @@ class RepoConfig:
         try:
             return cls(**{k: v for k, v in raw.items() if k in known}).validate()
         except (TypeError, ValueError) as exc:
-            raise UnsupportedFormatError(f"bad config: {exc}") from None
+            raise InvalidConfigError(f"bad config {root / CONFIG_NAME}: {exc}") from None
+
+
+_NUMBER = (int, float)
+_FIELD_TYPES: dict[str, tuple[type, ...]] = {
+    "format_version": (int,),
+    "repo_id": (str,),
+    "hash": (str,),
+    "chunk_size": (int,),
+    "codec": (dict,),
+    "max_pack_size": (int,),
+    "default_branch": (str,),
+    "reflog_expiry_s": _NUMBER,
+    "gc_grace_s": _NUMBER,
+    "repack_threshold": _NUMBER,
+    "retention": (dict, type(None)),
+    "keyframe_interval": (int,),
+}
+
+
+def _validate_codec(codec: dict[str, Any]) -> None:
+    name, level = codec.get("name"), codec.get("level")
+    if not isinstance(name, str):
+        raise ValueError(f"codec.name must be a string, got {name!r}")
+    if level is not None:
+        if isinstance(level, bool) or not isinstance(level, int):
+            raise ValueError(f"codec.level must be an integer, got {level!r}")
+        if name == "raw":
+            raise ValueError("the raw codec takes no level")
+        if not MIN_CODEC_LEVEL <= level <= MAX_CODEC_LEVEL:
+            raise ValueError(f"codec.level must be between {MIN_CODEC_LEVEL} and {MAX_CODEC_LEVEL}, got {level}")
+    try:
+        make_codec(name, level)
+    except UnsupportedFormatError as exc:
+        raise ValueError(f"codec: {exc}") from None

@@ -7,6 +7,11 @@ message, so scripts can tell failures apart without parsing text.
 
 from __future__ import annotations
 
+import contextlib
+import errno as errno_mod
+import os
+from collections.abc import Callable, Iterator
+
 
 class CkvcError(Exception):
     """Root of every error ckvc raises on purpose."""
@@ -196,17 +201,112 @@ class DamagedIndexError(CkvcError):
 
 
 class InterruptedOperationError(CkvcError):
-    """Ctrl-C or a signal stopped an operation; the message says whether it took effect."""
+    """Ctrl-C or a signal stopped an operation; the message says whether it took effect.
+
+    ``landed`` is True when the operation had already taken effect (a commit whose
+    branch had moved; ``result`` then holds its id): the CLI reports it and exits 0."""
 
     exit_code = 130
+
+    def __init__(self, message: str, *, landed: bool = False, result: str | None = None) -> None:
+        self.landed = landed
+        self.result = result
+        super().__init__(message)
+
+
+class InvalidConfigError(UnsupportedFormatError):
+    """The repository config file holds a value of the wrong type or out of range; names the key."""
+
+    exit_code = 23
+
+
+class InternalError(CkvcError):
+    """Exit code of the CLI's last-resort handler: an exception ckvc did not expect (a bug)."""
+
+    exit_code = 70
+
+
+class CkvcWarning(UserWarning):
+    """Root of the warnings ckvc emits; the CLI prints each as one line on stderr."""
+
+
+class DurabilityWarning(CkvcWarning):
+    """An operation took effect, but a follow-up write failed (its reflog entry, a
+    directory fsync); the repository repairs it on its next writable open."""
+
+
+class DamageWarning(CkvcWarning):
+    """Something damaged was skipped while reading (a stray ref file, a bad log line); fsck reports it."""
+
+
+_FULL = (errno_mod.ENOSPC, errno_mod.EDQUOT, errno_mod.EFBIG)
+_READ_ONLY = (errno_mod.EROFS, errno_mod.EACCES, errno_mod.EPERM)
+
+
+def storage_error(exc: BaseException, action: str, outcome: str) -> StorageError:
+    """The typed error for an OSError or lmdb error raised while ``action`` ran:
+    one line saying what failed and ``outcome`` (what did and did not happen)."""
+    err = exc.errno if isinstance(exc, OSError) else _lmdb_errno(exc)
+    path = None
+    if isinstance(exc, OSError) and exc.filename is not None:
+        path = str(exc.filename)
+    cls: type[StorageError]
+    if err in _FULL or type(exc).__name__ == "MapFullError":
+        cls, what = StorageFullError, "disk full"
+    elif err in _READ_ONLY or type(exc).__name__ == "ReadonlyError":
+        cls, what = ReadOnlyRepositoryError, "cannot write (read-only or no permission)"
+    else:
+        cls = StorageIOError
+        if isinstance(exc, OSError) and exc.strerror:
+            detail = exc.strerror
+        else:
+            detail = (str(exc).splitlines() or [type(exc).__name__])[0]
+        what = f"I/O error ({detail})"
+    where = f" ({path})" if path else ""
+    return cls(f"{what} while {action}{where}: {outcome}", path=path, errno=err)
+
+
+def _lmdb_errno(exc: BaseException) -> int | None:
+    """lmdb reports OS errors as lmdb.Error with the strerror text only."""
+    text = str(exc)
+    for code in (*_FULL, *_READ_ONLY, errno_mod.EIO):
+        if os.strerror(code) in text:
+            return code
+    return None
+
+
+def is_storage_exception(exc: BaseException) -> bool:
+    """An OSError or an lmdb error: what :func:`storage_errors` maps."""
+    return isinstance(exc, OSError) or type(exc).__module__ == "lmdb"
+
+
+@contextlib.contextmanager
+def storage_errors(action: str, outcome: str) -> Iterator[None]:
+    """Map OSError and lmdb errors raised inside the block to StorageFullError,
+    ReadOnlyRepositoryError or StorageIOError, with a one-line message:
+    ``with storage_errors("writing commit", "nothing was committed; the branch is unchanged"):``.
+    CkvcErrors pass through unchanged."""
+    try:
+        yield
+    except CkvcError:
+        raise
+    except Exception as exc:
+        if not is_storage_exception(exc):
+            raise
+        raise storage_error(exc, action, outcome) from exc
 
 
 __all__ = [
     "CkvcError",
+    "CkvcWarning",
     "CorruptObjectError",
+    "DamageWarning",
     "DamagedIndexError",
+    "DurabilityWarning",
     "IncompatibleStateError",
+    "InternalError",
     "InterruptedOperationError",
+    "InvalidConfigError",
     "InvalidInputError",
     "InvalidRefNameError",
     "InvalidRevisionError",
@@ -224,4 +324,36 @@ __all__ = [
     "UnsafeContentError",
     "UnsupportedFormatError",
     "UnsupportedTypeError",
+    "after_landing",
+    "is_storage_exception",
+    "storage_error",
+    "storage_errors",
 ]
+
+
+@contextlib.contextmanager
+def after_landing(
+    done: str, *, result: str | None = None, on_failure: Callable[[], None] | None = None
+) -> Iterator[None]:
+    """The follow-up steps of an operation that has already taken effect (a ref
+    has moved, gc's index swap is done). They cannot undo it, so reporting a
+    failure would make a caller retry something that happened: an OS or lmdb
+    error becomes a DurabilityWarning, and Ctrl-C an InterruptedOperationError
+    with ``landed=True``. ``done`` says what took effect; ``on_failure`` records
+    that a repair is due."""
+    import warnings
+
+    try:
+        yield
+    except KeyboardInterrupt:
+        if on_failure is not None:
+            on_failure()
+        message = f"interrupted after it took effect: {done}"
+        raise InterruptedOperationError(message, landed=True, result=result) from None
+    except Exception as exc:
+        if not is_storage_exception(exc):
+            raise
+        if on_failure is not None:
+            on_failure()
+        detail = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        warnings.warn(DurabilityWarning(f"{done}, but a follow-up write failed ({detail})"), stacklevel=3)

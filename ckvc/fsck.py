@@ -23,6 +23,8 @@ UNFINISHED_PACK = "unfinished-pack"
 UNREFERENCED = "unreferenced"
 BAD_PACK = "bad-pack"
 UNINDEXED_PACK = "unindexed-pack"
+STRAY_REF = "stray-ref"  # a file under refs/ that is no valid ref (e.g. main.lock)
+DAMAGED_LOG = "damaged-log"  # a reflog or prune-log line that does not parse
 
 
 @dataclass(frozen=True)
@@ -157,6 +159,13 @@ def run_fsck(
     tips = repo.ref_tips(include_reflogs=False, damaged=damaged_refs)
     for detail in damaged_refs:
         add(DAMAGED_REF, None, detail)
+    # Skipped by every other command with a warning; listed here (gc keeps what they name).
+    for stray in repo.refs.stray_refs():
+        add(STRAY_REF, stray.value, f"{stray.path}: {stray.problem}", "warning")
+    log_damage: list[str] = []
+    repo.prune_log.records(damaged=log_damage)
+    for detail in [*repo.refs.damaged_logs(), *log_damage]:
+        add(DAMAGED_LOG, None, detail, "warning")
     for label, oid in tips.items():
         if not store.has(bytes.fromhex(oid)):
             add(DANGLING_REF, oid, f"{label} points at missing object {oid}")

@@ -14,6 +14,11 @@ A crash anywhere leaves every reachable object readable: before the index
 transaction the old packs are untouched; after it the new copies are indexed
 and durable. Leftovers (unindexed copies, trash, temporary packs) are reclaimed
 by the next gc.
+
+The index transaction is also gc's point of no return for errors: an OS error
+before it is a typed StorageError with nothing deleted; one after it (renaming
+to trash, unlinking, fsync) is a DurabilityWarning, since the index already
+dropped those packs and the next gc removes what is left.
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from ckvc.errors import CkvcError, CorruptObjectError, ObjectNotFoundError
+from ckvc.errors import CkvcError, CorruptObjectError, ObjectNotFoundError, after_landing, storage_errors
 from ckvc.storage.files import fsync_dir
 from ckvc.storage.packs import TMP_SUFFIX, PackWriter, RecordInfo, list_packs, pack_entries, parse_record
 
@@ -119,6 +124,9 @@ def _tips(repo: Repo, reflog_expiry_s: float) -> tuple[list[str], list[str]]:
     ref_tips = list(dict.fromkeys(repo.ref_tips(include_reflogs=False, damaged=damaged).values()))
     if damaged:
         raise CorruptObjectError(f"gc refuses to run with damaged refs ({damaged[0]}); run `ckvc fsck`")
+    # A stray file under refs/ (an invalid name such as main.lock) is no ref, but
+    # the id it holds may be all that keeps a commit: keep it, where it exists.
+    ref_tips += [s.value for s in repo.refs.stray_refs() if s.value and repo.store.has(bytes.fromhex(s.value))]
     since = time.time_ns() - int(reflog_expiry_s * 1e9)
     return ref_tips, list(dict.fromkeys(repo.refs.iter_reflog_ids(since_ns=since)))
 
@@ -228,27 +236,33 @@ def _copy_live(repo: Repo, plan: GcPlan) -> tuple[list[tuple[str, list[RecordInf
     copied: set[bytes] = set()
     failed: set[str] = set()
     writer: PackWriter | None = None
-    for pack in (p for p in plan.packs if p.action == "repack"):
-        for e in pack.live:
-            try:
-                record = parse_record(store.reader.read(pack.name, e.offset, e.record_size), e.record_size)
-                if record.oid != e.oid:
-                    raise CorruptObjectError("record holds a different object than the index says")
-                store.verify(e.oid)  # decodes through any delta chain and checks the id
-            except (CkvcError, ValueError):
-                failed.add(pack.name)  # never drop the only copy of a damaged object
-                continue
-            if writer is None:
-                writer = PackWriter(store.pack_dir)
-            writer.append(record.oid, record.kind, record.codec, record.raw_size, record.payload, record.base)
-            copied.add(e.oid)
-            if writer.size >= repo.config.max_pack_size:
-                writer.seal()
-                new_packs.append((writer.name, writer.entries))
-                writer = None
-    if writer is not None:
-        writer.seal()
-        new_packs.append((writer.name, writer.entries))
+    try:
+        for pack in (p for p in plan.packs if p.action == "repack"):
+            for e in pack.live:
+                try:
+                    record = parse_record(store.reader.read(pack.name, e.offset, e.record_size), e.record_size)
+                    if record.oid != e.oid:
+                        raise CorruptObjectError("record holds a different object than the index says")
+                    store.verify(e.oid)  # decodes through any delta chain and checks the id
+                except (CkvcError, ValueError):
+                    failed.add(pack.name)  # never drop the only copy of a damaged object
+                    continue
+                if writer is None:
+                    writer = PackWriter(store.pack_dir)
+                writer.append(record.oid, record.kind, record.codec, record.raw_size, record.payload, record.base)
+                copied.add(e.oid)
+                if writer.size >= repo.config.max_pack_size:
+                    writer.seal()
+                    new_packs.append((writer.name, writer.entries))
+                    writer = None
+        if writer is not None:
+            writer.seal()
+            new_packs.append((writer.name, writer.entries))
+            writer = None
+    except BaseException:
+        if writer is not None:
+            writer.abort()  # sealed copies stay: unindexed, the next gc deletes them
+        raise
     return new_packs, copied, failed
 
 
@@ -256,43 +270,50 @@ def execute_gc(repo: Repo, plan: GcPlan, *, reflog_expiry_s: float) -> GcReport:
     started = time.perf_counter()
     store = repo.store
     report = GcReport(plan)
-    new_packs, copied, failed = _copy_live(repo, plan)
+    before = "gc deleted nothing; the repository is unchanged"
+    with storage_errors("running gc", before):
+        new_packs, copied, failed = _copy_live(repo, plan)
     report.packs_written = len(new_packs)
     report.objects_copied = len(copied)
     doomed = [p for p in plan.packs if p.action in ("delete", "repack") and p.name not in failed]
     with store.exclusive(CRITICAL_SECTION_TIMEOUT_S):
         entered = time.perf_counter()
-        # Writers that finished while we planned may reference objects we saw as
-        # dead (deduplicated against them, or a branch now names an old commit).
-        revived = mark(repo, set(plan.live), set(plan.visited), reflog_expiry_s=reflog_expiry_s)
-        removed = []
-        for pack in doomed:
-            if any(e.oid in revived and e.oid not in copied for e in pack.entries):
-                report.kept_revived.append(pack.name)
-            else:
-                removed.append(pack)
-        store.index.swap_packs(new_packs, [(p.name, p.entries) for p in removed])
+        with storage_errors("running gc", before):
+            # Writers that finished while we planned may reference objects we saw as
+            # dead (deduplicated against them, or a branch now names an old commit).
+            revived = mark(repo, set(plan.live), set(plan.visited), reflog_expiry_s=reflog_expiry_s)
+            removed = []
+            for pack in doomed:
+                if any(e.oid in revived and e.oid not in copied for e in pack.entries):
+                    report.kept_revived.append(pack.name)
+                else:
+                    removed.append(pack)
+            store.index.swap_packs(new_packs, [(p.name, p.entries) for p in removed])
+        report.executed = True
         for pack in removed:
-            os.rename(store.pack_dir / pack.name, store.pack_dir / (pack.name + TRASH_SUFFIX))
             store.reader.forget(pack.name)
             report.bytes_freed += pack.size
             if pack.action == "delete":
                 report.packs_deleted += 1
             else:
                 report.packs_repacked += 1
-        # No writer is in flight now, so temporary packs past the grace period are orphans.
-        for name in plan.leftovers:
-            if name.endswith(TMP_SUFFIX):
-                _unlink(store.pack_dir / name)
-        fsync_dir(store.pack_dir)
+        done = f"gc removed {len(removed)} packs from the index; the next gc deletes any file left behind"
+        with after_landing(done):
+            for pack in removed:
+                os.rename(store.pack_dir / pack.name, store.pack_dir / (pack.name + TRASH_SUFFIX))
+            # No writer is in flight now, so temporary packs past the grace period are orphans.
+            for name in plan.leftovers:
+                if name.endswith(TMP_SUFFIX):
+                    _unlink(store.pack_dir / name)
+            fsync_dir(store.pack_dir)
         report.critical_section_s = time.perf_counter() - entered
-    report.bytes_freed -= sum(os.path.getsize(store.pack_dir / name) for name, _ in new_packs)
-    report.bytes_freed += plan.leftover_bytes
-    for p in list(store.pack_dir.iterdir()):
-        if p.name.endswith(TRASH_SUFFIX):
-            _unlink(p)
-    fsync_dir(store.pack_dir)
-    report.executed = True
+    with after_landing(done):
+        report.bytes_freed -= sum(os.path.getsize(store.pack_dir / name) for name, _ in new_packs)
+        report.bytes_freed += plan.leftover_bytes
+        for p in list(store.pack_dir.iterdir()):
+            if p.name.endswith(TRASH_SUFFIX):
+                _unlink(p)
+        fsync_dir(store.pack_dir)
     report.seconds = time.perf_counter() - started
     return report
 

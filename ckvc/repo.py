@@ -16,6 +16,7 @@ import socket
 import sys
 import time
 import uuid
+import warnings
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -37,6 +38,8 @@ from ckvc.config import FORMAT_VERSION, RepoConfig
 from ckvc.errors import (
     CkvcError,
     CorruptObjectError,
+    DurabilityWarning,
+    InterruptedOperationError,
     InvalidInputError,
     InvalidRevisionError,
     NotARepositoryError,
@@ -45,6 +48,9 @@ from ckvc.errors import (
     RefNotFoundError,
     UnsafeContentError,
     UnsupportedFormatError,
+    is_storage_exception,
+    storage_error,
+    storage_errors,
 )
 from ckvc.ids import ObjectType, is_full_hex_id, object_id
 from ckvc.objects import Blob, Commit, Snapshot, Tag, validate_metadata, validate_metrics
@@ -139,12 +145,24 @@ _OPEN_REPOS: weakref.WeakSet[Repo] = weakref.WeakSet()
 
 @atexit.register
 def _finish_background_commits() -> None:
+    """Wait for background commits; if one failed and nobody saw its error, say so
+    and end the process with a non-zero status (the error's exit code), so a
+    script whose last checkpoint was lost does not exit 0."""
+    failed: BaseException | None = None
     for repo in list(_OPEN_REPOS):
         for future in repo._pending:
             try:
                 future.result()
             except BaseException as exc:
+                if getattr(future, "ckvc_reported", False):
+                    continue  # its caller already got this error
                 print(f"ckvc: a background commit in {repo.path} failed: {exc}", file=sys.stderr)
+                failed = failed or exc
+    if failed is not None:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        # SystemExit raised in an atexit handler does not change the status; this does.
+        os._exit(failed.exit_code if isinstance(failed, CkvcError) else 1)
 
 
 @dataclass(frozen=True)
@@ -174,6 +192,17 @@ class StateDiff:
     removed: list[str] = field(default_factory=list)
     changed: list[TensorChange] = field(default_factory=list)
     values_changed: list[tuple[str, Any, Any]] = field(default_factory=list)
+
+
+def _check_utf8(what: str, *values: Any) -> None:
+    """Text must encode as UTF-8: a str holding lone surrogates (undecodable bytes
+    from a command line or file name) cannot be stored."""
+    for value in values:
+        if isinstance(value, str):
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError:
+                raise InvalidInputError(f"{what} is not valid UTF-8 text: {value!r}") from None
 
 
 def _default_author() -> str:
@@ -258,6 +287,8 @@ class Repo:
         self.store = ObjectStore(self.dir)
         self.refs = RefStore(self.dir)
         self.prune_log = PruneLog(self.dir)
+        if self.refs.repair_pending():
+            self._repair_on_open()
         self._codec = make_codec(str(self.config.codec["name"]), self.config.codec.get("level"))
         self._pool: ThreadPoolExecutor | None = None
         self._commit_thread: ThreadPoolExecutor | None = None
@@ -329,6 +360,17 @@ class Repo:
 
     # Repo.open(path) opens a repository; repo.open(rev) opens a commit (= repo.view(rev)).
     open = _RepoOrCommit()
+
+    def _repair_on_open(self) -> None:
+        """Finish what an update left undone after it took effect (a reflog entry
+        or directory fsync that failed; docs/DESIGN.md, "Exact outcomes"). A
+        repository that still cannot be written keeps the marker for later."""
+        try:
+            restored = self.refs.repair()
+        except (OSError, CkvcError):
+            return
+        if restored:
+            warnings.warn(DurabilityWarning(f"restored {restored} reflog entries lost to failed writes"), stacklevel=3)
 
     def close(self) -> None:
         """Finish pending background commits (raising the first error), then close."""
@@ -472,6 +514,9 @@ class Repo:
         started = time.perf_counter()
         if not isinstance(message, str):
             raise InvalidInputError("message must be a str")
+        _check_utf8("message", message)
+        for key, value in (metadata or {}).items():
+            _check_utf8("metadata", key, value)
         policy = self.retention_policy()
         if retain and policy is None:
             raise InvalidInputError("retain=True but no retention policy is set (Repo.set_retention)")
@@ -529,12 +574,85 @@ class Repo:
         started: float,
         lossy: LossySpec = None,
     ) -> str:
+        """Write the objects and move the branch. The outcome is exact (docs/GUIDE.md,
+        "Errors and exit codes"): an error means the branch did not move; once it
+        has moved the commit is reported, a failing follow-up step being a warning."""
+        # What is known so far: the branch (None: detached HEAD) and the commit id once written.
+        outcome: dict[str, str | None] = {"where": "HEAD", "target": None, "commit": None}
+        try:
+            commit_id = self._write_commit_objects(
+                tree, pending, pickled, message, clean_metrics, clean_metadata, merge, progress, started, lossy,
+                outcome,
+            )  # fmt: skip
+        except BaseException as exc:
+            where = outcome["where"]
+            written = outcome["commit"]
+            if written is None or not self._landed(outcome["target"], written):
+                unchanged = f"nothing was committed; {where} is unchanged"
+                if isinstance(exc, KeyboardInterrupt):
+                    raise InterruptedOperationError(f"interrupted: {unchanged}") from None
+                if not isinstance(exc, CkvcError) and is_storage_exception(exc):
+                    raise storage_error(exc, "writing the commit", unchanged) from exc
+                raise
+            if isinstance(exc, InterruptedOperationError):
+                raise
+            if isinstance(exc, KeyboardInterrupt):
+                raise InterruptedOperationError(
+                    f"interrupted after commit {written[:12]} landed on {where}", landed=True, result=written
+                ) from None
+            if not isinstance(exc, Exception):
+                raise
+            warnings.warn(
+                DurabilityWarning(f"commit {written[:12]} landed on {where}, but a later step failed: {exc}"),
+                stacklevel=2,
+            )
+            return written
+        if policy is not None and (retain or (retain is None and policy.auto)):
+            try:
+                self.retain(policy)
+            except KeyboardInterrupt:
+                raise InterruptedOperationError(
+                    f"interrupted during retention after commit {commit_id[:12]} landed", landed=True, result=commit_id
+                ) from None
+            except CkvcError as exc:
+                warnings.warn(
+                    DurabilityWarning(f"commit {commit_id[:12]} landed, but the retention policy failed: {exc}"),
+                    stacklevel=2,
+                )
+        return commit_id
+
+    def _landed(self, target: str | None, commit_id: str) -> bool:
+        """Whether the branch (or detached HEAD) names ``commit_id`` now."""
+        try:
+            current = self.refs.read(target) if target is not None else self.refs.head()[1]
+        except (OSError, CkvcError):
+            return False
+        return current == commit_id
+
+    def _write_commit_objects(
+        self,
+        tree: bytes,
+        pending: list[PendingBlob],
+        pickled: bool,
+        message: str,
+        clean_metrics: dict[str, float],
+        clean_metadata: dict[str, str],
+        merge: Sequence[str],
+        progress: ProgressCallback | None,
+        started: float,
+        lossy: LossySpec,
+        outcome: dict[str, str | None],
+    ) -> str:
         stats = CommitStats(commit="")
         lossy_report: dict[str, dict[str, Any]] = {}
         # The pin keeps gc from removing anything this commit deduplicates against
         # until its branch has moved (gc then sees the commit from the refs).
         with self.store.pin(), self.store.writer(self._codec, self.config.max_pack_size) as writer:
             target, parent = self.refs.head()
+            outcome["target"] = target
+            outcome["where"] = target or "HEAD"
+            if parent is not None:
+                self._check_parent(target or "HEAD", parent)
             extra_parents = tuple(dict.fromkeys(self.resolve(r) for r in merge))
             parent_blobs = self._delta_candidates(parent)
             blobs = self._store_blobs(writer, pending, stats, progress, parent_blobs, lossy, lossy_report)
@@ -551,6 +669,7 @@ class Repo:
                 lossy=lossy_report,
             )
             commit_id = writer.put(ObjectType.COMMIT, commit.encode()).hex()
+            outcome["commit"] = commit_id
             writer.commit()
             reflog_message = f"commit: {message.splitlines()[0] if message else ''}".rstrip()
             if target is not None:
@@ -562,9 +681,23 @@ class Repo:
         stats.commit = commit_id
         stats.seconds = time.perf_counter() - started
         self.last_commit_stats = stats
-        if policy is not None and (retain or (retain is None and policy.auto)):
-            self.retain(policy)
         return commit_id
+
+    def _check_parent(self, where: str, parent: str) -> None:
+        """Refuse to build on a branch that names a missing object or a non-commit:
+        the new commit's history would be broken. Nothing is written yet."""
+        try:
+            kind = self.store.stat(bytes.fromhex(parent)).kind
+        except ObjectNotFoundError:
+            raise ObjectNotFoundError(
+                f"{where} names commit {parent[:12]}, which is not in the repository: "
+                "nothing was committed; run `ckvc fsck`"
+            ) from None
+        if kind != ObjectType.COMMIT:
+            raise CorruptObjectError(
+                f"{where} names a {kind.name.lower()} object, not a commit: nothing was committed; run `ckvc fsck`",
+                object_id=parent,
+            )
 
     def _chunk_size_for(self, itemsize: int) -> int:
         """The repo chunk size rounded down to whole elements (odd numpy itemsizes),
@@ -1105,7 +1238,11 @@ class Repo:
             target = commit_id
             if message is not None:
                 tag = Tag(commit_id, name, _default_author(), time.time_ns(), message)
-                with self.store.writer(self._codec) as writer:
+                _check_utf8("tag message", message)
+                with (
+                    storage_errors(f"writing tag {name}", "no tag was created"),
+                    self.store.writer(self._codec) as writer,
+                ):
                     target = writer.put(ObjectType.TAG, tag.encode()).hex()
                     writer.commit()
             self.refs.set_if_equals(full, None, target, f"tag: {name}")
@@ -1350,7 +1487,11 @@ class Repo:
         grace = 0.0 if now else (self.config.gc_grace_s if grace_s is None else grace_s)
         expiry = self.config.reflog_expiry_s
         # One gc at a time: a second one could delete the first one's temporary packs.
-        with file_lock(self.dir / "gc-run.lock", timeout=0):
+        # OS errors up to gc's index swap delete nothing (execute_gc says what happened after it).
+        with (
+            storage_errors("running gc", "gc deleted nothing; the repository is unchanged"),
+            file_lock(self.dir / "gc-run.lock", timeout=0),
+        ):
             plan = plan_gc(self, grace_s=grace, repack_threshold=self.config.repack_threshold, reflog_expiry_s=expiry)
             if dry_run:
                 return GcReport(plan)

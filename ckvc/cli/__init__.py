@@ -11,7 +11,10 @@ import dataclasses
 import datetime as dt
 import json
 import math
+import os
 import sys
+import traceback
+import warnings
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
@@ -120,17 +123,67 @@ class Context:
 
 
 class CkvcGroup(click.Group):
-    """Turns CkvcError into one line on stderr and the error's exit code."""
+    """Turns every error into one line on stderr and its exit code (``_exit_code_for``)."""
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
-        except CkvcError as exc:
-            click.echo(f"ckvc: error: {exc}", err=True)
-            ctx.exit(exc.exit_code)
-        except KeyboardInterrupt:
-            click.echo("ckvc: interrupted", err=True)
-            ctx.exit(130)
+        except (click.exceptions.Exit, click.ClickException, click.Abort):
+            raise
+        except BaseException as exc:
+            if isinstance(exc, SystemExit):
+                raise
+            ctx.exit(_exit_code_for(exc, ctx.invoked_subcommand))
+
+
+DEBUG_ENV = "CKVC_DEBUG"
+
+
+def _exit_code_for(exc: BaseException, command: str | None) -> int:
+    """Print one line for ``exc`` and return the exit code: a CkvcError's own; an
+    OSError or lmdb error as the typed StorageError it maps to; Ctrl-C 130; any
+    other exception (a bug) InternalError's 70, with the traceback only when
+    $CKVC_DEBUG is set."""
+    from ckvc.errors import InternalError, InterruptedOperationError, is_storage_exception, storage_error
+
+    what = f"ckvc {command}" if command else "ckvc"
+    original = exc
+    if isinstance(exc, InterruptedOperationError) and exc.landed:
+        click.echo(f"ckvc: {exc}", err=True)  # it took effect: a success, said plainly
+        return 0
+    if isinstance(exc, KeyboardInterrupt):
+        exc = InterruptedOperationError(f"interrupted: {what} did not finish")
+    elif not isinstance(exc, CkvcError) and is_storage_exception(exc):
+        exc = storage_error(exc, f"running {what}", f"{what} did not finish")
+    if os.environ.get(DEBUG_ENV):
+        traceback.print_exception(original)
+    if isinstance(exc, CkvcError):
+        click.echo(f"ckvc: error: {exc}", err=True)
+        return exc.exit_code
+    first = (str(exc).splitlines() or [""])[0]
+    hint = "" if os.environ.get(DEBUG_ENV) else f" (set {DEBUG_ENV}=1 for a traceback)"
+    click.echo(f"ckvc: internal error: {type(exc).__name__}: {first}{hint}", err=True)
+    return InternalError.exit_code
+
+
+def _show_warning(
+    message: Warning | str,
+    category: type[Warning],
+    filename: str,
+    lineno: int,
+    file: Any = None,
+    line: str | None = None,
+) -> None:
+    """ckvc's warnings as one line on stderr; others as Python prints them."""
+    from ckvc.errors import CkvcWarning
+
+    if issubclass(category, CkvcWarning):
+        click.echo(f"ckvc: warning: {message}", err=True)
+    else:
+        _default_showwarning(message, category, filename, lineno, file, line)
+
+
+_default_showwarning = warnings.showwarning
 
 
 json_option = click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
@@ -777,4 +830,12 @@ def status(obj: Context, as_json: bool) -> None:
 
 
 def main() -> None:
-    cli(prog_name="ckvc")
+    """The ``ckvc`` entry point: no error leaves it as a traceback (``_exit_code_for``);
+    errors after a command returns (closing the repository) are mapped too."""
+    warnings.showwarning = _show_warning
+    try:
+        cli(prog_name="ckvc")
+    except SystemExit:
+        raise
+    except BaseException as exc:
+        sys.exit(_exit_code_for(exc, None))

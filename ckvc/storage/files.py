@@ -11,7 +11,10 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
-from ckvc.errors import RepositoryLockedError
+from ckvc.errors import ReadOnlyRepositoryError, RepositoryLockedError
+
+# errno values that mean "this file system or file may not be written here".
+_NO_WRITE = (errno.EROFS, errno.EACCES, errno.EPERM)
 
 
 def fsync_dir(path: Path) -> None:
@@ -23,8 +26,10 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def write_atomic(path: Path, data: bytes) -> None:
-    """Replace ``path`` with ``data`` so a crash leaves the old or the new bytes, never a mix."""
+def write_atomic(path: Path, data: bytes, *, sync_dir: bool = True) -> None:
+    """Replace ``path`` with ``data`` so a crash leaves the old or the new bytes, never a mix.
+    ``sync_dir=False`` leaves the directory fsync to the caller, which can then
+    tell a failure before the rename (nothing changed) from one after it."""
     tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
     try:
@@ -38,29 +43,71 @@ def write_atomic(path: Path, data: bytes) -> None:
             os.unlink(tmp)
         raise
     os.close(fd)
-    os.replace(tmp, path)
-    fsync_dir(path.parent)
+    try:
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    if sync_dir:
+        fsync_dir(path.parent)
 
 
 def append_durable(path: Path, data: bytes) -> None:
     """Append line records to a log file and fsync it. A torn last line (a crash
-    mid-append) is closed first, so it cannot swallow the new record."""
+    mid-append) is closed first, so it cannot swallow the new record. If a write
+    (or the fsync) fails, the file is cut back to its old size, so a failed
+    append adds no record, whole or partial."""
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
     try:
         size = os.fstat(fd).st_size
         if size and os.pread(fd, 1, size - 1) != b"\n":
             data = b"\n" + data
-        os.write(fd, data)
-        os.fsync(fd)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+            os.fsync(fd)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.ftruncate(fd, size)
+            raise
     finally:
         os.close(fd)
+
+
+def _open_lock_file(path: Path, shared: bool) -> int | None:
+    try:
+        return os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as exc:
+        if exc.errno not in _NO_WRITE:
+            raise
+        error = exc
+    try:
+        return os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        if shared:
+            return None
+    raise ReadOnlyRepositoryError(
+        f"cannot create lock file {path}: the repository is read-only ({error.strerror}); nothing was changed",
+        path=str(path),
+        errno=error.errno,
+    )
 
 
 @contextlib.contextmanager
 def file_lock(path: Path, *, timeout: float = 30.0, shared: bool = False) -> Iterator[None]:
     """An flock on ``path``. The kernel drops it when the holder dies, so a
-    killed process never leaves a stale lock behind."""
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    killed process never leaves a stale lock behind.
+
+    In a repository that cannot be written (read-only mount, no write
+    permission) the lock file is opened read-only, which flock accepts; if it
+    does not exist there either, a shared lock is skipped (nobody can write
+    there through this path) and an exclusive one is a ReadOnlyRepositoryError."""
+    fd = _open_lock_file(path, shared)
+    if fd is None:
+        yield
+        return
     try:
         mode = fcntl.LOCK_SH if shared else fcntl.LOCK_EX
         deadline = time.monotonic() + timeout
@@ -80,3 +127,21 @@ def file_lock(path: Path, *, timeout: float = 30.0, shared: bool = False) -> Ite
         yield
     finally:
         os.close(fd)
+
+
+def read_log_lines(path: Path) -> list[bytes]:
+    """The lines of an append-only log file as bytes (none if it does not exist).
+    Callers parse each line on its own, so one damaged line (a bad byte, a torn
+    append) costs that line only."""
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return []
+    return [line for line in data.split(b"\n") if line.strip()]
+
+
+def looks_torn(line: bytes) -> bool:
+    """A crash mid-append leaves a prefix of a JSON object with no closing brace;
+    the next append starts a new line after it. Such lines are expected leftovers,
+    not damage."""
+    return line.lstrip().startswith(b"{") and not line.rstrip().endswith(b"}")

@@ -38,9 +38,26 @@ def _acquire_env(path: Path) -> lmdb.Environment:
             _ENVS[key] = (env, refs + 1)
             return env
         path.mkdir(parents=True, exist_ok=True)
-        env = lmdb.open(str(path), map_size=_MAP_SIZE, max_dbs=4, subdir=True, readahead=False)
+        try:
+            env = lmdb.open(str(path), map_size=_MAP_SIZE, max_dbs=4, subdir=True, readahead=False)
+        except lmdb.Error:
+            if os.access(path, os.W_OK) or not (path / "data.mdb").is_file():
+                raise
+            env = _open_read_only(path)
         _ENVS[key] = (env, 1)
         return env
+
+
+def _open_read_only(path: Path) -> lmdb.Environment:
+    """A repository that cannot be written (read-only mount, no write permission)
+    stays readable. On a read-only mount LMDB skips its lock file by itself;
+    where only permission is missing, it must be told to."""
+    try:
+        return lmdb.open(str(path), map_size=_MAP_SIZE, max_dbs=4, subdir=True, readahead=False, readonly=True)
+    except lmdb.Error:
+        return lmdb.open(
+            str(path), map_size=_MAP_SIZE, max_dbs=4, subdir=True, readahead=False, readonly=True, lock=False
+        )
 
 
 def _release_env(path: Path) -> None:
