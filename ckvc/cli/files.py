@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 import safetensors
@@ -20,6 +20,9 @@ import torch
 from ckvc.errors import InvalidInputError, UnsupportedTypeError
 from ckvc.state import flatten
 from ckvc.storage.files import fsync_dir
+
+if TYPE_CHECKING:
+    from ckvc.repo import Repo
 
 TORCH_SUFFIXES = (".pt", ".pth", ".bin", ".ckpt")
 SAFETENSORS_SUFFIX = ".safetensors"
@@ -69,6 +72,38 @@ def _read_file(path: Path) -> Any:
                 f"(ckvc never unpickles code): {str(exc).splitlines()[0]}"
             ) from None
     raise InvalidInputError(f"{path}: unknown checkpoint type (use .pt, .pth, .bin, .ckpt or .safetensors)")
+
+
+def export_commit(
+    repo: Repo,
+    rev: str,
+    out: Path | str,
+    *,
+    format: Literal["pt", "safetensors", "dir"] | None = None,
+    prefix: str | None = None,
+    progress: Any = None,
+) -> list[Path]:
+    """Write commit ``rev`` to ``out`` without moving HEAD; returns the files written.
+    ``format``: "pt", "safetensors" or "dir" (default: the commit's own kind, else
+    the suffix of ``out``); ``prefix`` ("model."): only the leaves under it, with the
+    prefix removed from their names, as one file. The parent of ``out`` must exist."""
+    out = Path(out)
+    if not out.parent.is_dir():
+        raise InvalidInputError(f"cannot write {out}: {out.parent} does not exist")
+    if format in ("pt", "safetensors"):
+        wanted = TORCH_SUFFIXES if format == "pt" else (SAFETENSORS_SUFFIX,)
+        if out.suffix not in wanted:
+            raise InvalidInputError(f"--format {format} writes a {' or '.join(wanted)} file, not {out.name!r}")
+    if prefix is not None:
+        flat = repo.load(rev, map_location="cpu", prefix=prefix, progress=progress)
+        return write_checkpoint({k[len(prefix) :]: v for k, v in flat.items()}, out, {})
+    state = repo.load(rev, map_location="cpu", progress=progress)
+    metadata = dict(repo.readable_commit(rev).metadata)
+    if format == "dir":
+        metadata["ckvc.source"] = DIRECTORY_SOURCE
+    elif format is not None:
+        metadata.pop("ckvc.source", None)
+    return write_checkpoint(state, out, metadata)
 
 
 def write_checkpoint(state: Any, out: Path, metadata: dict[str, str]) -> list[Path]:
