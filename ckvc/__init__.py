@@ -1,33 +1,71 @@
 """ckvc: version control for deep-learning checkpoints."""
 
-from ckvc.errors import (
-    CkvcError,
-    CorruptObjectError,
-    DamagedIndexError,
-    IncompatibleStateError,
-    InterruptedOperationError,
-    InvalidInputError,
-    InvalidRefNameError,
-    InvalidRevisionError,
-    NotARepositoryError,
-    ObjectNotFoundError,
-    PrunedCommitError,
-    ReadOnlyRepositoryError,
-    RefConflictError,
-    RefNotFoundError,
-    RepositoryLockedError,
-    StorageError,
-    StorageFullError,
-    StorageIOError,
-    UnknownKeyError,
-    UnsafeContentError,
-    UnsupportedFormatError,
-    UnsupportedTypeError,
-)
-from ckvc.objects import Commit, Tag
-from ckvc.repo import CommitInfo, CommitStats, Repo, StateDiff, TensorChange, TensorSummary
-from ckvc.state import rng_state, set_rng_state
-from ckvc.view import CommitView, IncompatibleKeys
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+# Every public name is imported on first use (PEP 562), so that ``import ckvc`` and
+# the CLI's history commands do not pay for torch (about 1.5 s) until a commit,
+# load or diff needs it. Name -> the module that defines it.
+_ERRORS = (
+    "CkvcError", "CorruptObjectError", "DamagedIndexError", "IncompatibleStateError", "InterruptedOperationError",
+    "InvalidInputError", "InvalidRefNameError", "InvalidRevisionError", "NotARepositoryError", "ObjectNotFoundError",
+    "PrunedCommitError", "ReadOnlyRepositoryError", "RefConflictError", "RefNotFoundError", "RepositoryLockedError",
+    "StorageError", "StorageFullError", "StorageIOError", "UnknownKeyError", "UnsafeContentError",
+    "UnsupportedFormatError", "UnsupportedTypeError",
+)  # fmt: skip
+_LAZY: dict[str, str] = {
+    **dict.fromkeys(_ERRORS, "ckvc.errors"),
+    **dict.fromkeys(("Commit", "Tag"), "ckvc.objects"),
+    **dict.fromkeys(("CommitInfo", "CommitStats", "Repo", "StateDiff", "TensorChange", "TensorSummary"), "ckvc.repo"),
+    **dict.fromkeys(("rng_state", "set_rng_state"), "ckvc.state"),  # these import torch
+    **dict.fromkeys(("CommitView", "IncompatibleKeys"), "ckvc.view"),  # so does this
+}
+
+if TYPE_CHECKING:
+    from ckvc.errors import (
+        CkvcError,
+        CorruptObjectError,
+        DamagedIndexError,
+        IncompatibleStateError,
+        InterruptedOperationError,
+        InvalidInputError,
+        InvalidRefNameError,
+        InvalidRevisionError,
+        NotARepositoryError,
+        ObjectNotFoundError,
+        PrunedCommitError,
+        ReadOnlyRepositoryError,
+        RefConflictError,
+        RefNotFoundError,
+        RepositoryLockedError,
+        StorageError,
+        StorageFullError,
+        StorageIOError,
+        UnknownKeyError,
+        UnsafeContentError,
+        UnsupportedFormatError,
+        UnsupportedTypeError,
+    )
+    from ckvc.objects import Commit, Tag
+    from ckvc.repo import CommitInfo, CommitStats, Repo, StateDiff, TensorChange, TensorSummary
+    from ckvc.state import rng_state, set_rng_state
+    from ckvc.view import CommitView, IncompatibleKeys
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'ckvc' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)
+
 
 __version__ = "0.1.0"
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import atexit
 import collections
 import dataclasses
+import difflib
 import fnmatch
 import getpass
 import heapq
@@ -26,9 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Protocol, overload
 
 import numpy as np
-import torch
 
-from ckvc import state as state_mod
 from ckvc.chunking import chunk_spans
 from ckvc.codecs import DELTA, QUANT, DeltaBase, layout_for, make_codec
 from ckvc.codecs.lossy import DTYPE_CODES as LOSSY_DTYPES
@@ -45,6 +44,7 @@ from ckvc.errors import (
     NotARepositoryError,
     ObjectNotFoundError,
     PrunedCommitError,
+    RefConflictError,
     RefNotFoundError,
     UnsafeContentError,
     UnsupportedFormatError,
@@ -56,14 +56,18 @@ from ckvc.ids import ObjectType, is_full_hex_id, object_id
 from ckvc.objects import Blob, Commit, Snapshot, Tag, validate_metadata, validate_metrics
 from ckvc.pruned import PruneLog, PruneRecord
 from ckvc.refs import BRANCH_PREFIX, HEAD, TAG_PREFIX, ReflogEntry, RefStore, branch_ref, check_ref_name, tag_ref
-from ckvc.state import MapLocation, PendingBlob, TensorInfo
 from ckvc.stats import CodecUsage, codec_usage
 from ckvc.storage.files import file_lock
 from ckvc.storage.object_store import ObjectStore, ObjectWriter
 
+# torch is imported only where tensors are made or read (ckvc.state, ckvc.view, the
+# bodies of commit/load/show/diff), so log, status, branch and tag start fast.
 if TYPE_CHECKING:
+    import torch
+
     from ckvc.gc import GcReport
     from ckvc.retention import RetentionPlan, RetentionPolicy
+    from ckvc.state import MapLocation, PendingBlob, TensorInfo
     from ckvc.view import CommitView, IncompatibleKeys
 
 REPO_DIR = ".ckvc"
@@ -121,6 +125,7 @@ class CommitInfo:
     logical_bytes: int
     stored_bytes: int  # stored size of the chunks this commit uses (shared ones included)
     by_codec: dict[str, CodecUsage] = field(default_factory=dict)  # over the same chunks
+    blobs: int = 0  # stored byte buffers (tensors sharing storage share one)
 
 
 class PendingCommit:
@@ -186,12 +191,46 @@ class TensorChange:
 
 @dataclass
 class StateDiff:
+    """What changed from commit ``a`` to ``b``. ``changed`` comes largest relative
+    change first (shape or dtype changes, which have none, before all others);
+    tensors and values under an RNG state (``is_rng_path``) are not listed one by
+    one but counted in ``rng_changed``, since they change on every step."""
+
     a: str
     b: str
     added: list[str] = field(default_factory=list)
     removed: list[str] = field(default_factory=list)
     changed: list[TensorChange] = field(default_factory=list)
     values_changed: list[tuple[str, Any, Any]] = field(default_factory=list)
+    metrics_changed: list[tuple[str, float | None, float | None]] = field(default_factory=list)
+    added_bytes: int = 0
+    removed_bytes: int = 0
+    changed_bytes: int = 0  # bytes of the changed tensors (new side)
+    unchanged: int = 0  # tensors identical in both
+    rng_changed: list[str] = field(default_factory=list)  # RNG-state leaves that differ
+
+
+_RNG_PART = re.compile(r"(?i)^(rng|rng_states?|random_states?|generator|rng_state(_\d+)?(\.pth)?)$")
+
+
+def is_rng_path(path: str) -> bool:
+    """Whether a state path lies under an RNG state (``ckvc.rng_state()`` saved as
+    "rng", Hugging Face's "rng_state.pth", a "generator"): noise, not training."""
+    return any(_RNG_PART.match(part) for part in re.split(r"[./]", path)) or "rng_state" in path
+
+
+def _matches(path: str, patterns: Sequence[str]) -> bool:
+    """``path`` is one of ``patterns``, lies under one ("model" covers "model.w"), or
+    matches one as a glob ("*.weight")."""
+    return any(path == p or path.startswith(p.rstrip(".") + ".") or fnmatch.fnmatchcase(path, p) for p in patterns)
+
+
+def did_you_mean(word: str, candidates: Iterable[str]) -> str:
+    """ "; did you mean 'main'?" when a candidate is close to ``word``, else ""."""
+    close = difflib.get_close_matches(word, list(candidates), n=3, cutoff=0.6)
+    if not close:
+        return ""
+    return "; did you mean " + " or ".join(repr(c) for c in close) + "?"
 
 
 def _check_utf8(what: str, *values: Any) -> None:
@@ -528,6 +567,8 @@ class Repo:
         self._lossy_modes([], lossy)  # a bad spec fails here, before any work
         if lossy is not None and self.config.format_version < FORMAT_VERSION:
             self._upgrade_format()  # quantized records are a version-2 codec
+        from ckvc import state as state_mod
+
         # Async: GPU tensors go to pinned host memory (when CUDA is present).
         tree, pending, pickled = state_mod.encode_state(state, allow_pickle=allow_pickle, pin_memory=not blocking)
         if not blocking:
@@ -948,6 +989,8 @@ class Repo:
 
             view = open_view(self, rev, map_location, allow_pickle=allow_pickle, progress=progress)
             return view.load(keys, prefix=prefix)
+        from ckvc import state as state_mod
+
         commit = self.readable_commit(rev, allow_pickle=allow_pickle)
         snapshot = self.read_snapshot(commit)
         bases = self._read_blobs(commit, snapshot.blobs, progress)
@@ -1029,6 +1072,7 @@ class Repo:
         """Allocate every blob and fill it with its chunks, decoded and verified on
         the pool. Chunks of all blobs are in flight together (a bounded window), so
         small tensors load in parallel too."""
+        from ckvc import state as state_mod
         from ckvc.view import read_chunks  # the one chunk reader (view.py imports this module)
 
         bases: list[torch.Tensor | np.ndarray] = []
@@ -1053,7 +1097,11 @@ class Repo:
     ) -> Any:
         """Load ``rev`` and move HEAD to it, like git checkout: onto the branch
         when ``rev`` names one, detached otherwise. HEAD moves only after the
-        state loaded cleanly."""
+        state loaded cleanly. The next ``commit`` continues from ``rev`` (its
+        parent is ``rev``), on a detached HEAD unless ``rev`` is a branch name:
+        to resume from an old epoch on a new branch, ``switch(rev,
+        new_branch="retry")`` first. ``load`` reads a commit without moving HEAD,
+        so a commit after it still lands on the current branch tip."""
         self.wait()  # a background commit must land on the branch it was made on
         commit_id = self.resolve(rev)
         state = self.load(commit_id, map_location, allow_pickle=allow_pickle, progress=progress)
@@ -1063,14 +1111,20 @@ class Repo:
             self._move_head(rev, commit_id)
         return state
 
-    def switch(self, rev: str) -> str:
+    def switch(self, rev: str, *, new_branch: str | None = None) -> str:
         """Move HEAD to ``rev`` without loading it. Returns the commit id.
-        A pruned commit is refused: there is no state to resume from."""
+        A pruned commit is refused: there is no state to resume from.
+        ``new_branch``: first create that branch at ``rev`` and move HEAD onto it
+        (git switch -c); RefConflictError if it exists."""
         self.wait()  # a background commit must land on the branch it was made on
         with self.store.pin():  # HEAD may name a commit only a reflog keeps: gc must see the move
             commit_id = self.resolve(rev)
             self._check_not_pruned(commit_id)
-            self._move_head(rev, commit_id)
+            if new_branch is not None:
+                self.branch(new_branch, commit_id)
+                self.refs.set_head(branch=branch_ref(new_branch), message=f"checkout: moving to {new_branch}")
+            else:
+                self._move_head(rev, commit_id)
         return commit_id
 
     def _move_head(self, rev: str, commit_id: str) -> None:
@@ -1095,19 +1149,39 @@ class Repo:
         return None
 
     # ---- history ------------------------------------------------------------
-    def log(self, rev: str = "HEAD", *, limit: int | None = None, first_parent: bool = False) -> list[Commit]:
-        """Commits reachable from ``rev``, newest first (by commit time); with
-        ``first_parent``, the first-parent chain from ``rev`` down to the root."""
-        start = self.resolve(rev)
+    def log(
+        self,
+        rev: str | Sequence[str] = "HEAD",
+        *,
+        limit: int | None = None,
+        first_parent: bool = False,
+        all: bool = False,
+    ) -> list[Commit]:
+        """Commits reachable from ``rev`` (a revision or a list of them), newest
+        first (by commit time); with ``first_parent``, the first-parent chain from
+        ``rev`` down to the root. ``all``: from every branch, tag and HEAD; the order
+        is then topological too (no commit before one of its children), as
+        ``log --graph`` needs."""
+        revs = [rev] if isinstance(rev, str) else list(rev)
+        if all:
+            revs = list(dict.fromkeys([*self.branches().values(), *self.tags().values(), *revs]))
+            _, head_id = self.head()
+            revs = [r for r in revs if r != "HEAD" or head_id is not None]
+        starts = list(dict.fromkeys(self.resolve(r) for r in revs))
         if first_parent:  # the chain itself, whatever the commit times say
-            chain = [self.read_commit(start)]
+            chain = [self.read_commit(starts[0])]
             while chain[-1].parents and (limit is None or len(chain) < limit):
                 chain.append(self.read_commit(chain[-1].parents[0]))
             return chain
-        seen = {start}
-        first = self.read_commit(start)
-        heap: list[tuple[int, int, Commit]] = [(-first.time_ns, 0, first)]
-        counter = 1
+        if all or len(starts) > 1:
+            return self._topo_log(starts, limit)
+        seen = set(starts)
+        heap: list[tuple[int, int, Commit]] = []
+        counter = 0
+        for start in starts:
+            first = self.read_commit(start)
+            heapq.heappush(heap, (-first.time_ns, counter, first))
+            counter += 1
         out: list[Commit] = []
         while heap and (limit is None or len(out) < limit):
             _, _, commit = heapq.heappop(heap)
@@ -1120,64 +1194,161 @@ class Repo:
                     counter += 1
         return out
 
+    def _topo_log(self, starts: Sequence[str], limit: int | None) -> list[Commit]:
+        """Every commit reachable from ``starts``, newest first, but never a parent
+        before all of its children (equal commit times, clock skew)."""
+        commits: dict[str, Commit] = {}
+        stack = list(starts)
+        while stack:
+            oid = stack.pop()
+            if oid not in commits:
+                commits[oid] = self.read_commit(oid)
+                stack.extend(commits[oid].parents)
+        waiting = collections.Counter(p for c in commits.values() for p in set(c.parents))
+        heap = [(-c.time_ns, i, c) for i, c in enumerate(commits.values()) if not waiting[c.id]]
+        heapq.heapify(heap)
+        order = {oid: i for i, oid in enumerate(commits)}
+        out: list[Commit] = []
+        while heap and (limit is None or len(out) < limit):
+            _, _, commit = heapq.heappop(heap)
+            out.append(commit)
+            for parent in set(commit.parents):
+                waiting[parent] -= 1
+                if not waiting[parent]:
+                    pc = commits[parent]
+                    heapq.heappush(heap, (-pc.time_ns, order[parent], pc))
+        return out
+
+    def best(self, metric: str, mode: Literal["min", "max"] = "min", rev: str = "HEAD", *, all: bool = False) -> Commit:
+        """The commit reachable from ``rev`` (``all``: from any branch or tag) with the
+        lowest (``mode="min"``) or highest (``"max"``) value of ``metric``; the newest
+        among equals. Commits without the metric (or with NaN) are skipped;
+        InvalidInputError when none has it, naming the metrics there are."""
+        if mode not in ("min", "max"):
+            raise InvalidInputError(f"mode must be 'min' or 'max', got {mode!r}")
+        ranked = self.rank(metric, mode, rev, all=all)
+        if not ranked:
+            known = sorted({k for c in self.log(rev, all=all) for k in c.metrics})
+            hint = did_you_mean(metric, known) or (f"; metrics recorded: {', '.join(known)}" if known else "")
+            where = "any branch or tag" if all else repr(rev)
+            raise InvalidInputError(f"no commit reachable from {where} has metric {metric!r}{hint}")
+        return ranked[0]
+
+    def rank(
+        self, metric: str, mode: Literal["min", "max"] = "min", rev: str = "HEAD", *, all: bool = False
+    ) -> list[Commit]:
+        """The commits reachable from ``rev`` that have ``metric``, best first
+        (``mode`` as for ``best``), newest first among equals."""
+        commits = [c for c in self.log(rev, all=all) if _finite(c.metrics.get(metric))]
+        sign = 1 if mode == "min" else -1
+        # log is newest first and sorted() is stable: the newest wins ties
+        return sorted(commits, key=lambda c: sign * float(c.metrics[metric]))
+
     def head(self) -> tuple[str | None, str | None]:
         """(current branch name or None when detached, commit id or None when unborn)."""
         target, commit_id = self.refs.head()
         short = target[len(BRANCH_PREFIX) :] if target and target.startswith(BRANCH_PREFIX) else target
         return short, commit_id
 
-    def show(self, rev: str = "HEAD") -> CommitInfo:
+    def show(self, rev: str = "HEAD", *, tensors: bool = True) -> CommitInfo:
+        """The commit ``rev`` names with its tensors (dtype, shape, size), non-tensor
+        values and stored sizes; reads no tensor data. ``tensors=False`` skips
+        parsing the state (empty ``tensors`` and ``values``; torch is not imported)."""
         commit = self.read_commit(self.resolve(rev))
         self._check_not_pruned(commit.id)
         snapshot = self.read_snapshot(commit)
-        leaves = state_mod.describe_state(snapshot.tree)
-        tensors: list[TensorSummary] = []
+        summaries: list[TensorSummary] = []
         values: dict[str, Any] = {}
-        for path, leaf in leaves.items():
-            if isinstance(leaf, TensorInfo):
-                tensors.append(self._summary(path, leaf, snapshot))
-            else:
-                values[path] = leaf
+        if tensors:
+            from ckvc import state as state_mod
+            from ckvc.state import TensorInfo
+
+            for path, leaf in state_mod.describe_state(snapshot.tree).items():
+                if isinstance(leaf, TensorInfo):
+                    summaries.append(self._summary(path, leaf, snapshot))
+                else:
+                    values[path] = leaf
         used = {oid for b in snapshot.blobs for oid in b.chunks}
         by_codec = codec_usage(self, used)
         stored = sum(c.stored_bytes for c in by_codec.values())
         logical = sum(b.nbytes for b in snapshot.blobs)
-        return CommitInfo(commit, tensors, values, logical, stored, by_codec)
+        return CommitInfo(commit, summaries, values, logical, stored, by_codec, len(snapshot.blobs))
 
     @staticmethod
     def _summary(path: str, info: TensorInfo, snapshot: Snapshot) -> TensorSummary:
+        from ckvc import state as state_mod
+
         blob = snapshot.blobs[info.blob]
         itemsize = state_mod.blob_itemsize(blob.dtype)
         kind = {state_mod.KIND_TENSOR: "tensor", state_mod.KIND_PARAMETER: "parameter"}.get(info.kind, "numpy")
         dtype = blob.dtype.removeprefix(state_mod.NUMPY_DTYPE_PREFIX)
         return TensorSummary(path, dtype, info.shape, info.numel * itemsize, kind)
 
-    def diff(self, a: str, b: str) -> StateDiff:
+    def diff(self, a: str, b: str = "HEAD", paths: Sequence[str] = (), *, data: bool = True) -> StateDiff:
         """Tensors added, removed and changed from ``a`` to ``b`` (with relative L2
-        change and max abs difference), and changed non-tensor values."""
+        change and max abs difference), changed non-tensor values and metrics.
+        ``paths``: only leaves equal to, under, or matching (glob) one of them.
+        ``data=False`` reads no tensor bytes (no rel_l2 / max_abs: ``--stat``)."""
+        from ckvc import state as state_mod
+        from ckvc.state import TensorInfo
+
         ca, cb = self.read_commit(self.resolve(a)), self.read_commit(self.resolve(b))
         self._check_not_pruned(ca.id)
         self._check_not_pruned(cb.id)
         sa, sb = self.read_snapshot(ca), self.read_snapshot(cb)
         la, lb = state_mod.describe_state(sa.tree), state_mod.describe_state(sb.tree)
         result = StateDiff(ca.id, cb.id)
-        result.added = [p for p in lb if p not in la]
-        result.removed = [p for p in la if p not in lb]
+        if paths:
+            la = {p: v for p, v in la.items() if _matches(p, paths)}
+            lb = {p: v for p, v in lb.items() if _matches(p, paths)}
+        for name in sorted(set(ca.metrics) | set(cb.metrics)):
+            old, new = ca.metrics.get(name), cb.metrics.get(name)
+            if not _same_value(old, new):
+                result.metrics_changed.append((name, old, new))
+
+        def size(leaves: Mapping[str, Any], snapshot: Snapshot, path: str) -> int:
+            leaf = leaves[path]
+            return self._summary(path, leaf, snapshot).nbytes if isinstance(leaf, TensorInfo) else 0
+
+        for path in lb:
+            if path not in la:
+                (result.rng_changed if is_rng_path(path) else result.added).append(path)
+                result.added_bytes += size(lb, sb, path)
+        for path in la:
+            if path not in lb:
+                (result.rng_changed if is_rng_path(path) else result.removed).append(path)
+                result.removed_bytes += size(la, sa, path)
         for path in (p for p in la if p in lb):
             va, vb = la[path], lb[path]
             if isinstance(va, TensorInfo) and isinstance(vb, TensorInfo):
                 blob_a, blob_b = sa.blobs[va.blob], sb.blobs[vb.blob]
                 same_view = (va.shape, va.stride, va.offset, va.kind) == (vb.shape, vb.stride, vb.offset, vb.kind)
                 if same_view and (blob_a.dtype, blob_a.chunks) == (blob_b.dtype, blob_b.chunks):
+                    result.unchanged += 1
                     continue
-                result.changed.append(self._tensor_change(path, ca, sa, va, cb, sb, vb))
+                result.changed_bytes += size(lb, sb, path)
+                if is_rng_path(path):
+                    result.rng_changed.append(path)
+                elif data:
+                    result.changed.append(self._tensor_change(path, ca, sa, va, cb, sb, vb))
+                else:
+                    result.changed.append(
+                        TensorChange(path, self._summary(path, va, sa), self._summary(path, vb, sb), None, None)
+                    )
             elif isinstance(va, TensorInfo) or isinstance(vb, TensorInfo) or not _same_value(va, vb):
-                result.values_changed.append((path, _display_value(va), _display_value(vb)))
+                if is_rng_path(path):
+                    result.rng_changed.append(path)
+                else:
+                    result.values_changed.append((path, _display_value(va), _display_value(vb)))
+        # largest relative change first; shape/dtype changes (no rel_l2) lead, as the biggest change of all
+        result.changed.sort(key=lambda c: -math.inf if c.rel_l2 is None else -c.rel_l2)
         return result
 
     def _tensor_change(
         self, path: str, ca: Commit, sa: Snapshot, va: TensorInfo, cb: Commit, sb: Snapshot, vb: TensorInfo
     ) -> TensorChange:
+        import torch
+
         old, new = self._summary(path, va, sa), self._summary(path, vb, sb)
         if old.shape != new.shape or old.dtype != new.dtype:
             return TensorChange(path, old, new, None, None)
@@ -1185,7 +1356,11 @@ class Repo:
         tb = self._load_tensor(cb, sb, vb)
         if isinstance(ta, np.ndarray):
             ta, tb = torch.from_numpy(np.asarray(ta)), torch.from_numpy(np.asarray(tb))
-        if not (ta.dtype.is_floating_point or ta.dtype.is_complex or ta.dtype in _INT_DTYPES):
+        if not (
+            ta.dtype.is_floating_point
+            or ta.dtype.is_complex
+            or ta.dtype in (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8)
+        ):
             return TensorChange(path, old, new, None, None)
         xa, xb = (
             ta.detach().to(torch.float64 if not ta.is_complex() else torch.complex128),
@@ -1203,6 +1378,8 @@ class Repo:
             raise PrunedCommitError(commit_id, record.policy, record.time_ns)
 
     def _load_tensor(self, commit: Commit, snapshot: Snapshot, info: TensorInfo) -> Any:
+        from ckvc import state as state_mod
+
         (base,) = self._read_blobs(commit, [snapshot.blobs[info.blob]])
         return state_mod.materialize(info, base)
 
@@ -1212,14 +1389,19 @@ class Repo:
         full = branch_ref(name)
         with self.store.pin():  # the commit may be one gc is about to collect
             commit_id = self.resolve(rev)
-            self.refs.set_if_equals(full, None, commit_id, f"branch: created from {rev}")
+            if self.refs.read(full) is not None:
+                raise RefConflictError(f"branch {name!r} already exists")
+            try:
+                self.refs.set_if_equals(full, None, commit_id, f"branch: created from {rev}")
+            except RefConflictError:
+                raise RefConflictError(f"branch {name!r} already exists") from None  # created meanwhile
         return commit_id
 
     def delete_branch(self, name: str) -> str:
         full = branch_ref(name)
         current = self.refs.read(full)
         if current is None:
-            raise RefNotFoundError(f"branch {name!r} not found")
+            raise RefNotFoundError(f"branch {name!r} not found{self._ref_hint(name, tags=False)}")
         target, _ = self.refs.head()
         if target == full:
             raise InvalidInputError(f"cannot delete branch {name!r}: HEAD is on it")
@@ -1236,6 +1418,8 @@ class Repo:
         with self.store.pin():
             commit_id = self.resolve(rev)
             target = commit_id
+            if self.refs.read(full) is not None:
+                raise RefConflictError(f"tag {name!r} already exists")
             if message is not None:
                 tag = Tag(commit_id, name, _default_author(), time.time_ns(), message)
                 _check_utf8("tag message", message)
@@ -1245,14 +1429,17 @@ class Repo:
                 ):
                     target = writer.put(ObjectType.TAG, tag.encode()).hex()
                     writer.commit()
-            self.refs.set_if_equals(full, None, target, f"tag: {name}")
+            try:
+                self.refs.set_if_equals(full, None, target, f"tag: {name}")
+            except RefConflictError:
+                raise RefConflictError(f"tag {name!r} already exists") from None
         return target
 
     def delete_tag(self, name: str) -> str:
         full = tag_ref(name)
         current = self.refs.read(full)
         if current is None:
-            raise RefNotFoundError(f"tag {name!r} not found")
+            raise RefNotFoundError(f"tag {name!r} not found{self._ref_hint(name, branches=False)}")
         self.refs.delete_if_equals(full, current, "tag: deleted")
         return current
 
@@ -1260,12 +1447,25 @@ class Repo:
         """Tag name -> commit id (annotated tags peeled)."""
         return {k[len(TAG_PREFIX) :]: self._peel(v) for k, v in self.refs.list_refs(TAG_PREFIX).items()}
 
+    def tag_object(self, name: str) -> Tag | None:
+        """The annotated tag ``name`` (its message, tagger, time); None for a
+        lightweight tag. RefNotFoundError when there is no such tag."""
+        oid = self.refs.read(tag_ref(name))
+        if oid is None:
+            raise RefNotFoundError(f"tag {name!r} not found{self._ref_hint(name, branches=False)}")
+        if self.store.stat(bytes.fromhex(oid)).kind != ObjectType.TAG:
+            return None
+        return self.read_tag(oid)
+
     def reflog(self, ref: str = "HEAD") -> list[ReflogEntry]:
         if ref != HEAD and not ref.startswith("refs/"):
             full = self._branch_named(ref) or (TAG_PREFIX + ref)
         else:
             full = ref
-        return self.refs.reflog(full)
+        entries = self.refs.reflog(full)
+        if not entries and full != HEAD and self.refs.read(full) is None:
+            raise RefNotFoundError(f"no branch or tag {ref!r}{self._ref_hint(ref)}")
+        return entries
 
     # ---- revisions ----------------------------------------------------------
     def resolve(self, rev: str) -> str:
@@ -1317,7 +1517,15 @@ class Repo:
                 return self._peel_checked(rev, value)
         if len(base) >= MIN_PREFIX and re.fullmatch(r"[0-9a-f]+", base):
             return self._resolve_prefix(rev, base)
-        raise InvalidRevisionError(f"unknown revision {rev!r}")
+        raise InvalidRevisionError(f"unknown revision {rev!r}{self._ref_hint(base)}")
+
+    def _ref_hint(self, name: str, *, branches: bool = True, tags: bool = True) -> str:
+        """A did-you-mean suffix for an unknown revision or ref, from branch and tag names."""
+        try:
+            names = [*(self.branches() if branches else ()), *(self.tags() if tags else ())]
+        except CkvcError:
+            return ""  # a damaged ref must not hide the original error
+        return did_you_mean(name, names)
 
     def _resolve_prefix(self, rev: str, prefix: str) -> str:
         key = bytes.fromhex(prefix[: len(prefix) // 2 * 2])
@@ -1519,7 +1727,8 @@ class Repo:
         return disk_usage(self)
 
 
-_INT_DTYPES = {torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8}
+def _finite(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
 def _same_value(a: Any, b: Any) -> bool:
@@ -1534,6 +1743,8 @@ def _same_value(a: Any, b: Any) -> bool:
 
 
 def _display_value(v: Any) -> Any:
+    from ckvc.state import TensorInfo
+
     if isinstance(v, TensorInfo):
         return f"<tensor {list(v.shape)}>"
     return v

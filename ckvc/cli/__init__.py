@@ -18,17 +18,20 @@ import warnings
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
-import numpy as np
 
-from ckvc.codecs import planes
 from ckvc.errors import CkvcError, InvalidInputError
-from ckvc.files import export_commit, read_checkpoint
-from ckvc.objects import Commit
-from ckvc.repo import Repo, TensorSummary
-from ckvc.stats import CodecUsage
+
+# Only click and ckvc.errors load up front: --help, log, status, branch, tag,
+# reflog, config and du never import torch (1.5 s). Commands that read or write
+# tensors import ckvc.files / ckvc.state / torch in their own bodies;
+# tests/test_cli_startup.py checks this in a fresh interpreter.
+if TYPE_CHECKING:
+    from ckvc.objects import Commit, Tag
+    from ckvc.repo import Repo, StateDiff, TensorChange, TensorSummary
+    from ckvc.stats import CodecUsage
 
 FSCK_DAMAGE_EXIT = 1
 
@@ -53,7 +56,7 @@ def _jsonable(v: Any) -> Any:
         return v if math.isfinite(v) else repr(v)
     if isinstance(v, bytes):
         return {"bytes": len(v)}
-    if isinstance(v, (np.generic,)):
+    if type(v).__module__ == "numpy" and hasattr(v, "item"):  # a numpy scalar; numpy itself stays unimported
         return _jsonable(v.item())
     if isinstance(v, (list, tuple)):
         return [_jsonable(x) for x in v]
@@ -75,6 +78,11 @@ def _commit_json(c: Commit) -> dict[str, Any]:
         "pickled": c.pickled,
         "lossy": {path: dict(report) for path, report in c.lossy.items()},
     }
+
+
+def _warn(text: str) -> None:
+    """A warning: one line on stderr, also under --json (stdout holds only results)."""
+    click.echo(f"ckvc: warning: {text}", err=True)
 
 
 def _emit_json(obj: Any) -> None:
@@ -114,6 +122,8 @@ class Context:
     @property
     def repo(self) -> Repo:
         if self._repo is None:
+            from ckvc.repo import Repo
+
             self._repo = Repo.open(self.directory)
         return self._repo
 
@@ -122,8 +132,26 @@ class Context:
             self._repo.close()
 
 
+class JsonErrorCommand(click.Command):
+    """Under ``--json`` a CkvcError is one JSON object on stderr, ``{"error": {"type",
+    "message", "exit_code"}}``, with the same exit code as the plain one-line message
+    (stdout then stays empty: it only ever holds results)."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except CkvcError as exc:
+            if not ctx.params.get("as_json"):
+                raise
+            error = {"type": type(exc).__name__, "message": str(exc), "exit_code": exc.exit_code}
+            click.echo(json.dumps({"error": error}), err=True)
+            ctx.exit(exc.exit_code)
+
+
 class CkvcGroup(click.Group):
     """Turns every error into one line on stderr and its exit code (``_exit_code_for``)."""
+
+    command_class = JsonErrorCommand
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
@@ -186,16 +214,30 @@ def _show_warning(
 _default_showwarning = warnings.showwarning
 
 
+def _print_version(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
+    if not value or ctx.resilient_parsing:
+        return
+    from importlib.metadata import version
+
+    from ckvc.codecs import planes  # numpy: loaded only when asked
+
+    native = "built" if planes._native is not None else "not built, numpy fallback 3-10x slower"
+    click.echo(f"{ctx.find_root().info_name} {version('ckvc')} (native codec loops: {native})")
+    ctx.exit()
+
+
 json_option = click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 
 
 @click.group(cls=CkvcGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("-C", "directory", default=".", metavar="DIR", help="Run as if started in DIR (like git -C).")
-@click.version_option(
-    package_name="ckvc",
-    message="%(prog)s %(version)s (native codec loops: "
-    + ("built" if planes._native is not None else "not built, numpy fallback 3-10x slower")
-    + ")",
+@click.option(
+    "--version",
+    is_flag=True,
+    expose_value=False,
+    is_eager=True,
+    callback=_print_version,
+    help="Show the version and whether the native codec loops are built, then exit.",
 )
 @click.pass_context
 def cli(ctx: click.Context, directory: str) -> None:
@@ -214,12 +256,26 @@ def cli(ctx: click.Context, directory: str) -> None:
 @json_option
 @click.pass_obj
 def init(obj: Context, directory: str | None, chunk_size: int | None, default_branch: str, as_json: bool) -> None:
-    """Create a repository in DIRECTORY (default: the current one)."""
+    """Create a repository in DIRECTORY (default: the current one). On an existing
+    repository, like git: it is opened (checked) and left as it is, exit 0."""
+    from ckvc.repo import REPO_DIR, Repo
+
     path = Path(obj.directory, directory) if directory else Path(obj.directory)
-    repo = Repo.init(path, chunk_size=chunk_size, default_branch=default_branch)
+    existing = (path / REPO_DIR / "config.json").is_file()
+    if existing:
+        repo = Repo.open(path)  # refuses a damaged or too new repository
+        if chunk_size is not None and chunk_size != repo.config.chunk_size:
+            repo.close()
+            raise InvalidInputError(
+                f"{repo.dir} exists with chunk size {repo.config.chunk_size}; --chunk-size cannot change it"
+            )
+    else:
+        repo = Repo.init(path, chunk_size=chunk_size, default_branch=default_branch)
     repo.close()
     if as_json:
-        _emit_json({"path": str(repo.dir)})
+        _emit_json({"path": str(repo.dir), "reinitialized": existing})
+    elif existing:
+        click.echo(f"Reinitialized existing ckvc repository in {repo.dir}")
     else:
         click.echo(f"Initialized empty ckvc repository in {repo.dir}")
 
@@ -269,6 +325,8 @@ def commit(
     repo = obj.repo
     if not path.is_absolute():
         path = Path(obj.directory) / path
+    from ckvc.files import read_checkpoint
+
     with _progress_bar("read", not as_json) as progress:
         state, source_meta = read_checkpoint(path, follow_links=follow_links, progress=progress)
     metadata = {**source_meta, **_parse_pairs(meta, "--meta")}
@@ -284,6 +342,11 @@ def commit(
     stats = repo.last_commit_stats
     assert stats is not None
     branch, _ = repo.head()
+    if branch is None:
+        _warn(
+            f"committed on a detached HEAD: {commit_id[:12]} is on no branch and only the reflog keeps it; "
+            f"to keep it: ckvc branch NAME {commit_id[:12]}"
+        )
     if as_json:
         _emit_json(
             {
@@ -305,16 +368,52 @@ def commit(
         )
 
 
+metric_mode_option = click.option(
+    "--mode",
+    type=click.Choice(["min", "max"]),
+    default="min",
+    show_default=True,
+    help="For --sort/--best: whether the lowest or the highest value is best.",
+)
+
+
 @cli.command()
 @click.argument("rev", default="HEAD")
 @click.option("--oneline", is_flag=True, help="One line per commit.")
 @click.option("-n", "--max-count", type=int, default=None, help="Show at most N commits.")
+@click.option("--all", "all_refs", is_flag=True, help="Commits reachable from any branch, tag or HEAD.")
+@click.option("--graph", is_flag=True, help="Draw the commit graph (branches and merges) on the left.")
+@click.option("--sort", "sort_metric", default=None, metavar="METRIC", help="Only commits with METRIC, best first.")
+@click.option("--best", "best_metric", default=None, metavar="METRIC", help="Only the best commit by METRIC.")
+@metric_mode_option
 @json_option
 @click.pass_obj
-def log(obj: Context, rev: str, oneline: bool, max_count: int | None, as_json: bool) -> None:
+def log(
+    obj: Context,
+    rev: str,
+    oneline: bool,
+    max_count: int | None,
+    all_refs: bool,
+    graph: bool,
+    sort_metric: str | None,
+    best_metric: str | None,
+    mode: str,
+    as_json: bool,
+) -> None:
     """Show the commits reachable from REV, newest first, with their metrics."""
     repo = obj.repo
-    commits = repo.log(rev, limit=max_count)
+    if sort_metric and best_metric:
+        raise InvalidInputError("give --sort or --best, not both")
+    if graph and (sort_metric or best_metric):
+        raise InvalidInputError("--graph draws history order; it cannot be combined with --sort or --best")
+    if best_metric:
+        commits = [repo.best(best_metric, mode, rev, all=all_refs)]  # type: ignore[arg-type]
+    elif sort_metric:
+        commits = repo.rank(sort_metric, mode, rev, all=all_refs)[:max_count]  # type: ignore[arg-type]
+        if not commits:
+            repo.best(sort_metric, mode, rev, all=all_refs)  # type: ignore[arg-type]  # raises, naming the metrics
+    else:
+        commits = repo.log(rev, limit=max_count, all=all_refs)
     pruned = repo.pruned()
     if as_json:
         _emit_json(
@@ -330,26 +429,72 @@ def log(obj: Context, rev: str, oneline: bool, max_count: int | None, as_json: b
         )
         return
     labels = _labels(repo)
-    for c in commits:
+    rows = _graph_rows(commits) if graph else ((None, None, c) for c in commits)
+    for node, body, c in rows:
+        if c is None:  # a connector line of the graph
+            click.echo(node)
+            continue
+        lead = f"{node} " if node is not None else ""
+        cont = f"{body} " if body is not None else ""
         deco = f" ({', '.join(labels[c.id])})" if c.id in labels else ""
         first_line = c.message.splitlines()[0] if c.message else ""
         mark = (" [pruned]" if c.id in pruned else "") + (" [lossy]" if c.is_lossy else "")
         if oneline:
             metrics = f"  [{_metrics_text(c.metrics)}]" if c.metrics else ""
-            click.echo(f"{c.id[:12]}{deco}{mark} {first_line}{metrics}")
+            click.echo(f"{lead}{c.id[:12]}{deco}{mark} {first_line}{metrics}")
             continue
-        click.echo(f"commit {c.id}{deco}{mark}")
+        lines = [f"commit {c.id}{deco}{mark}"]
         if c.id in pruned:
-            click.echo(f"Pruned: {_time(pruned[c.id].time_ns)} by [{pruned[c.id].policy}]")
+            lines.append(f"Pruned: {_time(pruned[c.id].time_ns)} by [{pruned[c.id].policy}]")
         if len(c.parents) > 1:
-            click.echo("Merge:  " + " ".join(p[:12] for p in c.parents))
-        click.echo(f"Author: {c.author}\nDate:   {_time(c.time_ns)}")
+            lines.append("Merge:  " + " ".join(p[:12] for p in c.parents))
+        lines += [f"Author: {c.author}", f"Date:   {_time(c.time_ns)}"]
         if c.metrics:
-            click.echo(f"Metrics: {_metrics_text(c.metrics)}")
-        click.echo("")
-        for line in (c.message or "(no message)").splitlines():
-            click.echo(f"    {line}")
-        click.echo("")
+            lines.append(f"Metrics: {_metrics_text(c.metrics)}")
+        lines.append("")
+        lines += [f"    {line}" for line in (c.message or "(no message)").splitlines()]
+        lines.append("")
+        click.echo(lead + lines[0])
+        for line in lines[1:]:
+            click.echo((cont + line).rstrip() if cont else line)
+
+
+def _graph_rows(commits: list[Commit]) -> Iterator[tuple[str, str | None, Commit | None]]:
+    """git-style ASCII graph for commits in topological order (children first):
+    (node prefix, prefix for the commit's further lines, commit), and connector
+    lines as (text, None, None). Lane i is drawn at column 2i."""
+    lanes: list[str] = []  # the commit each lane waits for
+
+    def row(chars: dict[int, str], width: int) -> str:
+        return "".join(chars.get(i, " ") for i in range(width)).rstrip()
+
+    for c in commits:
+        if c.id not in lanes:
+            lanes.append(c.id)
+        col = lanes.index(c.id)
+        node = row({2 * i: "*" if i == col else "|" for i in range(len(lanes))}, 2 * len(lanes))
+        parents = list(dict.fromkeys(c.parents))
+        extra = [p for p in parents[1:] if p not in lanes]
+        after = lanes[:col] + parents[:1] + extra + lanes[col + 1 :]
+        body = row({2 * i: "|" for i in range(len(after))}, 2 * len(after)) if after else ""
+        yield node, body, c
+        if extra:  # a merge opens lanes to its right: "|\"
+            chars = {2 * i: "|" for i in range(col + 1)}
+            chars.update({2 * i - 1: "\\" for i in range(col + 1, len(after))})
+            yield row(chars, 2 * len(after)), None, None
+        elif not parents and col < len(after):  # a root: the lanes right of it move left
+            chars = {2 * i: "|" for i in range(col)}
+            chars.update({2 * i + 1: "/" for i in range(col, len(after))})
+            yield row(chars, 2 * len(after) + 1), None, None
+        lanes = after
+        while True:  # lanes waiting for the same commit join: "|/"
+            dup = next((j for j in range(len(lanes)) if lanes[j] in lanes[:j]), None)
+            if dup is None:
+                break
+            chars = {2 * i: "|" for i in range(dup)}
+            chars.update({2 * i - 1: "/" for i in range(dup, len(lanes))})
+            yield row(chars, 2 * len(lanes)), None, None
+            del lanes[dup]
 
 
 def _labels(repo: Repo) -> dict[str, list[str]]:
@@ -369,36 +514,66 @@ def _tensor_json(t: TensorSummary) -> dict[str, Any]:
     return {"path": t.path, "dtype": t.dtype, "shape": list(t.shape), "nbytes": t.nbytes, "kind": t.kind}
 
 
+def _tag_json(t: Tag) -> dict[str, Any]:
+    return {
+        "name": t.name,
+        "id": t.id,
+        "target": t.target,
+        "tagger": t.tagger,
+        "time": _time(t.time_ns),
+        "message": t.message,
+    }
+
+
+def _annotated_tag(repo: Repo, rev: str) -> Tag | None:
+    """The annotated tag REV names (resolve prefers a branch of the same name)."""
+    if repo._branch_named(rev) is not None or rev not in repo.tags():
+        return None
+    return repo.tag_object(rev)
+
+
 @cli.command()
 @click.argument("rev", default="HEAD")
+@click.option(
+    "--no-data",
+    is_flag=True,
+    help="Commit, tag, metrics, metadata and sizes only: no tensor list (reads no state, imports no torch).",
+)
 @json_option
 @click.pass_obj
-def show(obj: Context, rev: str, as_json: bool) -> None:
-    """Show a commit: message, metrics, and its tensors with dtype, shape and size."""
-    info = obj.repo.show(rev)
+def show(obj: Context, rev: str, no_data: bool, as_json: bool) -> None:
+    """Show a commit: message, metrics, and its tensors with dtype, shape and size.
+    For an annotated tag, its tagger, date and message first."""
+    repo = obj.repo
+    info = repo.show(rev, tensors=not no_data)
+    tag = _annotated_tag(repo, rev)
     c = info.commit
     if as_json:
-        _emit_json(
-            {
-                **_commit_json(c),
-                "logical_bytes": info.logical_bytes,
-                "stored_bytes": info.stored_bytes,
-                "by_codec": _codecs_json(info.by_codec),
-                "tensors": [_tensor_json(t) for t in info.tensors],
-                "values": {k: _jsonable(v) for k, v in info.values.items()},
-            }
-        )
+        out: dict[str, Any] = {
+            **_commit_json(c),
+            "tag": _tag_json(tag) if tag else None,
+            "logical_bytes": info.logical_bytes,
+            "stored_bytes": info.stored_bytes,
+            "by_codec": _codecs_json(info.by_codec),
+        }
+        if not no_data:
+            out["tensors"] = [_tensor_json(t) for t in info.tensors]
+            out["values"] = {k: _jsonable(v) for k, v in info.values.items()}
+        _emit_json(out)
         return
+    if tag is not None:
+        click.echo(f"tag {tag.name}\nTagger: {tag.tagger}\nDate:   {_time(tag.time_ns)}\n")
+        for line in tag.message.splitlines() or [""]:
+            click.echo(f"    {line}".rstrip())
+        click.echo("")
     click.echo(f"commit {c.id}\nAuthor: {c.author}\nDate:   {_time(c.time_ns)}")
     if c.metrics:
         click.echo(f"Metrics: {_metrics_text(c.metrics)}")
     if c.metadata:
-        click.echo("Metadata: " + " ".join(f"{k}={v}" for k, v in c.metadata.items()))
+        click.echo("Metadata: " + " ".join(f"{k}={_meta_text(v)}" for k, v in c.metadata.items()))
     click.echo(f"\n    {c.message or '(no message)'}\n")
-    click.echo(
-        f"{len(info.tensors)} tensors, {human_bytes(info.logical_bytes)} logical, "
-        f"{human_bytes(info.stored_bytes)} stored"
-    )
+    what = f"{info.blobs} blobs" if no_data else f"{len(info.tensors)} tensors"
+    click.echo(f"{what}, {human_bytes(info.logical_bytes)} logical, {human_bytes(info.stored_bytes)} stored")
     _echo_codecs(info.by_codec)
     if c.lossy:
         click.echo(f"LOSSY: {len(c.lossy)} tensors stored quantized (the rest exactly):")
@@ -416,19 +591,55 @@ def show(obj: Context, rev: str, as_json: bool) -> None:
             click.echo(f"  {path or '<root>'} = {value!r:.100}")
 
 
+def _meta_text(v: Any) -> str:
+    return v if isinstance(v, str) else json.dumps(v, sort_keys=True)
+
+
+def _rel(c: TensorChange) -> str:
+    if c.rel_l2 is None:
+        if (c.old.dtype, c.old.shape) != (c.new.dtype, c.new.shape):
+            return f"{c.old.dtype}{list(c.old.shape)} -> {c.new.dtype}{list(c.new.shape)}"
+        return "changed"
+    return (
+        f"rel_l2={c.rel_l2:.3e} max_abs={_jsonable(c.max_abs):.3e}"
+        if c.max_abs is not None
+        else f"rel_l2={c.rel_l2:.3e}"
+    )
+
+
 @cli.command()
 @click.argument("a")
-@click.argument("b")
+@click.argument("b", required=False, default=None)
+@click.argument("paths", nargs=-1, metavar="[PATH...]")
+@click.option("--stat", is_flag=True, help="Only the summary and which leaves changed; reads no tensor data.")
 @json_option
 @click.pass_obj
-def diff(obj: Context, a: str, b: str, as_json: bool) -> None:
-    """Tensors added, removed and changed from A to B (relative L2 change, max abs difference)."""
-    d = obj.repo.diff(a, b)
+def diff(obj: Context, a: str, b: str | None, paths: tuple[str, ...], stat: bool, as_json: bool) -> None:
+    """What changed from A to B (default HEAD): a summary line, metric changes, then
+    tensors added (+), removed (-) and changed (~, largest relative L2 change first),
+    and non-tensor values. PATHs (after B: ckvc diff A HEAD model) limit it to leaves equal to,
+    under ("model", "optimizer.state") or matching a glob ("*.bias"). RNG states
+    (which change every step) are one line."""
+    d = obj.repo.diff(a, b or "HEAD", paths, data=not stat)
     if as_json:
         _emit_json(
             {
                 "a": d.a,
                 "b": d.b,
+                "summary": {
+                    "changed": len(d.changed),
+                    "added": len(d.added),
+                    "removed": len(d.removed),
+                    "unchanged": d.unchanged,
+                    "changed_bytes": d.changed_bytes,
+                    "added_bytes": d.added_bytes,
+                    "removed_bytes": d.removed_bytes,
+                    "values_changed": len(d.values_changed),
+                    "rng_changed": len(d.rng_changed),
+                },
+                "metrics_changed": [
+                    {"name": n, "old": _jsonable(x), "new": _jsonable(y)} for n, x, y in d.metrics_changed
+                ],
                 "added": d.added,
                 "removed": d.removed,
                 "changed": [
@@ -444,45 +655,159 @@ def diff(obj: Context, a: str, b: str, as_json: bool) -> None:
                 "values_changed": [
                     {"path": p, "old": _jsonable(x), "new": _jsonable(y)} for p, x, y in d.values_changed
                 ],
+                "rng_changed": d.rng_changed,
             }
         )
         return
+    click.echo(_diff_summary(d))
+    for name, old, new in d.metrics_changed:
+        click.echo(f"metric {name}: {_num(old)} -> {_num(new)}")
+    if d.rng_changed:
+        click.echo(
+            f"rng: {_count(len(d.rng_changed), 'RNG state leaf')} changed (expected between steps)".replace(
+                "leafs", "leaves"
+            )
+        )
     for path in d.added:
         click.echo(f"+ {path}")
     for path in d.removed:
         click.echo(f"- {path}")
     for c in d.changed:
-        if c.rel_l2 is None:
-            click.echo(f"~ {c.path}  {c.old.dtype}{list(c.old.shape)} -> {c.new.dtype}{list(c.new.shape)}")
-        else:
-            click.echo(f"~ {c.path}  rel_l2={c.rel_l2:.3e} max_abs={c.max_abs:.3e}")
+        click.echo(
+            f"~ {c.path}" if stat and c.rel_l2 is None and c.old.shape == c.new.shape else f"~ {c.path}  {_rel(c)}"
+        )
     for path, old, new in d.values_changed:
         click.echo(f"~ {path}  {old!r:.60} -> {new!r:.60}")
-    if not (d.added or d.removed or d.changed or d.values_changed):
-        click.echo("no differences")
+
+
+def _count(n: int, word: str) -> str:
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"
+
+
+def _num(v: float | None) -> str:
+    return "(none)" if v is None else f"{v:.6g}"
+
+
+def _diff_summary(d: StateDiff) -> str:
+    if not (d.added or d.removed or d.changed or d.values_changed or d.rng_changed or d.metrics_changed):
+        return f"no differences ({d.unchanged} tensors identical)"
+    parts = [
+        f"{_count(len(d.changed), 'tensor')} changed ({human_bytes(d.changed_bytes)})",
+        f"{len(d.added)} added ({human_bytes(d.added_bytes)})",
+        f"{len(d.removed)} removed ({human_bytes(d.removed_bytes)})",
+        f"{d.unchanged} unchanged",
+    ]
+    if d.values_changed:
+        parts.append(f"{_count(len(d.values_changed), 'value')} changed")
+    if d.metrics_changed:
+        parts.append(f"{_count(len(d.metrics_changed), 'metric')} changed")
+    return ", ".join(parts)
+
+
+output_option = click.option(
+    "-o", "--output", type=click.Path(path_type=Path), default=None, help="Also write the state here."
+)
 
 
 @cli.command()
-@click.argument("rev")
-@click.option("-o", "--output", type=click.Path(path_type=Path), default=None, help="Also write the state here.")
+@click.argument("rev", required=False, default=None)
+@output_option
+@click.option("-b", "new_branch", default=None, metavar="NAME", help="Create branch NAME at REV and move onto it.")
 @json_option
 @click.pass_obj
-def checkout(obj: Context, rev: str, output: Path | None, as_json: bool) -> None:
-    """Move HEAD to REV; with -o also write its state (.pt, .safetensors, or a directory)."""
+def checkout(obj: Context, rev: str | None, output: Path | None, new_branch: str | None, as_json: bool) -> None:
+    """Move HEAD to REV (onto it if REV is a branch, else detached); with -o also
+    write its state (.pt, .safetensors, or a directory). To write a commit without
+    moving HEAD, use ckvc export; to start a branch there, -b NAME."""
     repo = obj.repo
+    if rev is None:
+        if new_branch is None:
+            raise InvalidInputError("checkout needs a REV (or -b NAME to branch from HEAD)")
+        rev = "HEAD"
     written: list[Path] = []
     if output is not None:
+        from ckvc.files import export_commit
+
         if not output.is_absolute():
             output = Path(obj.directory) / output
         with _progress_bar("checkout", not as_json) as progress:
             written = export_commit(repo, rev, output, progress=progress)
-    commit_id = repo.switch(rev)
+    was_branch, _ = repo.head()
+    commit_id = repo.switch(rev, new_branch=new_branch)
     branch, _ = repo.head()
+    if branch is None and was_branch is not None:
+        _warn(
+            f"HEAD is now detached at {commit_id[:12]} (it was on branch '{was_branch}'); new commits will be on "
+            f"no branch. To write a commit without moving HEAD: ckvc export {rev} OUT; to go back: ckvc switch "
+            f"{was_branch}; to branch here: ckvc switch -c NAME"
+        )
     if as_json:
         _emit_json({"commit": commit_id, "branch": branch, "written": [str(p) for p in written]})
         return
     where = f"branch '{branch}'" if branch else f"detached HEAD at {commit_id[:12]}"
-    click.echo(f"Switched to {where}")
+    click.echo(f"Switched to {'a new ' if new_branch else ''}{where}")
+    for p in written:
+        click.echo(f"wrote {p}")
+
+
+@cli.command()
+@click.argument("name")
+@click.argument("start", required=False, default=None)
+@click.option("-c", "--create", is_flag=True, help="Create branch NAME at START (default HEAD) first.")
+@json_option
+@click.pass_obj
+def switch(obj: Context, name: str, start: str | None, create: bool, as_json: bool) -> None:
+    """Move HEAD onto branch NAME (no state is loaded or written); with -c create it
+    at START first, like git switch -c."""
+    from ckvc.errors import RefNotFoundError
+
+    repo = obj.repo
+    if create:
+        commit_id = repo.switch(start or "HEAD", new_branch=name)
+    else:
+        if start is not None:
+            raise InvalidInputError(f"a start point needs -c: ckvc switch -c {name} {start}")
+        if repo._branch_named(name) is None:
+            hint = repo._ref_hint(name, tags=False) or f"; create it with: ckvc switch -c {name}"
+            raise RefNotFoundError(f"no branch {name!r}{hint}")
+        commit_id = repo.switch(name)
+    if as_json:
+        _emit_json({"commit": commit_id, "branch": name, "created": create})
+    else:
+        click.echo(f"Switched to {'a new ' if create else ''}branch '{name}'")
+
+
+@cli.command()
+@click.argument("rev")
+@click.argument("output", type=click.Path(path_type=Path))
+@click.option(
+    "--prefix", default=None, metavar="PREFIX", help="Only the leaves under PREFIX (e.g. model.), renamed without it."
+)
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["pt", "safetensors", "dir"]),
+    default=None,
+    help="Output kind (default: the commit's own kind, else OUTPUT's suffix).",
+)
+@json_option
+@click.pass_obj
+def export(obj: Context, rev: str, output: Path, prefix: str | None, fmt: str | None, as_json: bool) -> None:
+    """Write commit REV to OUTPUT without moving HEAD: e.g. the weights alone of a
+    training state as one file, ckvc export HEAD model.safetensors --prefix model."""
+    from ckvc.files import export_commit
+
+    repo = obj.repo
+    if not output.is_absolute():
+        output = Path(obj.directory) / output
+    if prefix is not None and not prefix.endswith("."):
+        prefix += "."  # "model" means the leaves under model
+    with _progress_bar("export", not as_json) as progress:
+        written = export_commit(repo, rev, output, format=fmt, prefix=prefix, progress=progress)  # type: ignore[arg-type]
+    commit_id = repo.resolve(rev)
+    if as_json:
+        _emit_json({"commit": commit_id, "written": [str(p) for p in written]})
+        return
     for p in written:
         click.echo(f"wrote {p}")
 
@@ -518,22 +843,42 @@ def branch(obj: Context, delete: bool, name: str | None, rev: str, as_json: bool
 @cli.command()
 @click.option("-d", "--delete", is_flag=True, help="Delete the tag NAME.")
 @click.option("-m", "--message", default=None, help="Make an annotated tag with this message.")
+@click.option("-n", "lines", is_flag=True, help="List tags with the first line of their message.")
 @click.argument("name", required=False)
 @click.argument("rev", required=False, default="HEAD")
 @json_option
 @click.pass_obj
-def tag(obj: Context, delete: bool, message: str | None, name: str | None, rev: str, as_json: bool) -> None:
-    """List tags, create NAME at REV (annotated with -m), or delete NAME with -d."""
+def tag(
+    obj: Context, delete: bool, message: str | None, lines: bool, name: str | None, rev: str, as_json: bool
+) -> None:
+    """List tags (with -n, each with the first line of its message), create NAME at
+    REV (annotated with -m), or delete NAME with -d."""
     repo = obj.repo
     if name is None:
         if delete:
             raise InvalidInputError("tag -d needs a NAME")
         tags = repo.tags()
+        if not lines:
+            if as_json:
+                _emit_json(tags)
+            else:
+                for n, oid in tags.items():
+                    click.echo(f"{n:<20} {oid[:12]}")
+            return
+        # like git tag -n: an annotated tag's message, else its commit's
+        annotated = {n: repo.tag_object(n) for n in tags}
+        texts = {n: t.message if t is not None else repo.read_commit(tags[n]).message for n, t in annotated.items()}
         if as_json:
-            _emit_json(tags)
+            _emit_json(
+                {
+                    n: {"commit": oid, "annotated": annotated[n] is not None, "message": texts[n]}
+                    for n, oid in tags.items()
+                }
+            )
         else:
             for n, oid in tags.items():
-                click.echo(f"{n:<20} {oid[:12]}")
+                first = texts[n].splitlines()[0] if texts[n] else ""
+                click.echo(f"{n:<20} {oid[:12]}  {first}".rstrip())
         return
     if delete:
         oid = repo.delete_tag(name)
@@ -541,6 +886,13 @@ def tag(obj: Context, delete: bool, message: str | None, name: str | None, rev: 
     else:
         oid = repo.tag(name, rev, message)
         _done(as_json, {"created": name, "target": oid}, f"Created tag {name} at {repo.resolve(name)[:12]}")
+
+
+def _duration_text(seconds: float) -> str:
+    for unit, size in (("d", 86400), ("h", 3600), ("min", 60)):
+        if seconds >= size and seconds % size == 0:
+            return f"{int(seconds // size)}{unit}"
+    return f"{seconds:g}s"
 
 
 def _done(as_json: bool, payload: dict[str, Any], text: str) -> None:
@@ -673,7 +1025,8 @@ def retain(
     as_json: bool,
 ) -> None:
     """Apply a retention policy: commits no rule keeps are pruned (history and
-    metrics stay; `ckvc gc` frees their data). Rules given here are stored as the
+    metrics stay; `ckvc gc` frees their data once their packs are older than the
+    gc_grace period, `ckvc gc --now` at once). Rules given here are stored as the
     repository's policy; with none, the stored policy is used."""
     from ckvc.retention import KeepBest, RetentionPolicy, parse_duration
 
@@ -715,7 +1068,12 @@ def retain(
         msg = messages[cid].message.splitlines()[0] if cid in messages and messages[cid].message else ""
         click.echo(f"  release {cid[:12]}  {msg}")
     if not dry_run and plan.released:
-        click.echo("run `ckvc gc` to reclaim the space")
+        grace = _duration_text(repo.config.gc_grace_s)
+        click.echo(
+            f"their data is freed by `ckvc gc`, except packs written in the last {grace} (gc_grace), "
+            "which gc keeps for concurrent writers; `ckvc gc --now` frees those too "
+            "(only when nothing else is writing to this repository)"
+        )
 
 
 @cli.command()

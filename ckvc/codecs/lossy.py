@@ -24,10 +24,12 @@ from __future__ import annotations
 
 import math
 import struct
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
-import torch
+
+if TYPE_CHECKING:
+    import torch  # imported where used: reading a store must not import torch (fast CLI)
 
 from ckvc.codecs.planes import Buffer, as_u8, zstd_decode, zstd_plane_encode
 from ckvc.errors import CorruptObjectError
@@ -39,7 +41,8 @@ DEFAULT_BLOCK = 128
 _HEAD = struct.Struct("<BBBBBIQ")
 _CODES = struct.Struct("<BI")
 QUANT_HEAD_SIZE = _HEAD.size  # >= the delta head: the store reads this much of any based record
-_DTYPES = {1: torch.float32, 2: torch.float16, 3: torch.bfloat16}
+_DTYPE_NAMES = {1: "float32", 2: "float16", 3: "bfloat16"}
+_ITEMSIZES = {1: 4, 2: 2, 3: 2}
 DTYPE_CODES = {"float32": 1, "float16": 2, "bfloat16": 3}
 MODES = {"q8": (8, False), "q4": (4, False), "residual-q8": (8, True), "residual-q4": (4, True)}
 
@@ -70,13 +73,24 @@ def _levels(bits: int) -> int:
     return (1 << (bits - 1)) - 1  # q: 7 or 127
 
 
+def _torch_dtype(code: int) -> torch.dtype:
+    import torch
+
+    dtype: torch.dtype = getattr(torch, _DTYPE_NAMES[code])
+    return dtype
+
+
 def _as_float32(data: Buffer | np.ndarray, dtype: int) -> torch.Tensor:
+    import torch
+
     raw = torch.frombuffer(bytearray(as_u8(data)), dtype=torch.uint8)
-    return raw.view(_DTYPES[dtype]).float()
+    return raw.view(_torch_dtype(dtype)).float()
 
 
 def _reconstruct(head: QuantHeader, scales: torch.Tensor, codes: torch.Tensor, base: torch.Tensor | None) -> np.ndarray:
     """The reconstruction's bytes; the one definition both encoder and decoder use."""
+    import torch
+
     q = _levels(head.bits)
     blocks = -(-head.n // head.block)
     padded = torch.zeros(blocks * head.block, dtype=torch.float32)
@@ -89,11 +103,13 @@ def _reconstruct(head: QuantHeader, scales: torch.Tensor, codes: torch.Tensor, b
         values = root * root
     if base is not None:
         values = values + base
-    out = values.to(_DTYPES[head.dtype])
+    out = values.to(_torch_dtype(head.dtype))
     return out.view(torch.uint8).numpy().copy()
 
 
 def _pack(codes: torch.Tensor, bits: int) -> bytes:
+    import torch
+
     c = codes.to(torch.uint8).numpy()
     if bits == 8:
         return c.tobytes()
@@ -103,6 +119,8 @@ def _pack(codes: torch.Tensor, bits: int) -> bytes:
 
 
 def _unpack(packed: Buffer, bits: int, n: int) -> torch.Tensor:
+    import torch
+
     raw = as_u8(packed)
     if bits == 8:
         return torch.from_numpy(raw[:n].astype(np.int32))
@@ -117,6 +135,8 @@ def quantize(
 ) -> Quantized | None:
     """Quantize one chunk (its residual against ``base`` when given). None when the
     chunk cannot be quantized safely (non-finite values): store it losslessly."""
+    import torch
+
     dtype_code = DTYPE_CODES[dtype]
     x = _as_float32(data, dtype_code)
     if not bool(torch.isfinite(x).all()):
@@ -147,7 +167,7 @@ def quantize(
     payload = b"".join(
         [_HEAD.pack(*head), scales.numpy().tobytes(), _CODES.pack(codes_codec, len(codes_payload)), codes_payload]
     )
-    error = torch.from_numpy(plain).view(_DTYPES[dtype_code]).float() - x
+    error = torch.from_numpy(plain).view(_torch_dtype(dtype_code)).float() - x
     return Quantized(
         payload,
         plain,
@@ -164,7 +184,7 @@ def quant_header(payload: Buffer) -> QuantHeader:
     valid = (
         head.scheme in (SIGNED, SQRT)
         and head.bits in (4, 8)
-        and head.dtype in _DTYPES
+        and head.dtype in _DTYPE_NAMES
         and not head.flags & ~FLAG_RESIDUAL
         and head.block >= 1
         and head.age >= 1
@@ -175,9 +195,11 @@ def quant_header(payload: Buffer) -> QuantHeader:
 
 
 def dequantize_into(payload: Buffer, out: np.ndarray, base: Buffer | np.ndarray | None) -> None:
+    import torch
+
     view = memoryview(payload)
     head = quant_header(view)
-    itemsize = _DTYPES[head.dtype].itemsize
+    itemsize = _ITEMSIZES[head.dtype]
     if head.n * itemsize != len(out):
         raise CorruptObjectError(f"quantized payload holds {head.n} elements, expected {len(out) // itemsize}")
     if head.residual != (base is not None):

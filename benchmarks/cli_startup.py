@@ -1,0 +1,110 @@
+"""CLI startup benchmark: wall time of ``ckvc COMMAND`` in a fresh process, per command.
+
+    .venv/bin/python benchmarks/cli_startup.py [--repeats 5] [--commits 3] [--dir DIR] [--json]
+
+Builds a small repository (``--commits`` commits of a 1 MiB state, a second branch, an
+annotated tag), then runs each command ``--repeats`` times as ``python -m ckvc ...`` in a
+new interpreter, in alternating rounds with the baseline ``python -c pass`` (so a burst of
+load on a shared machine hits both alike), and prints the median seconds of each, its
+ratio to the baseline, and whether the command imported torch (one extra run under
+``-X importtime``). ``python -c "import torch"`` is timed alongside for scale.
+
+Acceptance (issue 13): ``--help``, ``log`` and ``status`` in <= 0.3 s median and without torch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+COMMANDS: dict[str, list[str]] = {
+    "--help": ["--help"],
+    "log": ["log"],
+    "log --oneline --all --graph": ["log", "--oneline", "--all", "--graph"],
+    "status": ["status"],
+    "branch": ["branch"],
+    "tag -n": ["tag", "-n"],
+    "reflog": ["reflog"],
+    "config": ["config"],
+    "du": ["du"],
+    "show --no-data": ["show", "--no-data"],
+}
+ACCEPTANCE = ("--help", "log", "status")
+LIMIT_S = 0.3
+
+
+def build_repo(root: Path, commits: int) -> None:
+    import torch
+
+    import ckvc
+
+    with ckvc.Repo.init(root) as repo:
+        g = torch.Generator().manual_seed(0)
+        w = torch.randn(512, 512, generator=g)
+        for i in range(commits):
+            w = w + 0.01 * torch.randn(512, 512, generator=g)
+            repo.commit({"model": {"w": w}, "epoch": i}, message=f"epoch {i}", metrics={"val_loss": 1.0 / (i + 1)})
+        repo.branch("experiment", "HEAD~1")
+        repo.tag("v1", "HEAD", message="first release")
+
+
+def timed(argv: list[str], cwd: Path) -> float:
+    start = time.perf_counter()
+    done = subprocess.run(argv, cwd=cwd, capture_output=True)
+    elapsed = time.perf_counter() - start
+    if done.returncode != 0:
+        raise SystemExit(f"{' '.join(argv)} failed ({done.returncode}): {done.stderr.decode()[-2000:]}")
+    return elapsed
+
+
+def imports_torch(args: list[str], cwd: Path) -> bool:
+    done = subprocess.run([sys.executable, "-X", "importtime", "-m", "ckvc", *args], cwd=cwd, capture_output=True)
+    # lines look like "import time:  63258 |  3911228 |       torch"
+    return any(line.rsplit("|", 1)[-1].strip() == "torch" for line in done.stderr.decode().splitlines())
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--commits", type=int, default=3)
+    parser.add_argument("--dir", type=Path, default=None, help="Scratch directory (default: a temporary one).")
+    parser.add_argument("--json", action="store_true", help="Also print the figures as JSON.")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
+        root = Path(tmp) / "repo"
+        build_repo(root, args.commits)
+        baseline = [sys.executable, "-c", "pass"]
+        runs: dict[str, list[str]] = {
+            "python -c pass": baseline,
+            "python -c 'import torch'": [sys.executable, "-c", "import torch"],
+            **{f"ckvc {name}": [sys.executable, "-m", "ckvc", *argv] for name, argv in COMMANDS.items()},
+        }
+        times: dict[str, list[float]] = {name: [] for name in runs}
+        for _ in range(args.repeats):
+            for name, argv in runs.items():  # alternating rounds: every command once per round
+                times[name].append(timed(argv, root))
+        torch_used = {name: imports_torch(argv, root) for name, argv in COMMANDS.items()}
+    medians = {name: statistics.median(t) for name, t in times.items()}
+    base = medians["python -c pass"]
+    print(f"CLI startup, median of {args.repeats} fresh processes (alternating rounds with the baseline)")
+    print(f"{'command':<32} {'median s':>9} {'x pass':>7}  torch")
+    for name, median in medians.items():
+        command = name.removeprefix("ckvc ")
+        used = "" if command not in torch_used else ("yes" if torch_used[command] else "no")
+        print(f"{name:<32} {median:9.3f} {median / base:7.2f}  {used}")
+    verdicts = [
+        f"{c} {'ok' if medians['ckvc ' + c] <= LIMIT_S and not torch_used[c] else 'FAIL'}" for c in ACCEPTANCE
+    ]
+    print(f"acceptance (<= {LIMIT_S} s, no torch): " + ", ".join(verdicts))
+    if args.json:
+        print(json.dumps({"medians_s": medians, "baseline_s": base, "imports_torch": torch_used}, indent=2))
+
+
+if __name__ == "__main__":
+    main()
