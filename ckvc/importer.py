@@ -283,6 +283,8 @@ def scan(root: Path, *, glob: str | None = None) -> tuple[list[Checkpoint], list
         if sidecar.name in sidecar_names:
             metrics.update(_read_sidecar(sidecar))
         size, time_ns = _size_and_time(path)
+        if size == 0 and path.is_file():  # found now, not after the commits before it
+            raise InvalidInputError(f"{path} is empty (0 bytes): nothing to commit")
         checkpoints.append(Checkpoint(path.name, path, kind, order, metrics, time_ns, size))
     unknown = set(shared) - {c.name for c in checkpoints}
     if unknown:

@@ -5,6 +5,7 @@ files one by one."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import signal
@@ -224,6 +225,26 @@ def test_dcp_step_directories_are_planned_in_order(repo: ckvc.Repo, tmp_path: Pa
     assert files_of(repo.dir) == before
 
 
+@pytest.mark.xfail(
+    importlib.util.find_spec("ckvc.files") is None,
+    reason="before ckvc.files (h-files), folder commits drop DCP's .metadata",
+    strict=True,
+)
+def test_dcp_step_directories_import_and_export_loadable(repo: ckvc.Repo, tmp_path: Path) -> None:
+    import torch.distributed.checkpoint as dcp
+
+    for step in (10, 2):
+        dcp.save({"w": torch.full((3,), float(step))}, checkpoint_id=str(tmp_path / "dcp" / f"step_{step}"))
+    import_checkpoints(repo, tmp_path / "dcp")
+    assert [c.metadata["ckvc.import.kind"] for c in chain(repo)] == ["dcp", "dcp"]
+    out = tmp_path / "exported"
+    r = run(repo.dir.parent, "checkout", "HEAD", "-o", str(out))  # TODO(lead): `ckvc export` once it lands
+    assert r.exit_code == 0, r.output
+    loaded = {"w": torch.zeros(3)}
+    dcp.load(loaded, checkpoint_id=str(out))
+    assert loaded["w"].tolist() == [10.0] * 3
+
+
 def test_dry_run_lists_and_writes_nothing(tmp_path: Path) -> None:
     write_sequence(tmp_path / "ckpts", 3)
     (tmp_path / "ckpts" / "notes.txt").write_text("hi")
@@ -375,17 +396,12 @@ def test_bad_sidecars_are_refused(tmp_path: Path) -> None:
     _assert_refused(tmp_path, folder, f"{folder / 'metrics.json'}: metric ckpt_1.pt.'ok' must be a number, got True")
 
 
-def test_unreadable_checkpoint_is_refused(tmp_path: Path) -> None:
+def test_empty_checkpoint_is_refused_before_any_commit(tmp_path: Path) -> None:
     ckvc.Repo.init(tmp_path / "repo").close()
     folder = tmp_path / "ckpts"
-    write_sequence(folder, 2)
-    (folder / "ckpt_1.pt").write_bytes(b"not a checkpoint")
-    repo_dir = tmp_path / "repo"
-    before = files_of(repo_dir)
-    r = CliRunner().invoke(cli, ["-C", str(repo_dir), "import", str(folder)])
-    assert r.exit_code == InvalidInputError.exit_code
-    assert r.stderr.startswith(f"ckvc: error: cannot read {folder / 'ckpt_1.pt'} as a torch checkpoint")
-    assert files_of(repo_dir) == before
+    write_sequence(folder, 3)
+    (folder / "ckpt_3.pt").write_bytes(b"")
+    _assert_refused(tmp_path, folder, f"{folder / 'ckpt_3.pt'} is empty (0 bytes): nothing to commit")
 
 
 def test_changed_or_out_of_order_checkpoints_conflict(tmp_path: Path) -> None:
