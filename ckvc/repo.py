@@ -496,6 +496,7 @@ class Repo:
         blocking: Literal[True] = True,
         progress: ProgressCallback | None = None,
         lossy: LossySpec = None,
+        time_ns: int | None = None,
     ) -> str: ...
 
     @overload
@@ -512,6 +513,7 @@ class Repo:
         blocking: Literal[False],
         progress: ProgressCallback | None = None,
         lossy: LossySpec = None,
+        time_ns: int | None = None,
     ) -> PendingCommit: ...
 
     def commit(
@@ -527,6 +529,7 @@ class Repo:
         blocking: bool = True,
         progress: ProgressCallback | None = None,
         lossy: LossySpec = None,
+        time_ns: int | None = None,
     ) -> str | PendingCommit:
         """Store ``state`` as a new commit on the current branch (or detached HEAD)
         and return its id. Everything is durable before the branch moves.
@@ -545,7 +548,10 @@ class Repo:
         ``blocking=False`` returns a PendingCommit as soon as the state's bytes
         are copied, so training may change its tensors at once; the commit is
         written in the background, in order with other commits. Its errors
-        surface on ``.result()`` and at the next commit, ``wait()`` or close."""
+        surface on ``.result()`` and at the next commit, ``wait()`` or close.
+
+        ``time_ns`` sets the commit time (default: now), e.g. a file's mtime
+        when importing an existing checkpoint folder (ckvc.importer)."""
         if blocking:
             self.wait()  # commits land in the order they were made; raises unseen background errors
         else:
@@ -564,6 +570,8 @@ class Repo:
             clean_metadata = validate_metadata(metadata)
         except ValueError as exc:
             raise InvalidInputError(str(exc)) from None
+        if time_ns is not None and (isinstance(time_ns, bool) or not isinstance(time_ns, int) or time_ns < 0):
+            raise InvalidInputError(f"time_ns must be a non-negative int, got {time_ns!r}")
         self._lossy_modes([], lossy)  # a bad spec fails here, before any work
         if lossy is not None and self.config.format_version < FORMAT_VERSION:
             self._upgrade_format()  # quantized records are a version-2 codec
@@ -581,7 +589,7 @@ class Repo:
             future = self._committer().submit(
                 self._write_commit,
                 tree, owned, pickled, message, clean_metrics, clean_metadata, merge, policy, retain, progress, started,
-                lossy,
+                lossy, time_ns,
             )  # fmt: skip
             self._pending.append(future)
             return PendingCommit(future)
@@ -598,6 +606,7 @@ class Repo:
             progress,
             started,
             lossy,
+            time_ns,
         )
 
     def _write_commit(
@@ -614,6 +623,7 @@ class Repo:
         progress: ProgressCallback | None,
         started: float,
         lossy: LossySpec = None,
+        time_ns: int | None = None,
     ) -> str:
         """Write the objects and move the branch. The outcome is exact (docs/GUIDE.md,
         "Errors and exit codes"): an error means the branch did not move; once it
@@ -702,7 +712,7 @@ class Repo:
                 tree=snapshot_id.hex(),
                 parents=tuple(dict.fromkeys(((parent,) if parent else ()) + extra_parents)),
                 author=_default_author(),
-                time_ns=time.time_ns(),
+                time_ns=time.time_ns() if time_ns is None else time_ns,
                 message=message,
                 metrics=clean_metrics,
                 metadata=clean_metadata,

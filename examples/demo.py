@@ -3,6 +3,9 @@ experiment from an earlier epoch, check out, and show the log, storage stats and
 what a retention policy would keep.
 
     python examples/demo.py [--dir DIR] [--epochs N]
+
+Without --dir the repository goes in a temporary directory that is removed at the end
+(also on error or Ctrl-C); with --dir it is kept there.
 """
 
 from __future__ import annotations
@@ -72,10 +75,22 @@ def cli(repo_dir: Path, *args: str) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--dir", type=Path, default=None, help="where to create the repository (default: a temp dir)")
+    parser.add_argument(
+        "--dir", type=Path, default=None, help="where to create and keep the repository (default: a temp dir, removed)"
+    )
     parser.add_argument("--epochs", type=int, default=6)
     args = parser.parse_args()
-    work = args.dir or Path(tempfile.mkdtemp(prefix="ckvc-demo-"))
+    if args.dir is not None:
+        run(args.dir, args.epochs)
+        print(f"repository kept at {args.dir}")
+        return
+    with tempfile.TemporaryDirectory(prefix="ckvc-demo-") as tmp:
+        run(Path(tmp), args.epochs)
+    print(f"removed the demo repository {tmp} (pass --dir DIR to keep one)")
+
+
+def run(work: Path, epochs: int) -> None:
+    """The demo itself, with its repository in ``work``."""
     started = time.perf_counter()
     torch.manual_seed(0)
     x_train, y_train, x_val, y_val = make_data()
@@ -84,8 +99,8 @@ def main() -> None:
     print(f"repository: {repo.dir}")
     model = make_model()
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
-    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=args.epochs)
-    for epoch in range(args.epochs):
+    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=epochs)
+    for epoch in range(epochs):
         train_epoch(model, opt, x_train, y_train)
         sched.step()
         val_loss, val_acc = evaluate(model, x_val, y_val)
@@ -106,7 +121,7 @@ def main() -> None:
     print(f"tagged {best.id[:12]} ({best.message}) as 'best'")
 
     # Fine-tune experiment: resume from three epochs back with a smaller learning rate.
-    fork = f"main~{min(3, args.epochs - 1)}"
+    fork = f"main~{min(3, epochs - 1)}"
     repo.branch("lr-sweep", fork)
     state = repo.checkout("lr-sweep")
     model.load_state_dict(state["model"])
@@ -141,7 +156,7 @@ def main() -> None:
     cli(work, "branch")
     cli(work, "du")
     cli(work, "retain", "--keep-last", "2", "--keep-best", "val_loss:min:1", "--dry-run")
-    print(f"\ndemo finished in {time.perf_counter() - started:.1f} s; repository left at {work}")
+    print(f"\ndemo finished in {time.perf_counter() - started:.1f} s")
 
 
 if __name__ == "__main__":

@@ -1187,6 +1187,44 @@ def status(obj: Context, as_json: bool) -> None:
         click.echo(f"at {commit_id}")
 
 
+@cli.command("import")
+@click.argument("source", type=click.Path(path_type=Path))
+@click.option("--branch", default=None, metavar="NAME", help="Import onto NAME (default: HEAD's branch).")
+@click.option("--glob", default=None, metavar="PATTERN", help="Only entries matching PATTERN, e.g. 'ckpt_*.pt'.")
+@click.option("--dry-run", is_flag=True, help="List the commits it would make, write nothing.")
+@json_option
+@click.pass_obj
+def import_cmd(obj: Context, source: Path, branch: str | None, glob: str | None, dry_run: bool, as_json: bool) -> None:
+    """Turn a folder of checkpoints (epoch_*.pt, ckpt_*.pt, checkpoint-N/, Lightning
+    *.ckpt, DCP step folders) into one commit each, in numeric order, with metrics from
+    trainer_state.json, Lightning file names or JSON sidecars and the files' times.
+    Rerunning continues an interrupted import; nothing is committed twice."""
+    from ckvc.importer import import_checkpoints
+
+    if not source.is_absolute():
+        source = Path(obj.directory) / source
+    with _progress_bar("import", not as_json and not dry_run) as progress:
+        result = import_checkpoints(obj.repo, source, branch=branch, glob=glob, dry_run=dry_run, progress=progress)
+    if as_json:
+        _emit_json(result.to_json())
+        return
+    plan = result.plan
+    for name, reason in plan.skipped:
+        click.echo(f"skipped {name}: {reason}")
+    for c in plan.checkpoints:
+        if c.name in plan.done:
+            click.echo(f"already imported as {plan.done[c.name][:12]}: {c.message}")
+            continue
+        head = "would commit:" if dry_run else f"[{plan.branch} {result.imported[c.name][:12]}]"
+        metrics = f"  [{_metrics_text(c.metrics)}]" if c.metrics else ""
+        click.echo(f"{head} {c.message}  {_time(c.time_ns)}{metrics}")
+    verb = "would import" if dry_run else "imported"
+    click.echo(
+        f"{verb} {len(plan.todo)} of {len(plan.checkpoints)} checkpoints onto branch {plan.branch}"
+        + (f" ({len(plan.done)} already there)" if plan.done else "")
+    )
+
+
 def main() -> None:
     """The ``ckvc`` entry point: no error leaves it as a traceback (``_exit_code_for``);
     errors after a command returns (closing the repository) are mapped too."""
