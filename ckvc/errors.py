@@ -195,6 +195,12 @@ class DamagedIndexError(CkvcError):
     exit_code = 22
 
 
+class InsufficientMemoryError(CkvcError):
+    """A stored state (or a crafted one) needs more memory than this machine can allocate."""
+
+    exit_code = 23
+
+
 class InterruptedOperationError(CkvcError):
     """Ctrl-C or a signal stopped an operation; the message says whether it took effect."""
 
@@ -206,6 +212,7 @@ __all__ = [
     "CorruptObjectError",
     "DamagedIndexError",
     "IncompatibleStateError",
+    "InsufficientMemoryError",
     "InterruptedOperationError",
     "InvalidInputError",
     "InvalidRefNameError",

@@ -817,14 +817,10 @@ class Repo:
             return view.load(keys, prefix=prefix)
         commit = self.readable_commit(rev, allow_pickle=allow_pickle)
         snapshot = self.read_snapshot(commit)
+        # fsck's structure checks, before anything is allocated or read.
+        parsed = state_mod.parse_snapshot(snapshot, commit.id, allow_pickle=allow_pickle)
         bases = self._read_blobs(commit, snapshot.blobs, progress)
-
-        def load_blob(index: int) -> torch.Tensor | np.ndarray:
-            if index >= len(bases):
-                raise CorruptObjectError(f"tensor refers to blob {index} of {len(bases)}", commit=commit.id)
-            return bases[index]
-
-        return state_mod.decode_state(snapshot.tree, load_blob, allow_pickle=allow_pickle, map_location=map_location)
+        return state_mod.build_state(parsed, bases.__getitem__, map_location=map_location)
 
     def view(
         self,
@@ -896,8 +892,10 @@ class Repo:
         """Allocate every blob and fill it with its chunks, decoded and verified on
         the pool. Chunks of all blobs are in flight together (a bounded window), so
         small tensors load in parallel too."""
-        from ckvc.view import read_chunks  # the one chunk reader (view.py imports this module)
+        from ckvc.view import check_chunk_sizes, read_chunks  # the one chunk reader (view.py imports this module)
 
+        for blob in blobs:
+            check_chunk_sizes(self, commit, blob)  # before anything is allocated
         bases: list[torch.Tensor | np.ndarray] = []
         reads: list[tuple[Blob, bytes, memoryview]] = []
         for blob in blobs:
@@ -997,7 +995,7 @@ class Repo:
         commit = self.read_commit(self.resolve(rev))
         self._check_not_pruned(commit.id)
         snapshot = self.read_snapshot(commit)
-        leaves = state_mod.describe_state(snapshot.tree)
+        leaves = state_mod.flatten(state_mod.parse_snapshot(snapshot, commit.id, allow_pickle=None).build())
         tensors: list[TensorSummary] = []
         values: dict[str, Any] = {}
         for path, leaf in leaves.items():
@@ -1026,7 +1024,8 @@ class Repo:
         self._check_not_pruned(ca.id)
         self._check_not_pruned(cb.id)
         sa, sb = self.read_snapshot(ca), self.read_snapshot(cb)
-        la, lb = state_mod.describe_state(sa.tree), state_mod.describe_state(sb.tree)
+        la = state_mod.flatten(state_mod.parse_snapshot(sa, ca.id, allow_pickle=None).build())
+        lb = state_mod.flatten(state_mod.parse_snapshot(sb, cb.id, allow_pickle=None).build())
         result = StateDiff(ca.id, cb.id)
         result.added = [p for p in lb if p not in la]
         result.removed = [p for p in la if p not in lb]
