@@ -98,9 +98,7 @@ def main() -> None:
         command = name.removeprefix("ckvc ")
         used = "" if command not in torch_used else ("yes" if torch_used[command] else "no")
         print(f"{name:<32} {median:9.3f} {median / base:7.2f}  {used}")
-    verdicts = [
-        f"{c} {'ok' if medians['ckvc ' + c] <= LIMIT_S and not torch_used[c] else 'FAIL'}" for c in ACCEPTANCE
-    ]
+    verdicts = [f"{c} {'ok' if medians['ckvc ' + c] <= LIMIT_S and not torch_used[c] else 'FAIL'}" for c in ACCEPTANCE]
     print(f"acceptance (<= {LIMIT_S} s, no torch): " + ", ".join(verdicts))
     if args.json:
         print(json.dumps({"medians_s": medians, "baseline_s": base, "imports_torch": torch_used}, indent=2))

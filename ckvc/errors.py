@@ -200,6 +200,12 @@ class DamagedIndexError(CkvcError):
     exit_code = 22
 
 
+class InsufficientMemoryError(CkvcError):
+    """A stored state (or a crafted one) needs more memory than this machine can allocate."""
+
+    exit_code = 24
+
+
 class InterruptedOperationError(CkvcError):
     """Ctrl-C or a signal stopped an operation; the message says whether it took effect.
 
@@ -304,6 +310,7 @@ __all__ = [
     "DamagedIndexError",
     "DurabilityWarning",
     "IncompatibleStateError",
+    "InsufficientMemoryError",
     "InternalError",
     "InterruptedOperationError",
     "InvalidConfigError",

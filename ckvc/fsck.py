@@ -8,7 +8,10 @@ import random
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from ckvc import state as state_mod
+from ckvc.chunking import chunk_spans
 from ckvc.errors import CkvcError, CorruptObjectError, InvalidInputError, ObjectNotFoundError
+from ckvc.ids import ObjectType
 from ckvc.storage.packs import TMP_SUFFIX, list_packs, pack_entries
 
 if TYPE_CHECKING:
@@ -25,6 +28,10 @@ BAD_PACK = "bad-pack"
 UNINDEXED_PACK = "unindexed-pack"
 STRAY_REF = "stray-ref"  # a file under refs/ that is no valid ref (e.g. main.lock)
 DAMAGED_LOG = "damaged-log"  # a reflog or prune-log line that does not parse
+# A commit whose state load refuses: its tree or blob table breaks the format's
+# rules (state.parse_snapshot, the checks load makes), or a chunk's stored size
+# differs from its span. One per commit, naming the path.
+BAD_STATE = "bad-state"
 
 
 @dataclass(frozen=True)
@@ -195,12 +202,28 @@ def run_fsck(
         except CorruptObjectError as exc:
             add(BAD_CHECKSUM, commit.tree, str(exc))
             continue
+        try:
+            state_mod.parse_snapshot(snapshot, oid, allow_pickle=None)  # never unpickles
+        except CorruptObjectError as exc:
+            add(BAD_STATE, oid, str(exc))
         for blob in snapshot.blobs:
-            for chunk in blob.chunks:
+            for chunk, (start, end) in zip(blob.chunks, chunk_spans(blob.nbytes, blob.chunk_size), strict=True):
+                entry = store.index.get(chunk)
+                if entry is not None and (entry.raw_size != end - start or entry.kind != ObjectType.CHUNK):
+                    what = (
+                        f"{entry.raw_size} bytes"
+                        if entry.kind == ObjectType.CHUNK
+                        else f"an object of type {entry.kind}"
+                    )
+                    add(
+                        BAD_STATE,
+                        oid,
+                        f"chunk {chunk.hex()} at bytes {start}-{end} of tensor {blob.path!r} is {what} (commit {oid})",
+                    )
                 if chunk in reachable:
                     continue
                 reachable.add(chunk)
-                if not store.has(chunk):
+                if entry is None:
                     add(MISSING_OBJECT, chunk.hex(), f"chunk of tensor {blob.path!r} in commit {oid} is missing")
                     continue
                 _check_chain(chunk, f"tensor {blob.path!r} in commit {oid}")

@@ -633,7 +633,7 @@ class Repo:
         try:
             commit_id = self._write_commit_objects(
                 tree, pending, pickled, message, clean_metrics, clean_metadata, merge, progress, started, lossy,
-                outcome,
+                time_ns, outcome,
             )  # fmt: skip
         except BaseException as exc:
             where = outcome["where"]
@@ -692,6 +692,7 @@ class Repo:
         progress: ProgressCallback | None,
         started: float,
         lossy: LossySpec,
+        time_ns: int | None,
         outcome: dict[str, str | None],
     ) -> str:
         stats = CommitStats(commit="")
@@ -1003,14 +1004,10 @@ class Repo:
 
         commit = self.readable_commit(rev, allow_pickle=allow_pickle)
         snapshot = self.read_snapshot(commit)
+        # fsck's structure checks, before anything is allocated or read.
+        parsed = state_mod.parse_snapshot(snapshot, commit.id, allow_pickle=allow_pickle)
         bases = self._read_blobs(commit, snapshot.blobs, progress)
-
-        def load_blob(index: int) -> torch.Tensor | np.ndarray:
-            if index >= len(bases):
-                raise CorruptObjectError(f"tensor refers to blob {index} of {len(bases)}", commit=commit.id)
-            return bases[index]
-
-        return state_mod.decode_state(snapshot.tree, load_blob, allow_pickle=allow_pickle, map_location=map_location)
+        return state_mod.build_state(parsed, bases.__getitem__, map_location=map_location)
 
     def view(
         self,
@@ -1083,8 +1080,10 @@ class Repo:
         the pool. Chunks of all blobs are in flight together (a bounded window), so
         small tensors load in parallel too."""
         from ckvc import state as state_mod
-        from ckvc.view import read_chunks  # the one chunk reader (view.py imports this module)
+        from ckvc.view import check_chunk_sizes, read_chunks  # the one chunk reader (view.py imports this module)
 
+        for blob in blobs:
+            check_chunk_sizes(self, commit, blob)  # before anything is allocated
         bases: list[torch.Tensor | np.ndarray] = []
         reads: list[tuple[Blob, bytes, memoryview]] = []
         for blob in blobs:
@@ -1273,7 +1272,8 @@ class Repo:
             from ckvc import state as state_mod
             from ckvc.state import TensorInfo
 
-            for path, leaf in state_mod.describe_state(snapshot.tree).items():
+            leaves = state_mod.flatten(state_mod.parse_snapshot(snapshot, commit.id, allow_pickle=None).build())
+            for path, leaf in leaves.items():
                 if isinstance(leaf, TensorInfo):
                     summaries.append(self._summary(path, leaf, snapshot))
                 else:
@@ -1306,7 +1306,8 @@ class Repo:
         self._check_not_pruned(ca.id)
         self._check_not_pruned(cb.id)
         sa, sb = self.read_snapshot(ca), self.read_snapshot(cb)
-        la, lb = state_mod.describe_state(sa.tree), state_mod.describe_state(sb.tree)
+        la = state_mod.flatten(state_mod.parse_snapshot(sa, ca.id, allow_pickle=None).build())
+        lb = state_mod.flatten(state_mod.parse_snapshot(sb, cb.id, allow_pickle=None).build())
         result = StateDiff(ca.id, cb.id)
         if paths:
             la = {p: v for p, v in la.items() if _matches(p, paths)}

@@ -12,11 +12,15 @@ and are restored sharing one storage again.
 from __future__ import annotations
 
 import collections
+import contextlib
+import functools
+import importlib
+import math
 import pickle
 import random
 import sys
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,7 +28,15 @@ import msgpack
 import numpy as np
 import torch
 
-from ckvc.errors import CorruptObjectError, UnsafeContentError, UnsupportedTypeError
+from ckvc.chunking import MAX_CHUNK_SIZE
+from ckvc.errors import (
+    CkvcError,
+    CorruptObjectError,
+    InsufficientMemoryError,
+    UnsafeContentError,
+    UnsupportedTypeError,
+)
+from ckvc.objects import Blob, Snapshot
 
 # msgpack extension type codes used in the tree (docs/FORMAT.md, "Value tree").
 EXT_TUPLE = 1
@@ -60,9 +72,18 @@ _TORCH_DTYPE_NAMES = {dtype: name for name, dtype in _TORCH_DTYPES.items()}
 # Numpy kinds with a fixed-size, pointer-free representation.
 _NUMPY_KINDS = set("biufcSUmM")
 _INT64_MIN, _UINT64_MAX = -(1 << 63), (1 << 64) - 1
+_INT64_MAX = (1 << 63) - 1
+# The deepest nesting of containers (dict, list, tuple, OrderedDict) a state may
+# have (docs/FORMAT.md §10.7): refused at commit, and a stored tree that nests
+# deeper is corrupt. Keeps every walk over a tree (ours and the caller's) far from
+# Python's recursion limit.
+MAX_DEPTH = 128
 # A span shared by several views is stored once only while it is no larger than
 # this many times the bytes the views cover; beyond that each view is stored alone.
 _MAX_SHARED_SPAN_OVERHEAD = 2
+
+# The stdlib's gc, imported by name: mypy takes benchmarks/gc.py for it.
+_gc: Any = importlib.import_module("gc")
 
 MapLocation = None | str | torch.device | dict[str, str] | Callable[[Any, str], Any]
 
@@ -185,10 +206,13 @@ class _Encoder:
         self.blobs: list[PendingBlob] = []
         self.tensor_uses: list[_TensorUse] = []
 
-    def encode(self, value: Any, path: str) -> Any:
+    def encode(self, value: Any, path: str, depth: int = 0) -> Any:
+        """``depth``: how many containers enclose ``value``."""
         t = type(value)
         if value is None or t in (bool, bytes, float):
             return value
+        if depth >= MAX_DEPTH and t in (list, tuple, dict, collections.OrderedDict):
+            raise UnsupportedTypeError(path, f"the state nests containers deeper than {MAX_DEPTH} levels")
         if t is str:
             return value if _is_utf8(value) else self._fallback(value, path, "string is not valid UTF-8")
         if t is int:
@@ -196,22 +220,22 @@ class _Encoder:
                 return value
             return msgpack.ExtType(EXT_BIGINT, value.to_bytes((value.bit_length() + 8) // 8, "big", signed=True))
         if t is list:
-            return [self.encode(v, _join(path, i)) for i, v in enumerate(value)]
+            return [self.encode(v, _join(path, i), depth + 1) for i, v in enumerate(value)]
         if t is tuple:
-            return _Tuple(self.encode(v, _join(path, i)) for i, v in enumerate(value))
+            return _Tuple(self.encode(v, _join(path, i), depth + 1) for i, v in enumerate(value))
         if t is dict or t is collections.OrderedDict:
             encoded = {}
             for k, v in value.items():
                 if not ((type(k) is str and _is_utf8(k)) or (type(k) is int and _INT64_MIN <= k <= _UINT64_MAX)):
                     return self._fallback(value, path, f"dict key {k!r:.50} is not a UTF-8 str or a 64-bit int")
-                encoded[k] = self.encode(v, _join(path, k))
+                encoded[k] = self.encode(v, _join(path, k), depth + 1)
             return encoded if t is dict else _ODict(encoded)
         if isinstance(value, torch.Tensor):
             return self._tensor(value, path)
         if t is StoredFile:
             # Content first: its tensors give shared blobs their path (delta bases).
-            content = self.encode(value.content, path)
-            return _File([content, value.as_bytes, self.encode(value.layout, path + "/layout")])
+            content = self.encode(value.content, path, depth + 1)
+            return _File([content, value.as_bytes, self.encode(value.layout, path + "/layout", depth + 1)])
         if t is np.ndarray:
             return self._ndarray(value, path)
         if isinstance(value, np.generic) and value.dtype.kind in _NUMPY_KINDS:
@@ -353,8 +377,26 @@ def encode_state(
     return _pack(_wire(markers)), encoder.blobs, encoder.pickled
 
 
-def _unpack_tree(data: bytes, hook: Callable[[int, bytes], Any]) -> Any:
-    return msgpack.unpackb(data, raw=False, strict_map_key=False, use_list=True, ext_hook=hook)
+def _unpack_shallow(data: bytes) -> Any:
+    """One msgpack value with its extension values left undecoded (as _Ext): the C
+    decoder is never re-entered from its own hook, so a deep tree costs no C stack
+    (re-entering it once per level overflowed the stack at ~195 levels)."""
+    return msgpack.unpackb(data, raw=False, strict_map_key=False, use_list=True, ext_hook=_Ext)
+
+
+def _unpack_plain(data: bytes) -> Any:
+    """An extension payload that holds no extension values (tensor node, size, numpy scalar)."""
+    return msgpack.unpackb(data, raw=False, strict_map_key=False, use_list=True)
+
+
+class _Ext:
+    """An extension value whose payload is not decoded yet."""
+
+    __slots__ = ("code", "data")
+
+    def __init__(self, code: int, data: bytes) -> None:
+        self.code = code
+        self.data = data
 
 
 def _device_available(device: torch.device) -> bool:
@@ -391,6 +433,11 @@ def _target_device(recorded: str, map_location: MapLocation) -> torch.device:
     return torch.device("cpu")
 
 
+def _counts(values: list[Any]) -> bool:
+    """Ints (not bools) in [0, 2^63): what torch accepts as sizes, strides and offsets."""
+    return all(type(n) is int and 0 <= n <= _INT64_MAX for n in values)
+
+
 @dataclass(frozen=True)
 class TensorInfo:
     """A tensor node of the tree, before its bytes are loaded."""
@@ -405,35 +452,32 @@ class TensorInfo:
 
     @property
     def numel(self) -> int:
-        return int(np.prod(self.shape)) if self.shape else 1
+        return math.prod(self.shape)  # Python ints: numpy's int64 product wraps
 
     @classmethod
     def from_node(cls, node: Any) -> TensorInfo:
-        ok = (
-            isinstance(node, list)
-            and len(node) == 7
-            and isinstance(node[0], int)
-            and node[0] >= 0
-            and isinstance(node[1], list)
-            and all(isinstance(n, int) and n >= 0 for n in node[1])
-            and (
-                node[2] is None
-                or (
-                    isinstance(node[2], list)
-                    and len(node[2]) == len(node[1])
-                    and all(isinstance(n, int) and n >= 0 for n in node[2])
-                )
+        ok = type(node) is list and len(node) == 7
+        if ok:
+            blob, shape, stride, offset, kind, device, requires_grad = node
+            ok = (
+                type(blob) is int
+                and 0 <= blob <= _INT64_MAX
+                and type(shape) is list
+                and _counts(shape)
+                and (stride is None or (type(stride) is list and len(stride) == len(shape) and _counts(stride)))
+                and type(offset) is int
+                and 0 <= offset <= _INT64_MAX
+                and type(kind) is int
+                and kind in (KIND_TENSOR, KIND_PARAMETER, KIND_NUMPY)
+                and type(device) is str
+                and type(requires_grad) is bool
             )
-            and isinstance(node[3], int)
-            and node[3] >= 0
-            and node[4] in (KIND_TENSOR, KIND_PARAMETER, KIND_NUMPY)
-            and isinstance(node[5], str)
-            and isinstance(node[6], bool)
-        )
         if not ok:
             raise CorruptObjectError(f"malformed tensor node {node!r:.200}")
-        stride = None if node[2] is None else tuple(node[2])
-        return cls(node[0], tuple(node[1]), stride, node[3], node[4], node[5], node[6])
+        info = cls(blob, tuple(shape), None if stride is None else tuple(stride), offset, kind, device, requires_grad)
+        if len(shape) > 1 and info.numel > _INT64_MAX:
+            raise CorruptObjectError(f"tensor of shape {shape} has more than 2^63 elements")
+        return info
 
 
 @dataclass(frozen=True)
@@ -443,71 +487,305 @@ class PickledValue:
     nbytes: int
 
 
-def _parse_tree(
-    tree: bytes, on_tensor: Callable[[TensorInfo], Any], allow_pickle: bool | None, files: bool = False
-) -> Any:
-    """Decode the tree; tensor nodes become ``on_tensor(info)``. Pickled values are
-    unpickled when allow_pickle is True, refused when False, and left as
-    PickledValue placeholders when None. File nodes become their content, or
-    StoredFile with ``files``."""
-
-    def hook(code: int, data: bytes) -> Any:
+@functools.lru_cache(maxsize=256)
+def blob_itemsize(dtype: str) -> int:
+    """Bytes per element of a blob dtype string (docs/FORMAT.md §10.5);
+    CorruptObjectError for one this reader does not know or allow."""
+    if dtype.startswith(NUMPY_DTYPE_PREFIX):
         try:
-            if code == EXT_TUPLE:
-                return tuple(_unpack_tree(data, hook))
-            if code == EXT_BIGINT:
-                return int.from_bytes(data, "big", signed=True)
-            if code == EXT_DTYPE:
-                return _TORCH_DTYPES[data.decode()]
-            if code == EXT_DEVICE:
-                return torch.device(data.decode())
-            if code == EXT_SIZE:
-                return torch.Size(_unpack_tree(data, hook))
-            if code == EXT_ODICT:
-                return collections.OrderedDict(_unpack_tree(data, hook))
-            if code == EXT_NPSCALAR:
-                dtype_str, raw = _unpack_tree(data, hook)
-                dtype = np.dtype(dtype_str)
-                if dtype.kind not in _NUMPY_KINDS or len(raw) != dtype.itemsize:
-                    raise CorruptObjectError("malformed numpy scalar")
-                return np.frombuffer(raw, dtype=dtype)[0]
-            if code == EXT_TENSOR:
-                return on_tensor(TensorInfo.from_node(_unpack_tree(data, hook)))
-            if code == EXT_PICKLE:
-                if allow_pickle is None:
-                    return PickledValue(len(data))
-                if not allow_pickle:
-                    raise UnsafeContentError(
-                        "this commit holds pickled values; load with allow_pickle=True to run them"
-                    )
-                return pickle.loads(data)  # noqa: S301 - explicit opt-in above
-            if code == EXT_FILE:
-                content, as_bytes, layout = _unpack_tree(data, hook)
-                if not isinstance(as_bytes, bool) or not isinstance(layout, bytes):
-                    raise CorruptObjectError("malformed file node")
-                if as_bytes:
-                    if not isinstance(content, (np.ndarray, TensorInfo)):
-                        raise CorruptObjectError("file node's bytes are not an array")
-                    if isinstance(content, np.ndarray):
-                        content = content.tobytes()
-                if not files:
-                    return content
-                parsed = _unpack_tree(layout, hook)
-                if not isinstance(parsed, dict):
-                    raise CorruptObjectError("file node's layout is not a map")
-                return StoredFile(content, parsed, as_bytes)
-        except (CorruptObjectError, UnsafeContentError):
-            raise
-        except Exception as exc:
-            raise CorruptObjectError(f"malformed value of extension type {code}: {exc}") from None
-        raise CorruptObjectError(f"unknown extension type {code} in state tree")
-
+            np_dtype = np.dtype(dtype[len(NUMPY_DTYPE_PREFIX) :])
+        except Exception:
+            raise CorruptObjectError(f"unknown dtype {dtype!r:.100}") from None
+        if np_dtype.kind not in _NUMPY_KINDS or np_dtype.fields is not None or not np_dtype.itemsize:
+            raise CorruptObjectError(f"numpy dtype {dtype!r:.100} is not allowed in a blob")
+        return int(np_dtype.itemsize)
     try:
-        return _unpack_tree(tree, hook)
-    except (CorruptObjectError, UnsafeContentError):
-        raise
+        return _TORCH_DTYPES[dtype].itemsize
+    except KeyError:
+        raise CorruptObjectError(f"unknown dtype {dtype!r:.100}") from None
+
+
+def check_blob(blob: Blob) -> int:
+    """A blob's own consistency (dtype, size, chunk size), before anything is
+    allocated for it; returns its itemsize. CorruptObjectError naming the blob's path."""
+    try:
+        itemsize = blob_itemsize(blob.dtype)
+    except CorruptObjectError as exc:
+        raise exc.with_context(tensor=blob.path) from None
+    if blob.nbytes % itemsize or blob.nbytes > _INT64_MAX:
+        raise CorruptObjectError(f"blob of {blob.nbytes} bytes cannot hold {blob.dtype}", tensor=blob.path)
+    if blob.chunk_size > max(MAX_CHUNK_SIZE, itemsize):
+        raise CorruptObjectError(f"blob chunk size {blob.chunk_size} is over the maximum", tensor=blob.path)
+    return itemsize
+
+
+@functools.lru_cache(maxsize=64)
+def _device_ok(name: str) -> bool:
+    try:
+        torch.device(name)
+    except Exception:
+        return False
+    return True
+
+
+class _TensorChecker:
+    """The checks a tensor node must pass against the snapshot's blobs before
+    anything is allocated or read for it (docs/FORMAT.md §10.3, 10.7)."""
+
+    def __init__(self, blobs: Sequence[Blob]) -> None:
+        self.blobs = blobs
+        # Per blob: (elements, is numpy, may require grad).
+        self.facts: list[tuple[int, bool, bool]] = []
+        for blob in blobs:
+            itemsize = check_blob(blob)
+            is_numpy = blob.dtype.startswith(NUMPY_DTYPE_PREFIX)
+            grad = is_numpy or _TORCH_DTYPES[blob.dtype].is_floating_point or _TORCH_DTYPES[blob.dtype].is_complex
+            self.facts.append((blob.nbytes // itemsize, is_numpy, grad))
+
+    def check(self, info: TensorInfo) -> None:
+        if info.blob >= len(self.facts):
+            raise CorruptObjectError(f"tensor refers to blob {info.blob} of {len(self.facts)}")
+        elements, is_numpy, grad = self.facts[info.blob]
+        if is_numpy != (info.kind == KIND_NUMPY):
+            kind = "numpy" if info.kind == KIND_NUMPY else "torch"
+            raise CorruptObjectError(f"a {kind} node on a {self.blobs[info.blob].dtype} blob")
+        if info.stride is None:
+            if info.offset or info.numel != elements:
+                raise CorruptObjectError(
+                    f"tensor of shape {list(info.shape)} does not match its blob of {elements} elements"
+                )
+        elif is_numpy:
+            raise CorruptObjectError("a numpy node with strides")
+        elif info.numel and info.offset + sum((n - 1) * s for n, s in zip(info.shape, info.stride, strict=True)) >= (
+            elements
+        ):
+            raise CorruptObjectError("tensor view reaches past its blob")
+        if info.requires_grad and not grad:
+            raise CorruptObjectError(f"a {self.blobs[info.blob].dtype} tensor cannot require grad")
+        if not _device_ok(info.device):
+            raise CorruptObjectError(f"unknown device {info.device!r:.50}")
+
+
+def _render(path: tuple[Any, Any] | None) -> str:
+    """A dotted state path ("optimizer.state.0") from its linked (parent, key) form."""
+    parts = []
+    while path is not None:
+        path, key = path
+        parts.append(str(key))
+    return ".".join(reversed(parts)) or "<root>"
+
+
+class ParsedTree:
+    """A state tree read and checked by :func:`parse_tree`, tensors not loaded yet."""
+
+    def __init__(self, holder: list[Any], slots: list[Any], finishers: list[Any]) -> None:
+        self._holder = holder
+        self._slots = slots  # (container, key, TensorInfo, path) per tensor node
+        self._finishers = finishers  # (container, key, payload, type), innermost first
+
+    @property
+    def tensors(self) -> list[tuple[str, TensorInfo]]:
+        """(path, info) of every tensor node, in tree order."""
+        return [(_render(path), info) for _, _, info, path in self._slots]
+
+    def build(self, make_tensor: Callable[[TensorInfo], Any] | None = None) -> Any:
+        """The state, each tensor node replaced by ``make_tensor(info)`` (by its
+        TensorInfo when None). Call once: it fills the tree in place."""
+        with _gc_paused():
+            return self._build(make_tensor)
+
+    def _build(self, make_tensor: Callable[[TensorInfo], Any] | None) -> Any:
+        for container, key, info, path in self._slots:
+            if make_tensor is None:
+                container[key] = info
+                continue
+            try:
+                container[key] = make_tensor(info)
+            except CorruptObjectError as exc:
+                raise exc.with_context(tensor=_render(path)) from None
+            except CkvcError:
+                raise
+            except Exception as exc:  # torch refusing a view the checks let through
+                raise CorruptObjectError(f"tensor cannot be built: {exc}", tensor=_render(path)) from None
+        for container, key, payload, make in self._finishers:
+            container[key] = make(payload)
+        return self._holder[0]
+
+
+@contextlib.contextmanager
+def _gc_paused() -> Iterator[None]:
+    """The cyclic collector off while a tree is read: a tree is tens of thousands of
+    fresh objects, and the collections they trigger (each walking every live
+    object) cost more than the reading itself. Restored only by whoever paused it."""
+    was_enabled = _gc.isenabled()
+    _gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            _gc.enable()
+
+
+def parse_tree(
+    tree: bytes, blobs: Sequence[Blob] | None, *, allow_pickle: bool | None, files: bool = False
+) -> ParsedTree:
+    """Read and check a state tree without recursion: at most MAX_DEPTH nested
+    containers, str or int dict keys, known extension codes, well-formed tensor
+    nodes and (with ``blobs``) every tensor node consistent with its blob. Pickled
+    values are unpickled when allow_pickle is True, refused when False
+    (UnsafeContentError), and PickledValue placeholders when None. Errors are
+    CorruptObjectError naming the path. File nodes (ext 10) become their content,
+    or with ``files`` a StoredFile with its layout read too. The one validator:
+    load, views, show and fsck all read trees through it."""
+    with _gc_paused():
+        return _parse_tree(tree, blobs, allow_pickle, files)
+
+
+def _file_value(node: list[Any], as_bytes: bool, files: bool) -> Any:
+    """A file node's value once its content (and layout) are built: ``node`` is
+    [content] or [content, layout]."""
+    content = node[0]
+    if as_bytes and isinstance(content, np.ndarray):
+        content = content.tobytes()
+    if not files:
+        return content
+    if not isinstance(node[1], dict):
+        raise CorruptObjectError("file node's layout is not a map")
+    return StoredFile(content, node[1], as_bytes)
+
+
+def _parse_tree(tree: bytes, blobs: Sequence[Blob] | None, allow_pickle: bool | None, files: bool) -> ParsedTree:
+    try:
+        root = _unpack_shallow(tree)
     except Exception as exc:
         raise CorruptObjectError(f"malformed state tree: {exc}") from None
+    checker = _TensorChecker(blobs) if blobs is not None else None
+    holder = [root]
+    slots: list[Any] = []
+    finishers: list[Any] = []
+    # Containers whose children are still to be read: (container, path, depth);
+    # 4-tuples are finishers, queued once everything below them is done.
+    stack: list[Any] = []
+
+    def too_deep(path: Any) -> CorruptObjectError:
+        return CorruptObjectError(f"state tree nests deeper than {MAX_DEPTH} levels at {_render(path)!r}")
+
+    def take(container: Any, key: Any, value: _Ext, path: Any, depth: int) -> None:
+        """An extension value: decoded, checked, and put in place (or queued)."""
+        code = value.code
+        if depth > MAX_DEPTH and code in (EXT_TUPLE, EXT_ODICT, EXT_FILE):
+            raise too_deep(path)
+        try:
+            if code == EXT_TENSOR:
+                info = TensorInfo.from_node(_unpack_plain(value.data))
+                if checker is not None:
+                    checker.check(info)
+                slots.append((container, key, info, path))
+            elif code in (EXT_TUPLE, EXT_ODICT):
+                payload = _unpack_shallow(value.data)
+                if type(payload) is not (list if code == EXT_TUPLE else dict):
+                    raise CorruptObjectError(f"extension {code} holds a {type(payload).__name__}")
+                stack.append((container, key, payload, tuple if code == EXT_TUPLE else collections.OrderedDict))
+                stack.append((payload, path, depth))
+            elif code == EXT_FILE:
+                triple = _unpack_shallow(value.data)
+                if type(triple) is not list or len(triple) != 3:
+                    raise CorruptObjectError("malformed file node")
+                content, as_bytes, layout = triple
+                if type(as_bytes) is not bool or type(layout) is not bytes:
+                    raise CorruptObjectError("malformed file node")
+                if as_bytes and not (type(content) is _Ext and content.code == EXT_TENSOR):
+                    raise CorruptObjectError("file node's bytes are not an array")
+                # The node's parts are read like a list's items; the layout only when
+                # asked for (a plain load skips it unparsed).
+                node = [content, _unpack_shallow(layout)] if files else [content]
+                stack.append((container, key, node, lambda n, b=as_bytes: _file_value(n, b, files)))
+                stack.append((node, path, depth))
+            else:
+                container[key] = _leaf(code, value.data, allow_pickle)
+        except CorruptObjectError as exc:
+            if code == EXT_TENSOR:
+                raise exc.with_context(tensor=_render(path)) from None
+            raise CorruptObjectError(f"{exc.reason} at {_render(path)!r}") from None
+        except CkvcError:
+            raise
+        except Exception as exc:
+            raise CorruptObjectError(f"malformed value of extension type {code}: {exc} at {_render(path)!r}") from None
+
+    t = type(root)
+    if t is _Ext:
+        take(holder, 0, root, None, 1)
+    elif t is list or t is dict:
+        stack.append((root, None, 1))
+    while stack:
+        item = stack.pop()
+        if len(item) == 4:
+            finishers.append(item)
+            continue
+        container, path, depth = item
+        depth += 1  # of the children
+        if type(container) is dict:
+            for key, value in container.items():
+                if type(key) is not str and type(key) is not int:
+                    raise CorruptObjectError(f"dict key {key!r:.50} is not a str or an int at {_render(path)!r}")
+                t = type(value)
+                if t is _Ext:
+                    take(container, key, value, (path, key), depth)
+                elif t is list or t is dict:
+                    if depth > MAX_DEPTH:
+                        raise too_deep((path, key))
+                    stack.append((value, (path, key), depth))
+        else:
+            for key, value in enumerate(container):
+                t = type(value)
+                if t is _Ext:
+                    take(container, key, value, (path, key), depth)
+                elif t is list or t is dict:
+                    if depth > MAX_DEPTH:
+                        raise too_deep((path, key))
+                    stack.append((value, (path, key), depth))
+    return ParsedTree(holder, slots, finishers)
+
+
+def _leaf(code: int, data: bytes, allow_pickle: bool | None) -> Any:
+    """The value of an extension type that holds no further tree."""
+    if code == EXT_BIGINT:
+        return int.from_bytes(data, "big", signed=True)
+    if code == EXT_DTYPE:
+        return _TORCH_DTYPES[data.decode()]
+    if code == EXT_DEVICE:
+        return torch.device(data.decode())
+    if code == EXT_SIZE:
+        dims = _unpack_plain(data)
+        if type(dims) is not list or not _counts(dims):
+            raise CorruptObjectError("malformed torch.Size")
+        return torch.Size(dims)
+    if code == EXT_NPSCALAR:
+        pair = _unpack_plain(data)
+        if type(pair) is not list or len(pair) != 2 or type(pair[0]) is not str or type(pair[1]) is not bytes:
+            raise CorruptObjectError("malformed numpy scalar")
+        dtype = np.dtype(pair[0])
+        if dtype.kind not in _NUMPY_KINDS or dtype.fields is not None or len(pair[1]) != dtype.itemsize:
+            raise CorruptObjectError("malformed numpy scalar")
+        return np.frombuffer(pair[1], dtype=dtype)[0]
+    if code == EXT_PICKLE:
+        if allow_pickle is None:
+            return PickledValue(len(data))
+        if not allow_pickle:
+            raise UnsafeContentError("this commit holds pickled values; load with allow_pickle=True to run them")
+        return pickle.loads(data)  # noqa: S301 - explicit opt-in above
+    raise CorruptObjectError(f"unknown extension type {code} in state tree")
+
+
+def parse_snapshot(snapshot: Snapshot, commit_id: str | None = None, *, allow_pickle: bool | None) -> ParsedTree:
+    """``snapshot``'s tree read and checked against its blobs (:func:`parse_tree`),
+    every blob checked too (:func:`check_blob`): what load, views and show
+    require before anything is allocated, and what fsck checks on every
+    reachable commit. Errors name ``commit_id``."""
+    try:
+        return parse_tree(snapshot.tree, snapshot.blobs, allow_pickle=allow_pickle)
+    except CorruptObjectError as exc:
+        raise exc.with_context(commit=commit_id) from None
 
 
 def flatten(value: Any, path: str = "") -> dict[str, Any]:
@@ -529,16 +807,17 @@ def flatten(value: Any, path: str = "") -> dict[str, Any]:
     return out
 
 
-def skeleton(tree: bytes, *, allow_pickle: bool | None = False) -> Any:
+def skeleton(tree: bytes, *, allow_pickle: bool | None = False, blobs: Sequence[Blob] | None = None) -> Any:
     """The state's structure with a TensorInfo in place of every tensor: reads no
-    tensor bytes. Pickled values follow ``allow_pickle`` as in ``_parse_tree``."""
-    return _parse_tree(tree, lambda info: info, allow_pickle)
+    tensor bytes. Pickled values follow ``allow_pickle`` as in :func:`parse_tree`;
+    with ``blobs`` every tensor node is checked against its blob."""
+    return parse_tree(tree, blobs, allow_pickle=allow_pickle).build()
 
 
-def describe_state(tree: bytes) -> dict[str, Any]:
+def describe_state(tree: bytes, blobs: Sequence[Blob] | None = None) -> dict[str, Any]:
     """Leaves by path, with TensorInfo for tensors and PickledValue for pickles;
     reads no tensor bytes and runs no pickle."""
-    return flatten(_parse_tree(tree, lambda info: info, None))
+    return flatten(skeleton(tree, allow_pickle=None, blobs=blobs))
 
 
 def materialize(info: TensorInfo, base: torch.Tensor | np.ndarray) -> Any:
@@ -574,12 +853,22 @@ def decode_state(
     *,
     allow_pickle: bool = False,
     map_location: MapLocation = None,
+    blobs: Sequence[Blob] | None = None,
     files: bool = False,
 ) -> Any:
     """Rebuild the state from its encoded tree. ``load_blob(index)`` returns the
     blob as a flat CPU tensor (or numpy array) of its dtype; each blob is loaded
-    at most once. Tensors sharing a blob come back sharing storage. ``files``:
-    file nodes come back as StoredFile (content and layout) instead of content."""
+    at most once. Tensors sharing a blob come back sharing storage. With
+    ``blobs`` every tensor node is checked against its blob first. ``files``: file
+    nodes come back as StoredFile (content and layout) instead of their content."""
+    parsed = parse_tree(tree, blobs, allow_pickle=allow_pickle, files=files)
+    return build_state(parsed, load_blob, map_location=map_location)
+
+
+def build_state(
+    parsed: ParsedTree, load_blob: Callable[[int], torch.Tensor | np.ndarray], *, map_location: MapLocation = None
+) -> Any:
+    """The state of a parsed tree, its tensors made from the blobs ``load_blob`` returns."""
     cpu_bases: dict[int, Any] = {}
     placed: dict[tuple[int, str], Any] = {}
     made: dict[TensorInfo, Any] = {}
@@ -597,7 +886,7 @@ def decode_state(
             made[info] = materialize(info, base_for(info))
         return made[info]
 
-    return _parse_tree(tree, on_tensor, allow_pickle, files)
+    return parsed.build(on_tensor)
 
 
 def place(base: Any, recorded: str, map_location: MapLocation) -> Any:
@@ -614,22 +903,19 @@ def place(base: Any, recorded: str, map_location: MapLocation) -> Any:
 
 
 def allocate_blob(dtype: str, nbytes: int) -> tuple[torch.Tensor | np.ndarray, memoryview]:
-    """A flat, uninitialised CPU buffer for a blob, and a writable byte view of it."""
-    if dtype.startswith(NUMPY_DTYPE_PREFIX):
-        np_dtype = np.dtype(dtype[len(NUMPY_DTYPE_PREFIX) :])
-        if np_dtype.kind not in _NUMPY_KINDS or np_dtype.itemsize == 0 or nbytes % np_dtype.itemsize:
-            raise CorruptObjectError(f"blob of {nbytes} bytes cannot hold numpy dtype {np_dtype}")
-        raw = np.empty(nbytes, dtype=np.uint8)
-        return raw.view(np_dtype), raw.data.cast("B")
-    try:
-        torch_dtype = _TORCH_DTYPES[dtype]
-    except KeyError:
-        raise CorruptObjectError(f"unknown dtype {dtype!r}") from None
-    if nbytes % torch_dtype.itemsize:
+    """A flat, uninitialised CPU buffer for a blob, and a writable byte view of it.
+    InsufficientMemoryError when the machine cannot hold it (never a bare MemoryError)."""
+    itemsize = blob_itemsize(dtype)
+    if nbytes % itemsize:
         raise CorruptObjectError(f"blob of {nbytes} bytes cannot hold {dtype}")
-    raw_t = torch.empty(nbytes, dtype=torch.uint8)
-    view = raw_t.numpy().data.cast("B")
-    return raw_t.view(torch_dtype), view
+    try:
+        if dtype.startswith(NUMPY_DTYPE_PREFIX):
+            raw = np.empty(nbytes, dtype=np.uint8)
+            return raw.view(np.dtype(dtype[len(NUMPY_DTYPE_PREFIX) :])), raw.data.cast("B")
+        raw_t = torch.empty(nbytes, dtype=torch.uint8)
+    except (MemoryError, RuntimeError):  # torch's allocator raises RuntimeError
+        raise InsufficientMemoryError(f"cannot allocate {nbytes} bytes for a {dtype} blob") from None
+    return raw_t.view(_TORCH_DTYPES[dtype]), raw_t.numpy().data.cast("B")
 
 
 def torch_dtype(name: str) -> torch.dtype:
@@ -638,12 +924,6 @@ def torch_dtype(name: str) -> torch.dtype:
         return _TORCH_DTYPES[name]
     except KeyError:
         raise CorruptObjectError(f"unknown dtype {name!r}") from None
-
-
-def blob_itemsize(dtype: str) -> int:
-    if dtype.startswith(NUMPY_DTYPE_PREFIX):
-        return np.dtype(dtype[len(NUMPY_DTYPE_PREFIX) :]).itemsize
-    return _TORCH_DTYPES[dtype].itemsize
 
 
 def rng_state() -> dict[str, Any]:

@@ -35,6 +35,7 @@ from ckvc.errors import (
     ObjectNotFoundError,
     UnknownKeyError,
 )
+from ckvc.ids import ObjectType
 from ckvc.objects import Blob, Commit, Snapshot
 from ckvc.state import MapLocation, TensorInfo
 
@@ -172,14 +173,31 @@ def _spans(blob: Blob, commit: Commit) -> list[tuple[int, int]]:
     return spans
 
 
+def check_chunk_sizes(repo: Repo, commit: Commit, blob: Blob, chunks: Iterable[int] | None = None) -> None:
+    """Each chunk's size as the index records it against its span, before any
+    buffer is allocated for the blob: a crafted blob table cannot make a read
+    allocate what its chunks do not hold. One index lookup per chunk (fsck makes
+    the same check). ``chunks``: the indices to check (default all)."""
+    spans = _spans(blob, commit)
+    for i in range(len(spans)) if chunks is None else chunks:
+        oid, (start, end) = blob.chunks[i], spans[i]
+        try:
+            entry = repo.store.locate(oid)
+        except ObjectNotFoundError as exc:
+            raise ObjectNotFoundError(f"{exc} (tensor {blob.path!r}, commit {commit.id})") from None
+        if entry.raw_size != end - start or entry.kind != ObjectType.CHUNK:
+            raise CorruptObjectError(
+                f"chunk {oid.hex()} at bytes {start}-{end} is stored as {entry.raw_size} bytes of type {entry.kind}",
+                commit=commit.id,
+                tensor=blob.path,
+            )
+
+
 def _itemsize(blob: Blob, commit: Commit) -> int:
     try:
-        itemsize = state_mod.blob_itemsize(blob.dtype)
-    except (KeyError, TypeError, ValueError):
-        raise CorruptObjectError(f"unknown dtype {blob.dtype!r}", commit=commit.id, tensor=blob.path) from None
-    if itemsize <= 0:
-        raise CorruptObjectError(f"dtype {blob.dtype!r} has no width", commit=commit.id, tensor=blob.path)
-    return itemsize
+        return state_mod.blob_itemsize(blob.dtype)
+    except CorruptObjectError as exc:
+        raise exc.with_context(commit=commit.id, tensor=blob.path) from None
 
 
 def _view_end(info: TensorInfo) -> int:
@@ -240,6 +258,7 @@ class _TensorLoader:
                     lo, hi = 0, blob.nbytes
                 chunks = list(range(lo // size, -(-hi // size)))
                 start, end = spans[chunks[0]][0], spans[chunks[-1]][1]
+                check_chunk_sizes(self.repo, self.commit, blob, chunks)
             try:
                 base, view = state_mod.allocate_blob(blob.dtype, end - start)
             except CorruptObjectError as exc:
@@ -312,10 +331,7 @@ def _open(repo: Repo, rev: str, allow_pickle: bool) -> tuple[Commit, Snapshot, A
     the same refusals as ``Repo.load``: pruned commits, and pickles unless allowed."""
     commit = repo.readable_commit(rev, allow_pickle=allow_pickle)
     snapshot = repo.read_snapshot(commit)
-    try:
-        root = state_mod.skeleton(snapshot.tree, allow_pickle=allow_pickle)
-    except CorruptObjectError as exc:
-        raise exc.with_context(commit=commit.id) from None
+    root = state_mod.parse_snapshot(snapshot, commit.id, allow_pickle=allow_pickle).build()
     return commit, snapshot, root
 
 
