@@ -294,6 +294,17 @@ def test_empty_torch_file_alone_refused(tmp_path: Path) -> None:
     assert r.output == f"ckvc: error: {work / 'e.pt'} is empty (0 bytes): nothing to commit\n"
 
 
+def test_non_utf8_file_name_refused(tmp_path: Path) -> None:
+    src = tmp_path / "d"
+    src.mkdir()
+    try:
+        (src / os.fsdecode(b"bad\xff")).write_text("x")
+    except OSError:
+        pytest.skip("this filesystem refuses non-UTF-8 names")
+    with pytest.raises(UnsupportedFileError, match="not valid UTF-8"):
+        read_checkpoint(src)
+
+
 def test_unreadable_file_refused(tmp_path: Path) -> None:
     if os.geteuid() == 0:
         pytest.skip("root reads every file")
