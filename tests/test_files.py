@@ -142,6 +142,9 @@ def test_directory_load_gives_content(tmp_path: Path, odd_tree: Path) -> None:
     # The torch file's storages are stored once: the content and its rebuild share blobs.
     blobs = repo.read_snapshot(repo.read_commit(repo.resolve("HEAD"))).blobs
     assert sorted(b.nbytes for b in blobs) == sorted([48, 48, 12, 16, 300_000])
+    # One tensor file of the folder, by prefix, as a file of its own (converted, not the original bytes).
+    export_commit(repo, "HEAD", tmp_path / "m_only.safetensors", prefix="m.safetensors.")
+    assert list(safetensors.torch.load_file(tmp_path / "m_only.safetensors")) == ["a", "b"]
 
 
 def test_safetensors_and_torch_files_export_identical_bytes(tmp_path: Path) -> None:
