@@ -508,6 +508,7 @@ def export_commit(
     format: Format | None = None,
     prefix: str | None = None,
     progress: Progress | None = None,
+    allow_pickle: bool = False,
 ) -> list[Path]:
     """Write commit ``rev`` to ``out`` without moving HEAD; returns the files written.
 
@@ -515,13 +516,14 @@ def export_commit(
     links (a directory commit as a directory). ``format`` converts instead: "pt"
     (torch.save), "safetensors" (tensors only) or "dir"; by default the commit's own
     kind, else the suffix of ``out``. ``prefix`` ("model."): only the leaves under
-    it, with the prefix removed from their names, as one file."""
+    it, with the prefix removed from their names, as one file. ``allow_pickle``: as
+    for ``Repo.load`` (a commit holding pickled values is refused without it)."""
     from ckvc import state as state_mod
 
     if prefix is not None:
-        flat = repo.load(rev, map_location="cpu", prefix=prefix, progress=progress)
+        flat = repo.load(rev, map_location="cpu", prefix=prefix, progress=progress, allow_pickle=allow_pickle)
         return write_checkpoint({k[len(prefix) :]: v for k, v in flat.items()}, out, format=format)
-    commit = repo.readable_commit(rev)
+    commit = repo.readable_commit(rev, allow_pickle=allow_pickle)
     snapshot = repo.read_snapshot(commit)
     bases = repo._read_blobs(commit, snapshot.blobs, progress)
 
@@ -530,7 +532,7 @@ def export_commit(
             raise CkvcError(f"commit {commit.id[:12]}: tensor refers to blob {index} of {len(bases)}")
         return bases[index]
 
-    state = state_mod.decode_state(snapshot.tree, load_blob, map_location="cpu", files=True)
+    state = state_mod.decode_state(snapshot.tree, load_blob, map_location="cpu", files=True, allow_pickle=allow_pickle)
     return write_checkpoint(state, out, commit.metadata, format=format, progress=progress)
 
 

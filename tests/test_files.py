@@ -195,6 +195,20 @@ def test_python_commit_exports_deterministic_torch_file(tmp_path: Path) -> None:
     assert torch.load(tmp_path / "a.pt", weights_only=True)["step"] == 3
 
 
+def test_pickled_commit_exports_only_when_allowed(tmp_path: Path) -> None:
+    from ckvc.errors import UnsafeContentError
+
+    repo = Repo.init(tmp_path / "r")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        repo.commit({"w": torch.ones(2), "c": 1 + 2j}, allow_pickle=True)
+    with pytest.raises(UnsafeContentError):
+        export_commit(repo, "HEAD", tmp_path / "x.pt")
+    assert not (tmp_path / "x.pt").exists()
+    export_commit(repo, "HEAD", tmp_path / "x.pt", allow_pickle=True)
+    assert torch.load(tmp_path / "x.pt", weights_only=False)["c"] == 1 + 2j
+
+
 def test_export_converts_on_request(tmp_path: Path) -> None:
     src = tmp_path / "w.pt"
     torch.save({"w": torch.ones(2), "b": torch.zeros(1)}, src)
