@@ -22,7 +22,6 @@ import numpy as np
 
 from ckvc.codecs import planes
 from ckvc.errors import CkvcError, InvalidInputError
-from ckvc.files import export_commit, read_checkpoint
 from ckvc.objects import Commit
 from ckvc.repo import Repo, TensorSummary
 from ckvc.stats import CodecUsage
@@ -216,6 +215,8 @@ def commit(
     repo = obj.repo
     if not path.is_absolute():
         path = Path(obj.directory) / path
+    from ckvc.cli.files import read_checkpoint
+
     with _progress_bar("read", not as_json) as progress:
         state, source_meta = read_checkpoint(path, follow_links=follow_links, progress=progress)
     metadata = {**source_meta, **_parse_pairs(meta, "--meta")}
@@ -419,6 +420,8 @@ def checkout(obj: Context, rev: str, output: Path | None, as_json: bool) -> None
     repo = obj.repo
     written: list[Path] = []
     if output is not None:
+        from ckvc.cli.files import export_commit
+
         if not output.is_absolute():
             output = Path(obj.directory) / output
         with _progress_bar("checkout", not as_json) as progress:
