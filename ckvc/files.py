@@ -54,6 +54,7 @@ TORCH_SUFFIXES = (".pt", ".pth", ".bin", ".ckpt")
 SAFETENSORS_SUFFIX = ".safetensors"
 DCP_SUFFIX = ".distcp"  # torch.distributed.checkpoint's data files: torch.save archives back to back
 DIRECTORY_SOURCE = "directory"
+REPOSITORY_DIR = ".ckvc"
 # Files up to this size are kept inline in the state tree; larger ones become a
 # uint8 blob (chunked, deduplicated, compressed) that ``load`` returns as bytes.
 INLINE_BYTES = 64 << 10
@@ -195,6 +196,8 @@ def _walk(root: Path, follow_links: bool) -> dict[str, _Entry]:
                 except OSError:
                     raise LinkOutsideTreeError(f"{path} is a broken symlink to {target}, outside {root}") from None
                 path = Path(os.path.realpath(path))
+            if stat.S_ISDIR(st.st_mode) and name == REPOSITORY_DIR and (path / "config.json").is_file():
+                continue  # a ckvc repository (`ckvc commit .`) is not part of the checkpoint, as git skips .git
             if stat.S_ISDIR(st.st_mode):
                 key = (st.st_dev, st.st_ino)
                 if key in visited:
@@ -787,7 +790,7 @@ def _holds_repository(path: Path) -> bool:
     """Whether replacing ``path`` would take a repository or the working directory with it."""
     cwd = Path.cwd().resolve()
     real = path.resolve()
-    return (path / ".ckvc").exists() or cwd == real or real in cwd.parents
+    return (path / REPOSITORY_DIR).exists() or cwd == real or real in cwd.parents
 
 
 def _write_files(

@@ -311,6 +311,14 @@ def test_empty_torch_file_alone_refused(tmp_path: Path) -> None:
     assert r.output == f"ckvc: error: {work / 'e.pt'} is empty (0 bytes): nothing to commit\n"
 
 
+def test_committing_the_repository_folder_leaves_the_repository_out(tmp_path: Path) -> None:
+    assert run(tmp_path, "init").exit_code == 0
+    (tmp_path / "model.safetensors").write_bytes(safetensors.torch.save({"w": torch.ones(2)}))
+    (tmp_path / ".env").write_text("x")
+    assert run(tmp_path, "commit", ".").exit_code == 0
+    assert sorted(Repo.open(tmp_path).load()) == [".env", "model.safetensors"]
+
+
 def test_non_utf8_file_name_refused(tmp_path: Path) -> None:
     src = tmp_path / "d"
     src.mkdir()
