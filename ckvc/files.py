@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import numpy as np
 
 from ckvc.errors import CkvcError, InvalidInputError, UnsupportedTypeError
-from ckvc.state import StoredFile
+from ckvc.state import StoredFile, _is_utf8
 
 if TYPE_CHECKING:
     import torch
@@ -54,6 +54,7 @@ TORCH_SUFFIXES = (".pt", ".pth", ".bin", ".ckpt")
 SAFETENSORS_SUFFIX = ".safetensors"
 DCP_SUFFIX = ".distcp"  # torch.distributed.checkpoint's data files: torch.save archives back to back
 DIRECTORY_SOURCE = "directory"
+REPOSITORY_DIR = ".ckvc"
 # Files up to this size are kept inline in the state tree; larger ones become a
 # uint8 blob (chunked, deduplicated, compressed) that ``load`` returns as bytes.
 INLINE_BYTES = 64 << 10
@@ -177,6 +178,8 @@ def _walk(root: Path, follow_links: bool) -> dict[str, _Entry]:
         for name in names:
             path = directory / name
             rel = f"{rel_dir}/{name}" if rel_dir else name
+            if not _is_utf8(name):  # stored names are UTF-8 (FORMAT.md 10.7)
+                raise UnsupportedFileError(f"{os.fsencode(path)!r}: the file name is not valid UTF-8")
             st = os.lstat(path)
             if stat.S_ISLNK(st.st_mode):
                 target = os.readlink(path)
@@ -193,6 +196,8 @@ def _walk(root: Path, follow_links: bool) -> dict[str, _Entry]:
                 except OSError:
                     raise LinkOutsideTreeError(f"{path} is a broken symlink to {target}, outside {root}") from None
                 path = Path(os.path.realpath(path))
+            if stat.S_ISDIR(st.st_mode) and name == REPOSITORY_DIR and (path / "config.json").is_file():
+                continue  # a ckvc repository (`ckvc commit .`) is not part of the checkpoint, as git skips .git
             if stat.S_ISDIR(st.st_mode):
                 key = (st.st_dev, st.st_ino)
                 if key in visited:
@@ -506,6 +511,7 @@ def export_commit(
     format: Format | None = None,
     prefix: str | None = None,
     progress: Progress | None = None,
+    allow_pickle: bool = False,
 ) -> list[Path]:
     """Write commit ``rev`` to ``out`` without moving HEAD; returns the files written.
 
@@ -513,13 +519,14 @@ def export_commit(
     links (a directory commit as a directory). ``format`` converts instead: "pt"
     (torch.save), "safetensors" (tensors only) or "dir"; by default the commit's own
     kind, else the suffix of ``out``. ``prefix`` ("model."): only the leaves under
-    it, with the prefix removed from their names, as one file."""
+    it, with the prefix removed from their names, as one file. ``allow_pickle``: as
+    for ``Repo.load`` (a commit holding pickled values is refused without it)."""
     from ckvc import state as state_mod
 
     if prefix is not None:
-        flat = repo.load(rev, map_location="cpu", prefix=prefix, progress=progress)
+        flat = repo.load(rev, map_location="cpu", prefix=prefix, progress=progress, allow_pickle=allow_pickle)
         return write_checkpoint({k[len(prefix) :]: v for k, v in flat.items()}, out, format=format)
-    commit = repo.readable_commit(rev)
+    commit = repo.readable_commit(rev, allow_pickle=allow_pickle)
     snapshot = repo.read_snapshot(commit)
     bases = repo._read_blobs(commit, snapshot.blobs, progress)
 
@@ -528,7 +535,7 @@ def export_commit(
             raise CkvcError(f"commit {commit.id[:12]}: tensor refers to blob {index} of {len(bases)}")
         return bases[index]
 
-    state = state_mod.decode_state(snapshot.tree, load_blob, map_location="cpu", files=True)
+    state = state_mod.decode_state(snapshot.tree, load_blob, map_location="cpu", files=True, allow_pickle=allow_pickle)
     return write_checkpoint(state, out, commit.metadata, format=format, progress=progress)
 
 
@@ -783,7 +790,7 @@ def _holds_repository(path: Path) -> bool:
     """Whether replacing ``path`` would take a repository or the working directory with it."""
     cwd = Path.cwd().resolve()
     real = path.resolve()
-    return (path / ".ckvc").exists() or cwd == real or real in cwd.parents
+    return (path / REPOSITORY_DIR).exists() or cwd == real or real in cwd.parents
 
 
 def _write_files(

@@ -142,6 +142,9 @@ def test_directory_load_gives_content(tmp_path: Path, odd_tree: Path) -> None:
     # The torch file's storages are stored once: the content and its rebuild share blobs.
     blobs = repo.read_snapshot(repo.read_commit(repo.resolve("HEAD"))).blobs
     assert sorted(b.nbytes for b in blobs) == sorted([48, 48, 12, 16, 300_000])
+    # One tensor file of the folder, by prefix, as a file of its own (converted, not the original bytes).
+    export_commit(repo, "HEAD", tmp_path / "m_only.safetensors", prefix="m.safetensors.")
+    assert list(safetensors.torch.load_file(tmp_path / "m_only.safetensors")) == ["a", "b"]
 
 
 def test_safetensors_and_torch_files_export_identical_bytes(tmp_path: Path) -> None:
@@ -190,6 +193,20 @@ def test_python_commit_exports_deterministic_torch_file(tmp_path: Path) -> None:
     os.umask(umask)
     assert stat.S_IMODE(os.stat(tmp_path / "a.pt").st_mode) == 0o644 & ~umask
     assert torch.load(tmp_path / "a.pt", weights_only=True)["step"] == 3
+
+
+def test_pickled_commit_exports_only_when_allowed(tmp_path: Path) -> None:
+    from ckvc.errors import UnsafeContentError
+
+    repo = Repo.init(tmp_path / "r")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        repo.commit({"w": torch.ones(2), "c": 1 + 2j}, allow_pickle=True)
+    with pytest.raises(UnsafeContentError):
+        export_commit(repo, "HEAD", tmp_path / "x.pt")
+    assert not (tmp_path / "x.pt").exists()
+    export_commit(repo, "HEAD", tmp_path / "x.pt", allow_pickle=True)
+    assert torch.load(tmp_path / "x.pt", weights_only=False)["c"] == 1 + 2j
 
 
 def test_export_converts_on_request(tmp_path: Path) -> None:
@@ -292,6 +309,25 @@ def test_empty_torch_file_alone_refused(tmp_path: Path) -> None:
     r = run(work, "commit", "e.pt")
     assert r.exit_code == InvalidInputError.exit_code
     assert r.output == f"ckvc: error: {work / 'e.pt'} is empty (0 bytes): nothing to commit\n"
+
+
+def test_committing_the_repository_folder_leaves_the_repository_out(tmp_path: Path) -> None:
+    assert run(tmp_path, "init").exit_code == 0
+    (tmp_path / "model.safetensors").write_bytes(safetensors.torch.save({"w": torch.ones(2)}))
+    (tmp_path / ".env").write_text("x")
+    assert run(tmp_path, "commit", ".").exit_code == 0
+    assert sorted(Repo.open(tmp_path).load()) == [".env", "model.safetensors"]
+
+
+def test_non_utf8_file_name_refused(tmp_path: Path) -> None:
+    src = tmp_path / "d"
+    src.mkdir()
+    try:
+        (src / os.fsdecode(b"bad\xff")).write_text("x")
+    except OSError:
+        pytest.skip("this filesystem refuses non-UTF-8 names")
+    with pytest.raises(UnsupportedFileError, match="not valid UTF-8"):
+        read_checkpoint(src)
 
 
 def test_unreadable_file_refused(tmp_path: Path) -> None:
