@@ -196,7 +196,7 @@ def import_checkpoints(
             done_bytes += ckpt.size
             if progress is not None:
                 progress(done_bytes, total)
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, InterruptedOperationError):  # a rerun continues from what landed
         raise InterruptedOperationError(
             f"import interrupted after {len(imported)} of {len(todo)} checkpoints "
             f"({len(plan.done) + len(imported)} of {len(plan.checkpoints)} on branch {plan.branch!r}); "
