@@ -5,7 +5,7 @@ What counts as a checkpoint (entries directly in DIR; anything else is listed as
 * numbered files: ``epoch_3.pt``, ``ckpt_10.pt``, ``step-400.safetensors``, ``model3.bin``
   (a name ending in a number, with a .pt/.pth/.bin/.ckpt/.safetensors suffix);
 * Lightning files: ``epoch=3-step=400.ckpt``, ``epoch=3-val_loss=0.12.ckpt`` (``key=value``
-  pairs joined by ``-``, an optional ``-vN`` version suffix);
+  pairs joined by ``-``, an optional ``-vN`` version suffix; ``last.ckpt`` is skipped, a copy);
 * numbered directories: Hugging Face Trainer ``checkpoint-500/``, DCP step directories
   (``step_100/`` holding ``.metadata``), or any numbered folder ``ckvc commit`` can read.
 
@@ -70,6 +70,7 @@ _NUMBER = r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?"
 _KEY = r"[A-Za-z_][\w./]*"
 _PAIR = re.compile(rf"(?P<key>{_KEY})=(?P<value>{_NUMBER})")
 _LIGHTNING = re.compile(rf"^{_KEY}={_NUMBER}(?:-{_KEY}={_NUMBER})*(?:-v\d+)?$")
+_LIGHTNING_LAST = re.compile(r"^last(?:-v\d+)?$")  # ModelCheckpoint(save_last=True): a duplicate
 _HASH_BLOCK = 1 << 20
 
 
@@ -301,6 +302,8 @@ def _classify(p: Path) -> tuple[str, tuple[int, ...], Path, str, dict[str, float
     if p.is_file():
         if p.suffix not in CHECKPOINT_SUFFIXES:
             return "not a checkpoint file"
+        if p.suffix == ".ckpt" and _LIGHTNING_LAST.match(p.stem):
+            return "Lightning's copy of the latest checkpoint"
         if _LIGHTNING.match(p.stem):
             return ("lightning", (), p, "lightning", _lightning_metrics(p))
         m = _NUMBERED.match(p.stem)
