@@ -372,6 +372,14 @@ def test_bad_folders_are_refused_and_nothing_changes(tmp_path: Path) -> None:
     )
     r = run(tmp_path / "repo", "import", str(mixed), "--glob", "optim_*", "--dry-run")
     assert r.output.splitlines()[-1] == "would import 2 of 2 checkpoints onto branch main"
+    _assert_refused(
+        tmp_path,
+        mixed,
+        "invalid ref name 'refs/heads/bad name': contains a control character, space, or one of ~ ^ : ? * [ \\",
+        "--branch",
+        "bad name",
+        code=8,
+    )
     dup = tmp_path / "dup"
     write_sequence(dup, 3)
     (dup / "ckpt_2.pt").rename(dup / "ckpt_03.pt")
