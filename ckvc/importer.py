@@ -167,49 +167,62 @@ def import_checkpoints(
     if dry_run or not plan.todo:
         return ImportResult(plan, {}, dry_run)
     full = BRANCH_PREFIX + plan.branch
-    if repo.refs.head()[0] != full:
+    previous = repo.refs.head()
+    if previous[0] != full:
         repo.wait()
         repo.refs.set_head(branch=full, message=f"import: moving to {plan.branch}")
+    todo = plan.todo
+    imported: dict[str, str] = {}
+    try:
+        _commit_each(repo, todo, imported, progress)
+    except BaseException as exc:
+        if not imported and previous[0] != full:  # nothing landed: HEAD goes back where it was
+            if previous[0] is not None:
+                repo.refs.set_head(branch=previous[0], message="import: nothing imported, moving back")
+            elif previous[1] is not None:
+                repo.refs.set_head(detached=previous[1], message="import: nothing imported, moving back")
+        if isinstance(exc, (KeyboardInterrupt, InterruptedOperationError)):  # a rerun continues from what landed
+            raise InterruptedOperationError(
+                f"import interrupted after {len(imported)} of {len(todo)} checkpoints "
+                f"({len(plan.done) + len(imported)} of {len(plan.checkpoints)} on branch {plan.branch!r}); "
+                "run it again to continue"
+            ) from None
+        if isinstance(exc, InvalidInputError) and imported:
+            raise InvalidInputError(
+                f"{exc} (imported {len(imported)} checkpoints before it; fix it and run again to continue)"
+            ) from None
+        raise
+    return ImportResult(plan, imported, dry_run)
+
+
+def _commit_each(
+    repo: Repo, todo: list[Checkpoint], imported: dict[str, str], progress: Callable[[int, int], None] | None
+) -> None:
+    """Commit ``todo`` in order, recording each landed commit in ``imported`` at once."""
     # TODO(lead): ckvc.files once h-files' move lands; ckvc.cli.files stays a re-export of it.
     from ckvc.cli.files import read_checkpoint
 
-    todo = plan.todo
     total = sum(c.size for c in todo)
     done_bytes = 0
-    imported: dict[str, str] = {}
     if progress is not None:
         progress(0, total)
-    try:
-        for ckpt in todo:
-            digest = content_hash(ckpt.path)
-            state, source_meta = read_checkpoint(ckpt.path)
-            metadata = {
-                **source_meta,
-                SOURCE_KEY: ckpt.name,
-                BYTES_KEY: str(ckpt.size),
-                HASH_KEY: digest,
-                KIND_KEY: ckpt.kind,
-            }
-            imported[ckpt.name] = repo.commit(
-                state, message=ckpt.message, metrics=ckpt.metrics, metadata=metadata, time_ns=ckpt.time_ns
-            )
-            del state
-            done_bytes += ckpt.size
-            if progress is not None:
-                progress(done_bytes, total)
-    except (KeyboardInterrupt, InterruptedOperationError):  # a rerun continues from what landed
-        raise InterruptedOperationError(
-            f"import interrupted after {len(imported)} of {len(todo)} checkpoints "
-            f"({len(plan.done) + len(imported)} of {len(plan.checkpoints)} on branch {plan.branch!r}); "
-            "run it again to continue"
-        ) from None
-    except InvalidInputError as exc:
-        if not imported:
-            raise
-        raise InvalidInputError(
-            f"{exc} (imported {len(imported)} checkpoints before it; fix it and run again to continue)"
-        ) from None
-    return ImportResult(plan, imported, dry_run)
+    for ckpt in todo:
+        digest = content_hash(ckpt.path)
+        state, source_meta = read_checkpoint(ckpt.path)
+        metadata = {
+            **source_meta,
+            SOURCE_KEY: ckpt.name,
+            BYTES_KEY: str(ckpt.size),
+            HASH_KEY: digest,
+            KIND_KEY: ckpt.kind,
+        }
+        imported[ckpt.name] = repo.commit(
+            state, message=ckpt.message, metrics=ckpt.metrics, metadata=metadata, time_ns=ckpt.time_ns
+        )
+        del state
+        done_bytes += ckpt.size
+        if progress is not None:
+            progress(done_bytes, total)
 
 
 def plan_import(

@@ -288,6 +288,18 @@ def test_branch_option_starts_a_new_root_history(repo: ckvc.Repo, tmp_path: Path
     assert repo.head() == ("old-run", commits[-1].id)
 
 
+def test_interrupt_before_the_first_commit_leaves_head_where_it_was(repo: ckvc.Repo, tmp_path: Path) -> None:
+    first = repo.commit({"x": torch.zeros(2)}, "unrelated")
+    write_sequence(tmp_path / "ckpts", 2)
+
+    def stop_at_once(done: int, total: int) -> None:
+        raise KeyboardInterrupt
+
+    with pytest.raises(InterruptedOperationError, match=r"^import interrupted after 0 of 2 checkpoints"):
+        import_checkpoints(repo, tmp_path / "ckpts", branch="old-run", progress=stop_at_once)
+    assert repo.head() == ("main", first) and repo.branches() == {"main": first}
+
+
 def test_resume_after_interrupt_gives_exactly_n_commits(repo: ckvc.Repo, tmp_path: Path) -> None:
     write_sequence(tmp_path / "ckpts", 6)
 
