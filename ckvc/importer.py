@@ -198,7 +198,8 @@ def import_checkpoints(
 def _commit_each(
     repo: Repo, todo: list[Checkpoint], imported: dict[str, str], progress: Callable[[int, int], None] | None
 ) -> None:
-    """Commit ``todo`` in order, recording each landed commit in ``imported`` at once."""
+    """Commit ``todo`` in order, recording each landed commit in ``imported`` at once.
+    ``progress`` reaches the end of a checkpoint's bytes only once its commit landed."""
     # TODO(lead): ckvc.files once h-files' move lands; ckvc.cli.files stays a re-export of it.
     from ckvc.cli.files import read_checkpoint
 
@@ -216,13 +217,29 @@ def _commit_each(
             HASH_KEY: digest,
             KIND_KEY: ckpt.kind,
         }
+        within = _share(progress, done_bytes, ckpt.size, total) if progress is not None else None
         imported[ckpt.name] = repo.commit(
-            state, message=ckpt.message, metrics=ckpt.metrics, metadata=metadata, time_ns=ckpt.time_ns
+            state,
+            message=ckpt.message,
+            metrics=ckpt.metrics,
+            metadata=metadata,
+            time_ns=ckpt.time_ns,
+            progress=within,
         )
         del state
         done_bytes += ckpt.size
         if progress is not None:
             progress(done_bytes, total)
+
+
+def _share(progress: Callable[[int, int], None], start: int, size: int, total: int) -> Callable[[int, int], None]:
+    """A commit's own progress scaled into its checkpoint's share of ``total`` and kept
+    below the share's end, which is reported once the commit has landed."""
+
+    def update(done: int, of: int) -> None:
+        progress(start + (min(size - 1, size * done // of) if of and size else 0), total)
+
+    return update
 
 
 def plan_import(

@@ -303,13 +303,17 @@ def test_interrupt_before_the_first_commit_leaves_head_where_it_was(repo: ckvc.R
 def test_resume_after_interrupt_gives_exactly_n_commits(repo: ckvc.Repo, tmp_path: Path) -> None:
     write_sequence(tmp_path / "ckpts", 6)
 
+    calls = []
+
     def stop_after_three(done: int, total: int) -> None:
-        if done >= 3 * (total // 6):  # every file has the same size
+        calls.append(done)
+        if done == 3 * (total // 6):  # every file has the same size; reached once the third commit landed
             raise KeyboardInterrupt
 
     with pytest.raises(InterruptedOperationError, match=r"interrupted after 3 of 6 checkpoints .*run it again"):
         import_checkpoints(repo, tmp_path / "ckpts", progress=stop_after_three)
     assert [c.message for c in chain(repo)] == [f"import ckpt_{i}.pt" for i in (1, 2, 3)]
+    assert calls == sorted(calls) and len(calls) > 4  # within each commit too, never backwards
     kept = [c.id for c in chain(repo)]
     result = import_checkpoints(repo, tmp_path / "ckpts")
     assert list(result.plan.done.values()) == kept and list(result.imported) == ["ckpt_4.pt", "ckpt_5.pt", "ckpt_6.pt"]
