@@ -5,7 +5,7 @@ What counts as a checkpoint (entries directly in DIR; anything else is listed as
 * numbered files: ``epoch_3.pt``, ``ckpt_10.pt``, ``step-400.safetensors``, ``model3.bin``
   (a name ending in a number, with a .pt/.pth/.bin/.ckpt/.safetensors suffix);
 * Lightning files: ``epoch=3-step=400.ckpt``, ``epoch=3-val_loss=0.12.ckpt`` (``key=value``
-  pairs joined by ``-``, an optional ``-vN`` version suffix);
+  pairs joined by ``-``, an optional ``-vN`` version suffix; ``last.ckpt`` is skipped, a copy);
 * numbered directories: Hugging Face Trainer ``checkpoint-500/``, DCP step directories
   (``step_100/`` holding ``.metadata``), or any numbered folder ``ckvc commit`` can read.
 
@@ -70,6 +70,7 @@ _NUMBER = r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?"
 _KEY = r"[A-Za-z_][\w./]*"
 _PAIR = re.compile(rf"(?P<key>{_KEY})=(?P<value>{_NUMBER})")
 _LIGHTNING = re.compile(rf"^{_KEY}={_NUMBER}(?:-{_KEY}={_NUMBER})*(?:-v\d+)?$")
+_LIGHTNING_LAST = re.compile(r"^last(?:-v\d+)?$")  # ModelCheckpoint(save_last=True): a duplicate
 _HASH_BLOCK = 1 << 20
 
 
@@ -166,49 +167,79 @@ def import_checkpoints(
     if dry_run or not plan.todo:
         return ImportResult(plan, {}, dry_run)
     full = BRANCH_PREFIX + plan.branch
-    if repo.refs.head()[0] != full:
+    previous = repo.refs.head()
+    if previous[0] != full:
         repo.wait()
         repo.refs.set_head(branch=full, message=f"import: moving to {plan.branch}")
+    todo = plan.todo
+    imported: dict[str, str] = {}
+    try:
+        _commit_each(repo, todo, imported, progress)
+    except BaseException as exc:
+        if not imported and previous[0] != full:  # nothing landed: HEAD goes back where it was
+            if previous[0] is not None:
+                repo.refs.set_head(branch=previous[0], message="import: nothing imported, moving back")
+            elif previous[1] is not None:
+                repo.refs.set_head(detached=previous[1], message="import: nothing imported, moving back")
+        if isinstance(exc, (KeyboardInterrupt, InterruptedOperationError)):  # a rerun continues from what landed
+            raise InterruptedOperationError(
+                f"import interrupted after {len(imported)} of {len(todo)} checkpoints "
+                f"({len(plan.done) + len(imported)} of {len(plan.checkpoints)} on branch {plan.branch!r}); "
+                "run it again to continue"
+            ) from None
+        if isinstance(exc, InvalidInputError) and imported:
+            raise InvalidInputError(
+                f"{exc} (imported {len(imported)} checkpoints before it; fix it and run again to continue)"
+            ) from None
+        raise
+    return ImportResult(plan, imported, dry_run)
+
+
+def _commit_each(
+    repo: Repo, todo: list[Checkpoint], imported: dict[str, str], progress: Callable[[int, int], None] | None
+) -> None:
+    """Commit ``todo`` in order, recording each landed commit in ``imported`` at once.
+    ``progress`` reaches the end of a checkpoint's bytes only once its commit landed."""
     # TODO(lead): ckvc.files once h-files' move lands; ckvc.cli.files stays a re-export of it.
     from ckvc.cli.files import read_checkpoint
 
-    todo = plan.todo
     total = sum(c.size for c in todo)
     done_bytes = 0
-    imported: dict[str, str] = {}
     if progress is not None:
         progress(0, total)
-    try:
-        for ckpt in todo:
-            digest = content_hash(ckpt.path)
-            state, source_meta = read_checkpoint(ckpt.path)
-            metadata = {
-                **source_meta,
-                SOURCE_KEY: ckpt.name,
-                BYTES_KEY: str(ckpt.size),
-                HASH_KEY: digest,
-                KIND_KEY: ckpt.kind,
-            }
-            imported[ckpt.name] = repo.commit(
-                state, message=ckpt.message, metrics=ckpt.metrics, metadata=metadata, time_ns=ckpt.time_ns
-            )
-            del state
-            done_bytes += ckpt.size
-            if progress is not None:
-                progress(done_bytes, total)
-    except KeyboardInterrupt:
-        raise InterruptedOperationError(
-            f"import interrupted after {len(imported)} of {len(todo)} checkpoints "
-            f"({len(plan.done) + len(imported)} of {len(plan.checkpoints)} on branch {plan.branch!r}); "
-            "run it again to continue"
-        ) from None
-    except InvalidInputError as exc:
-        if not imported:
-            raise
-        raise InvalidInputError(
-            f"{exc} (imported {len(imported)} checkpoints before it; fix it and run again to continue)"
-        ) from None
-    return ImportResult(plan, imported, dry_run)
+    for ckpt in todo:
+        digest = content_hash(ckpt.path)
+        state, source_meta = read_checkpoint(ckpt.path)
+        metadata = {
+            **source_meta,
+            SOURCE_KEY: ckpt.name,
+            BYTES_KEY: str(ckpt.size),
+            HASH_KEY: digest,
+            KIND_KEY: ckpt.kind,
+        }
+        within = _share(progress, done_bytes, ckpt.size, total) if progress is not None else None
+        imported[ckpt.name] = repo.commit(
+            state,
+            message=ckpt.message,
+            metrics=ckpt.metrics,
+            metadata=metadata,
+            time_ns=ckpt.time_ns,
+            progress=within,
+        )
+        del state
+        done_bytes += ckpt.size
+        if progress is not None:
+            progress(done_bytes, total)
+
+
+def _share(progress: Callable[[int, int], None], start: int, size: int, total: int) -> Callable[[int, int], None]:
+    """A commit's own progress scaled into its checkpoint's share of ``total`` and kept
+    below the share's end, which is reported once the commit has landed."""
+
+    def update(done: int, of: int) -> None:
+        progress(start + (min(size - 1, size * done // of) if of and size else 0), total)
+
+    return update
 
 
 def plan_import(
@@ -301,6 +332,8 @@ def _classify(p: Path) -> tuple[str, tuple[int, ...], Path, str, dict[str, float
     if p.is_file():
         if p.suffix not in CHECKPOINT_SUFFIXES:
             return "not a checkpoint file"
+        if p.suffix == ".ckpt" and _LIGHTNING_LAST.match(p.stem):
+            return "Lightning's copy of the latest checkpoint"
         if _LIGHTNING.match(p.stem):
             return ("lightning", (), p, "lightning", _lightning_metrics(p))
         m = _NUMBERED.match(p.stem)

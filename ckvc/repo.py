@@ -545,13 +545,13 @@ class Repo:
         preset name (LOSSY_PRESETS). The commit records which tensors are lossy
         and their measured errors (``Commit.lossy``).
 
+        ``time_ns`` sets the commit time (default: now), e.g. a file's mtime
+        when importing an existing checkpoint folder (ckvc.importer).
+
         ``blocking=False`` returns a PendingCommit as soon as the state's bytes
         are copied, so training may change its tensors at once; the commit is
         written in the background, in order with other commits. Its errors
-        surface on ``.result()`` and at the next commit, ``wait()`` or close.
-
-        ``time_ns`` sets the commit time (default: now), e.g. a file's mtime
-        when importing an existing checkpoint folder (ckvc.importer)."""
+        surface on ``.result()`` and at the next commit, ``wait()`` or close."""
         if blocking:
             self.wait()  # commits land in the order they were made; raises unseen background errors
         else:
