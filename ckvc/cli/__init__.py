@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import functools
 import json
 import math
 import os
@@ -25,7 +26,7 @@ import numpy as np
 
 from ckvc.cli.files import read_checkpoint, write_checkpoint
 from ckvc.codecs import planes
-from ckvc.errors import CkvcError, InvalidInputError
+from ckvc.errors import CkvcError, CkvcWarning, InvalidInputError
 from ckvc.objects import Commit
 from ckvc.repo import Repo, TensorSummary
 from ckvc.stats import CodecUsage
@@ -127,7 +128,12 @@ class CkvcGroup(click.Group):
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
-            return super().invoke(ctx)
+            with warnings.catch_warnings():
+                # Each distinct ckvc warning once per command, as one line (_show_warning).
+                warnings.simplefilter("always", CkvcWarning)
+                printed: set[str] = set()
+                warnings.showwarning = functools.partial(_show_warning, printed)
+                return super().invoke(ctx)
         except (click.exceptions.Exit, click.ClickException, click.Abort):
             raise
         except BaseException as exc:
@@ -167,6 +173,7 @@ def _exit_code_for(exc: BaseException, command: str | None) -> int:
 
 
 def _show_warning(
+    printed: set[str],
     message: Warning | str,
     category: type[Warning],
     filename: str,
@@ -174,11 +181,11 @@ def _show_warning(
     file: Any = None,
     line: str | None = None,
 ) -> None:
-    """ckvc's warnings as one line on stderr; others as Python prints them."""
-    from ckvc.errors import CkvcWarning
-
+    """ckvc's warnings as one line on stderr, each text once; others as Python prints them."""
     if issubclass(category, CkvcWarning):
-        click.echo(f"ckvc: warning: {message}", err=True)
+        if str(message) not in printed:
+            printed.add(str(message))
+            click.echo(f"ckvc: warning: {message}", err=True)
     else:
         _default_showwarning(message, category, filename, lineno, file, line)
 
@@ -831,7 +838,7 @@ def status(obj: Context, as_json: bool) -> None:
 def main() -> None:
     """The ``ckvc`` entry point: no error leaves it as a traceback (``_exit_code_for``);
     errors after a command returns (closing the repository) are mapped too."""
-    warnings.showwarning = _show_warning
+    warnings.showwarning = functools.partial(_show_warning, set())
     try:
         cli(prog_name="ckvc")
     except SystemExit:
