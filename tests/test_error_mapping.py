@@ -168,7 +168,7 @@ def test_ctrl_c_in_cli_commit_says_whether_it_landed(
     monkeypatch.setattr(ckvc.refs, "append_durable", interrupt)  # the reflog append, after the move
     result = run(repo.path, "commit", str(ckpt), "-m", "two")
     moved = repo.refs.read("refs/heads/main")
-    assert moved != first
+    assert moved is not None and moved != first
     assert result.exit_code == 0
     assert result.stderr.startswith(f"ckvc: interrupted after it took effect: refs/heads/main now names {moved[:12]}")
 
