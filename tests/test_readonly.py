@@ -201,3 +201,26 @@ def test_writes_under_erofs_are_typed_and_reads_still_work(tmp_path: Path, monke
             assert message.endswith(("unchanged", "no tag was created", "no commit was marked as pruned"))
         assert_state_equal(repo.load(), state(2))
     assert tree_digest(root) == before
+
+
+def test_locks_in_a_directory_that_cannot_be_written(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """flock needs no write access: an existing lock file is opened read-only; a
+    missing one is skipped for a shared lock and refused for an exclusive one."""
+    from ckvc.storage.files import file_lock
+
+    existing = tmp_path / "refs.lock"
+    existing.touch()
+    with erofs_writes(monkeypatch):
+        with file_lock(existing):
+            pass
+        with file_lock(existing, shared=True):
+            pass
+        with file_lock(tmp_path / "missing.lock", shared=True):
+            pass
+        with pytest.raises(ReadOnlyRepositoryError) as info, file_lock(tmp_path / "missing.lock"):
+            pass
+    assert str(info.value) == (
+        f"cannot create lock file {tmp_path / 'missing.lock'}: the repository is read-only "
+        "(Read-only file system); nothing was changed"
+    )
+    assert not (tmp_path / "missing.lock").exists()
