@@ -200,6 +200,12 @@ class DamagedIndexError(CkvcError):
     exit_code = 22
 
 
+class InsufficientMemoryError(CkvcError):
+    """A stored state (or a crafted one) needs more memory than this machine can allocate."""
+
+    exit_code = 23
+
+
 class InterruptedOperationError(CkvcError):
     """Ctrl-C or a signal stopped an operation; the message says whether it took effect.
 
@@ -217,7 +223,7 @@ class InterruptedOperationError(CkvcError):
 class InvalidConfigError(UnsupportedFormatError):
     """The repository config file holds a value of the wrong type or out of range; names the key."""
 
-    exit_code = 23
+    exit_code = 24
 
 
 class InternalError(CkvcError):
@@ -304,6 +310,7 @@ __all__ = [
     "DamagedIndexError",
     "DurabilityWarning",
     "IncompatibleStateError",
+    "InsufficientMemoryError",
     "InternalError",
     "InterruptedOperationError",
     "InvalidConfigError",

@@ -19,12 +19,12 @@ MISSING_OBJECT = "missing-object"
 BAD_CHECKSUM = "bad-checksum"
 DANGLING_REF = "dangling-ref"
 DAMAGED_REF = "damaged-ref"
+STRAY_REF = "stray-ref"  # a file under refs/ that is no valid ref (e.g. main.lock)
+DAMAGED_LOG = "damaged-log"  # a reflog or prune-log line that does not parse
 UNFINISHED_PACK = "unfinished-pack"
 UNREFERENCED = "unreferenced"
 BAD_PACK = "bad-pack"
 UNINDEXED_PACK = "unindexed-pack"
-STRAY_REF = "stray-ref"  # a file under refs/ that is no valid ref (e.g. main.lock)
-DAMAGED_LOG = "damaged-log"  # a reflog or prune-log line that does not parse
 
 
 @dataclass(frozen=True)

@@ -261,7 +261,7 @@ def test_wrong_typed_values_in_the_config_file_name_the_key(
         ckvc.Repo.open(repo.path)
     assert str(info.value) == f"bad config {path}: {message}"
     result = run(repo.path, "log")
-    assert (result.exit_code, result.stderr) == (23, f"ckvc: error: bad config {path}: {message}\n")
+    assert (result.exit_code, result.stderr) == (24, f"ckvc: error: bad config {path}: {message}\n")
 
 
 # ---- a background commit that fails at exit -----------------------------------------
