@@ -226,7 +226,7 @@ class InvalidConfigError(UnsupportedFormatError):
     exit_code = 24
 
 
-class InternalError(CkvcError):
+class UnexpectedError(CkvcError):
     """Exit code of the CLI's last-resort handler: an exception ckvc did not expect (a bug)."""
 
     exit_code = 70
@@ -311,7 +311,6 @@ __all__ = [
     "DurabilityWarning",
     "IncompatibleStateError",
     "InsufficientMemoryError",
-    "InternalError",
     "InterruptedOperationError",
     "InvalidConfigError",
     "InvalidInputError",
@@ -327,6 +326,7 @@ __all__ = [
     "StorageError",
     "StorageFullError",
     "StorageIOError",
+    "UnexpectedError",
     "UnknownKeyError",
     "UnsafeContentError",
     "UnsupportedFormatError",

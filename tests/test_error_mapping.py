@@ -22,7 +22,6 @@ import ckvc
 from ckvc.cli import cli
 from ckvc.errors import (
     CkvcError,
-    InternalError,
     InterruptedOperationError,
     InvalidConfigError,
     InvalidInputError,
@@ -30,6 +29,7 @@ from ckvc.errors import (
     ReadOnlyRepositoryError,
     StorageFullError,
     StorageIOError,
+    UnexpectedError,
     storage_error,
     storage_errors,
 )
@@ -135,7 +135,7 @@ def test_untyped_os_errors_and_bugs_in_the_cli_are_one_line(repo: ckvc.Repo, mon
     monkeypatch.setattr(ckvc.Repo, "log", bug)
     monkeypatch.delenv("CKVC_DEBUG", raising=False)
     result = run(repo.path, "log")
-    assert result.exit_code == InternalError.exit_code == 70
+    assert result.exit_code == UnexpectedError.exit_code == 70
     assert result.stderr == "ckvc: internal error: RuntimeError: unexpected (set CKVC_DEBUG=1 for a traceback)\n"
     monkeypatch.setenv("CKVC_DEBUG", "1")
     result = run(repo.path, "log")

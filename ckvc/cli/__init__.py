@@ -148,9 +148,9 @@ DEBUG_ENV = "CKVC_DEBUG"
 def _exit_code_for(exc: BaseException, command: str | None) -> int:
     """Print one line for ``exc`` and return the exit code: a CkvcError's own; an
     OSError or lmdb error as the typed StorageError it maps to; Ctrl-C 130; any
-    other exception (a bug) InternalError's 70, with the traceback only when
+    other exception (a bug) UnexpectedError's 70, with the traceback only when
     $CKVC_DEBUG is set."""
-    from ckvc.errors import InternalError, InterruptedOperationError, is_storage_exception, storage_error
+    from ckvc.errors import InterruptedOperationError, UnexpectedError, is_storage_exception, storage_error
 
     what = f"ckvc {command}" if command else "ckvc"
     original = exc
@@ -169,7 +169,7 @@ def _exit_code_for(exc: BaseException, command: str | None) -> int:
     first = (str(exc).splitlines() or [""])[0]
     hint = "" if os.environ.get(DEBUG_ENV) else f" (set {DEBUG_ENV}=1 for a traceback)"
     click.echo(f"ckvc: internal error: {type(exc).__name__}: {first}{hint}", err=True)
-    return InternalError.exit_code
+    return UnexpectedError.exit_code
 
 
 def _show_warning(
