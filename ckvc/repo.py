@@ -45,7 +45,6 @@ from ckvc.errors import (
     NotARepositoryError,
     ObjectNotFoundError,
     PrunedCommitError,
-    ReadOnlyRepositoryError,
     RefNotFoundError,
     UnsafeContentError,
     UnsupportedFormatError,
@@ -59,7 +58,7 @@ from ckvc.pruned import PruneLog, PruneRecord
 from ckvc.refs import BRANCH_PREFIX, HEAD, TAG_PREFIX, ReflogEntry, RefStore, branch_ref, check_ref_name, tag_ref
 from ckvc.state import MapLocation, PendingBlob, TensorInfo
 from ckvc.stats import CodecUsage, codec_usage
-from ckvc.storage.files import file_lock
+from ckvc.storage.files import file_lock, require_writable
 from ckvc.storage.object_store import ObjectStore, ObjectWriter
 
 if TYPE_CHECKING:
@@ -365,11 +364,7 @@ class Repo:
     def _require_writable(self, action: str) -> None:
         """Refuse a write up front in a repository this process cannot write (a
         read-only mount, no write permission), even one that would change nothing."""
-        if not os.access(self.dir, os.W_OK):
-            raise ReadOnlyRepositoryError(
-                f"cannot write (read-only or no permission) while {action} ({self.dir}): nothing was changed",
-                path=str(self.dir),
-            )
+        require_writable(self.dir, action)
 
     def _repair_on_open(self) -> None:
         """Finish what an update left undone after it took effect (a reflog entry

@@ -26,7 +26,7 @@ import numpy as np
 
 from ckvc.cli.files import read_checkpoint, write_checkpoint
 from ckvc.codecs import planes
-from ckvc.errors import CkvcError, CkvcWarning, InvalidInputError
+from ckvc.errors import CkvcError, InvalidInputError
 from ckvc.objects import Commit
 from ckvc.repo import Repo, TensorSummary
 from ckvc.stats import CodecUsage
@@ -127,6 +127,8 @@ class CkvcGroup(click.Group):
     """Turns every error into one line on stderr and its exit code (``_exit_code_for``)."""
 
     def invoke(self, ctx: click.Context) -> Any:
+        from ckvc.errors import CkvcWarning
+
         try:
             with warnings.catch_warnings():
                 # Each distinct ckvc warning once per command, as one line (_show_warning).
@@ -182,6 +184,8 @@ def _show_warning(
     line: str | None = None,
 ) -> None:
     """ckvc's warnings as one line on stderr, each text once; others as Python prints them."""
+    from ckvc.errors import CkvcWarning
+
     if issubclass(category, CkvcWarning):
         if str(message) not in printed:
             printed.add(str(message))

@@ -77,6 +77,15 @@ def append_durable(path: Path, data: bytes) -> None:
         os.close(fd)
 
 
+def require_writable(directory: Path, action: str) -> None:
+    """ReadOnlyRepositoryError unless this process may write ``directory``."""
+    if not os.access(directory, os.W_OK):
+        raise ReadOnlyRepositoryError(
+            f"cannot write (read-only or no permission) while {action} ({directory}): nothing was changed",
+            path=str(directory),
+        )
+
+
 def _open_lock_file(path: Path, shared: bool) -> int | None:
     try:
         return os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
