@@ -206,11 +206,12 @@ class InsufficientMemoryError(CkvcError):
     exit_code = 23
 
 
-class InterruptedOperationError(CkvcError):
+class InterruptedOperationError(CkvcError, KeyboardInterrupt):
     """Ctrl-C or a signal stopped an operation; the message says whether it took effect.
 
     ``landed`` is True when the operation had already taken effect (a commit whose
-    branch had moved; ``result`` then holds its id): the CLI reports it and exits 0."""
+    branch had moved; ``result`` then holds its id): the CLI reports it and exits 0.
+    Also a KeyboardInterrupt, so ``except KeyboardInterrupt`` still stops a training loop."""
 
     exit_code = 130
 

@@ -595,7 +595,7 @@ class Repo:
             written = outcome["commit"]
             if written is None or not self._landed(outcome["target"], written):
                 unchanged = f"nothing was committed; {where} is unchanged"
-                if isinstance(exc, KeyboardInterrupt):
+                if isinstance(exc, KeyboardInterrupt) and not isinstance(exc, CkvcError):
                     raise InterruptedOperationError(f"interrupted: {unchanged}") from None
                 if not isinstance(exc, CkvcError) and is_storage_exception(exc):
                     raise storage_error(exc, "writing the commit", unchanged) from exc

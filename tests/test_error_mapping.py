@@ -183,6 +183,7 @@ def test_interrupt_in_the_python_api_records_the_outcome(repo: ckvc.Repo, monkey
     with pytest.raises(InterruptedOperationError) as info:
         repo.commit(state(1), "one")
     assert info.value.landed and info.value.result == repo.refs.read("refs/heads/main")
+    assert isinstance(info.value, KeyboardInterrupt)  # `except KeyboardInterrupt` still stops a training loop
 
 
 def test_committing_on_a_ref_that_names_a_missing_object_writes_nothing(repo: ckvc.Repo) -> None:

@@ -159,7 +159,7 @@ def _exit_code_for(exc: BaseException, command: str | None) -> int:
     if isinstance(exc, InterruptedOperationError) and exc.landed:
         click.echo(f"ckvc: {exc}", err=True)  # it took effect: a success, said plainly
         return 0
-    if isinstance(exc, KeyboardInterrupt):
+    if isinstance(exc, KeyboardInterrupt) and not isinstance(exc, CkvcError):
         exc = InterruptedOperationError(f"interrupted: {what} did not finish")
     elif not isinstance(exc, CkvcError) and is_storage_exception(exc):
         exc = storage_error(exc, f"running {what}", f"{what} did not finish")
