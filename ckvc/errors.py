@@ -203,14 +203,15 @@ class DamagedIndexError(CkvcError):
 class InsufficientMemoryError(CkvcError):
     """A stored state (or a crafted one) needs more memory than this machine can allocate."""
 
-    exit_code = 24
+    exit_code = 23
 
 
-class InterruptedOperationError(CkvcError):
+class InterruptedOperationError(CkvcError, KeyboardInterrupt):
     """Ctrl-C or a signal stopped an operation; the message says whether it took effect.
 
     ``landed`` is True when the operation had already taken effect (a commit whose
-    branch had moved; ``result`` then holds its id): the CLI reports it and exits 0."""
+    branch had moved; ``result`` then holds its id): the CLI reports it and exits 0.
+    Also a KeyboardInterrupt, so ``except KeyboardInterrupt`` still stops a training loop."""
 
     exit_code = 130
 
@@ -223,10 +224,10 @@ class InterruptedOperationError(CkvcError):
 class InvalidConfigError(UnsupportedFormatError):
     """The repository config file holds a value of the wrong type or out of range; names the key."""
 
-    exit_code = 23
+    exit_code = 24
 
 
-class InternalError(CkvcError):
+class UnexpectedError(CkvcError):
     """Exit code of the CLI's last-resort handler: an exception ckvc did not expect (a bug)."""
 
     exit_code = 70
@@ -311,7 +312,6 @@ __all__ = [
     "DurabilityWarning",
     "IncompatibleStateError",
     "InsufficientMemoryError",
-    "InternalError",
     "InterruptedOperationError",
     "InvalidConfigError",
     "InvalidInputError",
@@ -327,6 +327,7 @@ __all__ = [
     "StorageError",
     "StorageFullError",
     "StorageIOError",
+    "UnexpectedError",
     "UnknownKeyError",
     "UnsafeContentError",
     "UnsupportedFormatError",

@@ -22,12 +22,12 @@ MISSING_OBJECT = "missing-object"
 BAD_CHECKSUM = "bad-checksum"
 DANGLING_REF = "dangling-ref"
 DAMAGED_REF = "damaged-ref"
+STRAY_REF = "stray-ref"  # a file under refs/ that is no valid ref (e.g. main.lock)
+DAMAGED_LOG = "damaged-log"  # a reflog or prune-log line that does not parse
 UNFINISHED_PACK = "unfinished-pack"
 UNREFERENCED = "unreferenced"
 BAD_PACK = "bad-pack"
 UNINDEXED_PACK = "unindexed-pack"
-STRAY_REF = "stray-ref"  # a file under refs/ that is no valid ref (e.g. main.lock)
-DAMAGED_LOG = "damaged-log"  # a reflog or prune-log line that does not parse
 # A commit whose state load refuses: its tree or blob table breaks the format's
 # rules (state.parse_snapshot, the checks load makes), or a chunk's stored size
 # differs from its span. One per commit, naming the path.

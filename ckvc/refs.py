@@ -272,11 +272,11 @@ class RefStore:
             path = self._path(name)
             path.parent.mkdir(parents=True, exist_ok=True)
             write_atomic(path, (new + "\n").encode(), sync_dir=False)
-        with self._after_move(f"{name} now names {new[:12]}", new):
-            fsync_dir(path.parent)
-            self._log(name, old, new, message)
-            if also_log:
-                self._log(also_log, old, new, message)
+            with self._after_move(f"{name} now names {new[:12]}", new):
+                fsync_dir(path.parent)
+                self._log(name, old, new, message)
+                if also_log:
+                    self._log(also_log, old, new, message)
 
     def delete_if_equals(self, name: str, old: str, message: str) -> None:
         check_ref_name(name)
@@ -286,14 +286,14 @@ class RefStore:
                 raise RefConflictError(f"{name} moved: expected {old}, found {current or '(no ref)'}")
             path = self._path(name)
             path.unlink()
-        with self._after_move(f"{name} was deleted", old):
-            fsync_dir(path.parent)
-            _remove_empty_parents(path, self.root / "refs")
-            # Like git, a deleted ref's reflog goes with it; HEAD's reflog keeps the history.
-            log = self.root / "logs" / name
-            if log.is_file():
-                log.unlink()
-                _remove_empty_parents(log, self.root / "logs")
+            with self._after_move(f"{name} was deleted", old):
+                fsync_dir(path.parent)
+                _remove_empty_parents(path, self.root / "refs")
+                # Like git, a deleted ref's reflog goes with it; HEAD's reflog keeps the history.
+                log = self.root / "logs" / name
+                if log.is_file():
+                    log.unlink()
+                    _remove_empty_parents(log, self.root / "logs")
 
     def _after_move(self, done: str, result: str | None) -> contextlib.AbstractContextManager[None]:
         """The follow-up writes of an update that has taken effect: a failure is a
@@ -396,11 +396,11 @@ class RefStore:
             return  # already there: nothing to write (a read-only repository can check out its HEAD)
         with storage_errors("updating HEAD", "HEAD is unchanged"), file_lock(self._lock_path):
             old_id = self._head_id_or_none()
-            write_atomic(self.root / HEAD, f"{content}\n".encode(), sync_dir=False)
             new_id = self.read(branch) if branch is not None else detached
-        with self._after_move(f"HEAD now points at {branch or detached}", new_id):
-            fsync_dir(self.root)
-            self._log(HEAD, old_id, new_id, message)
+            write_atomic(self.root / HEAD, f"{content}\n".encode(), sync_dir=False)
+            with self._after_move(f"HEAD now points at {branch or detached}", new_id):
+                fsync_dir(self.root)
+                self._log(HEAD, old_id, new_id, message)
 
     def set_head_if_equals(self, old: str, new: str, message: str) -> None:
         """Move a detached HEAD from ``old`` to ``new`` (a commit on a detached HEAD)."""
@@ -409,9 +409,9 @@ class RefStore:
             if target is not None or current != old:
                 raise RefConflictError(f"HEAD moved: expected detached at {old}")
             write_atomic(self.root / HEAD, f"{new}\n".encode(), sync_dir=False)
-        with self._after_move(f"HEAD now names {new[:12]}", new):
-            fsync_dir(self.root)
-            self._log(HEAD, old, new, message)
+            with self._after_move(f"HEAD now names {new[:12]}", new):
+                fsync_dir(self.root)
+                self._log(HEAD, old, new, message)
 
     def init_head(self, branch: str) -> None:
         write_atomic(self.root / HEAD, f"{_SYMREF_PREFIX}{check_ref_name(branch)}\n".encode())

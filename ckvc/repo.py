@@ -57,7 +57,7 @@ from ckvc.objects import Blob, Commit, Snapshot, Tag, validate_metadata, validat
 from ckvc.pruned import PruneLog, PruneRecord
 from ckvc.refs import BRANCH_PREFIX, HEAD, TAG_PREFIX, ReflogEntry, RefStore, branch_ref, check_ref_name, tag_ref
 from ckvc.stats import CodecUsage, codec_usage
-from ckvc.storage.files import file_lock
+from ckvc.storage.files import file_lock, require_writable
 from ckvc.storage.object_store import ObjectStore, ObjectWriter
 
 # torch is imported only where tensors are made or read (ckvc.state, ckvc.view, the
@@ -400,6 +400,11 @@ class Repo:
     # Repo.open(path) opens a repository; repo.open(rev) opens a commit (= repo.view(rev)).
     open = _RepoOrCommit()
 
+    def _require_writable(self, action: str) -> None:
+        """Refuse a write up front in a repository this process cannot write (a
+        read-only mount, no write permission), even one that would change nothing."""
+        require_writable(self.dir, action)
+
     def _repair_on_open(self) -> None:
         """Finish what an update left undone after it took effect (a reflog entry
         or directory fsync that failed; docs/DESIGN.md, "Exact outcomes"). A
@@ -552,6 +557,7 @@ class Repo:
         are copied, so training may change its tensors at once; the commit is
         written in the background, in order with other commits. Its errors
         surface on ``.result()`` and at the next commit, ``wait()`` or close."""
+        self._require_writable("committing")
         if blocking:
             self.wait()  # commits land in the order they were made; raises unseen background errors
         else:
@@ -640,7 +646,7 @@ class Repo:
             written = outcome["commit"]
             if written is None or not self._landed(outcome["target"], written):
                 unchanged = f"nothing was committed; {where} is unchanged"
-                if isinstance(exc, KeyboardInterrupt):
+                if isinstance(exc, KeyboardInterrupt) and not isinstance(exc, CkvcError):
                     raise InterruptedOperationError(f"interrupted: {unchanged}") from None
                 if not isinstance(exc, CkvcError) and is_storage_exception(exc):
                     raise storage_error(exc, "writing the commit", unchanged) from exc
@@ -1636,6 +1642,7 @@ class Repo:
 
     def set_retention(self, policy: RetentionPolicy | None) -> None:
         """Store ``policy`` in the repository config (None removes it)."""
+        self._require_writable("storing the retention policy")
         config = RepoConfig.load(self.dir)
         config.retention = policy.to_config() if policy is not None else None
         config.save(self.dir)
@@ -1659,6 +1666,7 @@ class Repo:
         if unknown:
             settable = sorted(numbers | {"keyframe_interval", "codec"})
             raise InvalidInputError(f"unknown or read-only setting(s): {sorted(unknown)}; settable: {settable}")
+        self._require_writable("changing the config")
         config = RepoConfig.load(self.dir)
         for key, value in values.items():
             if key == "codec":
@@ -1693,6 +1701,8 @@ class Repo:
         policy = policy or self.retention_policy()
         if policy is None:
             raise InvalidInputError("no retention policy given or stored (ckvc retain --keep-last N ...)")
+        if not dry_run:
+            self._require_writable("applying retention")
         plan = plan_retention(self, policy)
         if not dry_run:
             apply_retention(self, plan)
@@ -1703,6 +1713,8 @@ class Repo:
         ``now`` skips the grace period (only when nothing else is writing)."""
         from ckvc.gc import GcReport, execute_gc, plan_gc
 
+        if not dry_run:
+            self._require_writable("running gc")
         grace = 0.0 if now else (self.config.gc_grace_s if grace_s is None else grace_s)
         expiry = self.config.reflog_expiry_s
         # One gc at a time: a second one could delete the first one's temporary packs.

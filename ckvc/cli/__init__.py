@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import functools
 import json
 import math
 import os
@@ -154,8 +155,15 @@ class CkvcGroup(click.Group):
     command_class = JsonErrorCommand
 
     def invoke(self, ctx: click.Context) -> Any:
+        from ckvc.errors import CkvcWarning
+
         try:
-            return super().invoke(ctx)
+            with warnings.catch_warnings():
+                # Each distinct ckvc warning once per command, as one line (_show_warning).
+                warnings.simplefilter("always", CkvcWarning)
+                printed: set[str] = set()
+                warnings.showwarning = functools.partial(_show_warning, printed)
+                return super().invoke(ctx)
         except (click.exceptions.Exit, click.ClickException, click.Abort):
             raise
         except BaseException as exc:
@@ -170,16 +178,16 @@ DEBUG_ENV = "CKVC_DEBUG"
 def _exit_code_for(exc: BaseException, command: str | None) -> int:
     """Print one line for ``exc`` and return the exit code: a CkvcError's own; an
     OSError or lmdb error as the typed StorageError it maps to; Ctrl-C 130; any
-    other exception (a bug) InternalError's 70, with the traceback only when
+    other exception (a bug) UnexpectedError's 70, with the traceback only when
     $CKVC_DEBUG is set."""
-    from ckvc.errors import InternalError, InterruptedOperationError, is_storage_exception, storage_error
+    from ckvc.errors import InterruptedOperationError, UnexpectedError, is_storage_exception, storage_error
 
     what = f"ckvc {command}" if command else "ckvc"
     original = exc
     if isinstance(exc, InterruptedOperationError) and exc.landed:
         click.echo(f"ckvc: {exc}", err=True)  # it took effect: a success, said plainly
         return 0
-    if isinstance(exc, KeyboardInterrupt):
+    if isinstance(exc, KeyboardInterrupt) and not isinstance(exc, CkvcError):
         exc = InterruptedOperationError(f"interrupted: {what} did not finish")
     elif not isinstance(exc, CkvcError) and is_storage_exception(exc):
         exc = storage_error(exc, f"running {what}", f"{what} did not finish")
@@ -191,10 +199,11 @@ def _exit_code_for(exc: BaseException, command: str | None) -> int:
     first = (str(exc).splitlines() or [""])[0]
     hint = "" if os.environ.get(DEBUG_ENV) else f" (set {DEBUG_ENV}=1 for a traceback)"
     click.echo(f"ckvc: internal error: {type(exc).__name__}: {first}{hint}", err=True)
-    return InternalError.exit_code
+    return UnexpectedError.exit_code
 
 
 def _show_warning(
+    printed: set[str],
     message: Warning | str,
     category: type[Warning],
     filename: str,
@@ -202,11 +211,13 @@ def _show_warning(
     file: Any = None,
     line: str | None = None,
 ) -> None:
-    """ckvc's warnings as one line on stderr; others as Python prints them."""
+    """ckvc's warnings as one line on stderr, each text once; others as Python prints them."""
     from ckvc.errors import CkvcWarning
 
     if issubclass(category, CkvcWarning):
-        click.echo(f"ckvc: warning: {message}", err=True)
+        if str(message) not in printed:
+            printed.add(str(message))
+            click.echo(f"ckvc: warning: {message}", err=True)
     else:
         _default_showwarning(message, category, filename, lineno, file, line)
 
@@ -1228,7 +1239,7 @@ def import_cmd(obj: Context, source: Path, branch: str | None, glob: str | None,
 def main() -> None:
     """The ``ckvc`` entry point: no error leaves it as a traceback (``_exit_code_for``);
     errors after a command returns (closing the repository) are mapped too."""
-    warnings.showwarning = _show_warning
+    warnings.showwarning = functools.partial(_show_warning, set())
     try:
         cli(prog_name="ckvc")
     except SystemExit:

@@ -30,7 +30,8 @@ def write_atomic(path: Path, data: bytes, *, sync_dir: bool = True) -> None:
     """Replace ``path`` with ``data`` so a crash leaves the old or the new bytes, never a mix.
     ``sync_dir=False`` leaves the directory fsync to the caller, which can then
     tell a failure before the rename (nothing changed) from one after it."""
-    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
+    # The name is cut short so that the temporary name fits wherever ``path`` does (255 bytes).
+    tmp = path.with_name(f".{path.name[:64]}.{uuid.uuid4().hex}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
     try:
         view = memoryview(data)
@@ -74,6 +75,15 @@ def append_durable(path: Path, data: bytes) -> None:
             raise
     finally:
         os.close(fd)
+
+
+def require_writable(directory: Path, action: str) -> None:
+    """ReadOnlyRepositoryError unless this process may write ``directory``."""
+    if not os.access(directory, os.W_OK):
+        raise ReadOnlyRepositoryError(
+            f"cannot write (read-only or no permission) while {action} ({directory}): nothing was changed",
+            path=str(directory),
+        )
 
 
 def _open_lock_file(path: Path, shared: bool) -> int | None:

@@ -118,7 +118,11 @@ class PackWriter:
         self._fd = os.open(self._tmp_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         self.entries: list[RecordInfo] = []
         self.size = 0
-        self._write(PACK_HEADER.pack(PACK_MAGIC, PACK_VERSION, 0, self.pack_uuid.bytes))
+        try:
+            self._write(PACK_HEADER.pack(PACK_MAGIC, PACK_VERSION, 0, self.pack_uuid.bytes))
+        except BaseException:
+            self.abort()  # nobody holds this writer yet: leave no temporary pack behind
+            raise
 
     def _write(self, *parts: Buffer) -> None:
         total = sum(len(p) for p in parts)
