@@ -27,10 +27,12 @@ from helpers import assert_state_equal
 import ckvc
 from ckvc import state as state_mod
 from ckvc.codecs import ZSTD, make_codec
-from ckvc.errors import CorruptObjectError, DamagedIndexError, UnsupportedTypeError
+from ckvc.errors import CorruptObjectError, DamagedIndexError, ReadOnlyRepositoryError, UnsupportedTypeError
 from ckvc.fsck import BAD_STATE
 from ckvc.ids import ObjectType, object_id
 from ckvc.objects import Blob, Commit, Snapshot
+from ckvc.storage.index import Index
+from ckvc.storage.object_store import ObjectStore
 from ckvc.storage.packs import FOOTER, FOOTER_MAGIC, TOC_ENTRY, TOC_HEADER, PackWriter, RecordInfo, list_packs, read_toc
 
 CHUNK = 4096
@@ -397,3 +399,112 @@ def test_a_toc_entry_outside_its_pack_makes_the_toc_damaged(tmp_path: Path) -> N
     repo.fsck(rebuild_index=True)
     assert_state_equal(repo.load(), state)
     repo.close()
+
+
+# ---- a damaged index ------------------------------------------------------------------
+
+
+def damage_truncate(data: Path) -> None:
+    with open(data, "r+b") as f:
+        f.truncate(os.path.getsize(data) // 2)
+
+
+def damage_garbage(data: Path) -> None:
+    data.write_bytes(bytes(range(256)) * 64)
+
+
+def damage_short(data: Path) -> None:
+    data.write_bytes(b"\x00" * 100)
+
+
+@pytest.fixture
+def indexed_repo(tmp_path: Path) -> tuple[Path, dict[str, Any]]:
+    repo = ckvc.Repo.init(tmp_path / "repo")
+    state = {"w": torch.arange(4096.0), "step": 3}
+    for i in range(30):  # enough packs for the index to span several pages
+        repo.commit({**state, "step": i}, message=f"c{i}")
+    repo.commit(state)
+    repo.close()
+    return tmp_path / "repo", state
+
+
+@pytest.mark.parametrize(
+    "damage", [damage_truncate, damage_garbage, damage_short], ids=["truncated", "garbage", "short"]
+)
+def test_a_damaged_index_names_its_repair_and_the_repair_never_opens_it(
+    indexed_repo: tuple[Path, dict[str, Any]], damage: Any
+) -> None:
+    root, state = indexed_repo
+    damage(root / ".ckvc" / "index" / "data.mdb")
+    for args in (["log"], ["show"], ["fsck"], ["checkout", "main", "-o", str(root.parent / "out")]):
+        result = run_cli(root, *args)  # a crash (SIGBUS) would be a negative return code
+        assert result.returncode == DamagedIndexError.exit_code, (args, result.stderr)
+        assert result.stderr.count("\n") == 1 and "ckvc fsck --rebuild-index" in result.stderr, result.stderr
+    result = run_cli(root, "fsck", "--rebuild-index")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "index rebuilt from packs" in result.stdout
+    assert not [n for n in os.listdir(root / ".ckvc") if n.startswith("index.")]  # nothing left beside it
+    repo = ckvc.Repo.open(root)
+    try:
+        assert_state_equal(repo.load(), state)
+        assert len(repo.log()) == 31
+    finally:
+        repo.close()
+
+
+def test_a_garbage_lock_file_is_reset(indexed_repo: tuple[Path, dict[str, Any]]) -> None:
+    root, state = indexed_repo
+    (root / ".ckvc" / "index" / "lock.mdb").write_bytes(b"\xff" * 8192)
+    repo = ckvc.Repo.open(root)
+    try:
+        assert_state_equal(repo.load(), state)
+    finally:
+        repo.close()
+
+
+def test_an_index_rebuilt_by_another_process_is_picked_up_before_writing(
+    indexed_repo: tuple[Path, dict[str, Any]],
+) -> None:
+    root, state = indexed_repo
+    repo = ckvc.Repo.open(root)
+    try:
+        old = repo.store.index
+        result = run_cli(root, "fsck", "--rebuild-index", "--level", "refs")
+        assert result.returncode == 0, result.stderr
+        repo.commit({**state, "step": 99})  # registers its pack in the new index, not the unlinked one
+        assert repo.store.index is old and old.reopen_if_replaced() is False
+    finally:
+        repo.close()
+    repo = ckvc.Repo.open(root)
+    try:
+        assert repo.store.index.indexed_packs() == set(list_packs(root / ".ckvc" / "packs"))
+        assert repo.load()["step"] == 99
+    finally:
+        repo.close()
+
+
+def test_a_read_only_index_reads_and_refuses_writes(indexed_repo: tuple[Path, dict[str, Any]]) -> None:
+    root, _ = indexed_repo
+    index = Index.open(root / ".ckvc" / "index", readonly=True)
+    try:
+        assert index.count() > 0
+        with pytest.raises(ReadOnlyRepositoryError):
+            index.clear()
+    finally:
+        index.close()
+    store = ObjectStore(root / ".ckvc", readonly=True)
+    try:
+        assert store.readonly and store.index.readonly
+        with pytest.raises(ReadOnlyRepositoryError):
+            store.rebuild_index()
+        assert store.index.count() == index_count(root)
+    finally:
+        store.close()
+
+
+def index_count(root: Path) -> int:
+    index = Index(root / ".ckvc" / "index")
+    try:
+        return index.count()
+    finally:
+        index.close()
