@@ -80,41 +80,50 @@ def check_data_file(path: Path) -> None:
         )
 
 
+def _translate(exc: BaseException, path: Path) -> Exception:
+    """The typed ckvc error for an LMDB error (or a damaged entry) at ``path``."""
+    if isinstance(exc, lmdb.MapFullError):
+        return StorageFullError(f"index {path} is full (its map size is reached)", path=str(path))
+    if isinstance(exc, lmdb.ReadonlyError):
+        return ReadOnlyRepositoryError(f"index {path} is read-only", path=str(path))
+    if isinstance(exc, _DAMAGE):
+        return DamagedIndexError(f"index {path} is damaged ({exc}); {REPAIR_HINT}")
+    text = str(exc)  # an OS error inside LMDB: only its text says which
+    if "No space left" in text or "quota exceeded" in text:
+        return StorageFullError(f"index {path}: no space left on the device", path=str(path))
+    if "Read-only file system" in text or "Permission denied" in text:
+        return ReadOnlyRepositoryError(f"index {path} cannot be written: {text}", path=str(path))
+    return StorageIOError(f"index {path}: {text}", path=str(path))
+
+
 @contextlib.contextmanager
 def lmdb_errors(path: Path) -> Iterator[None]:
     """LMDB's (and a damaged entry's) errors as typed ckvc errors."""
     try:
         yield
-    except lmdb.MapFullError:
-        raise StorageFullError(f"index {path} is full (its map size is reached)", path=str(path)) from None
-    except lmdb.ReadonlyError:
-        raise ReadOnlyRepositoryError(f"index {path} is read-only", path=str(path)) from None
-    except (
-        lmdb.CorruptedError,
-        lmdb.PageNotFoundError,
-        lmdb.InvalidError,
-        lmdb.VersionMismatchError,
-        lmdb.BadTxnError,
-        lmdb.PageFullError,
-        lmdb.BadValsizeError,
-        lmdb.IncompatibleError,
-        lmdb.NotFoundError,
-        struct.error,
-        UnicodeDecodeError,
-        _BadEntry,
-    ) as exc:
-        raise DamagedIndexError(f"index {path} is damaged ({exc}); {REPAIR_HINT}") from None
-    except lmdb.Error as exc:  # an OS error inside LMDB: only its text says which
-        text = str(exc)
-        if "No space left" in text or "quota exceeded" in text:
-            raise StorageFullError(f"index {path}: no space left on the device", path=str(path)) from None
-        if "Read-only file system" in text or "Permission denied" in text:
-            raise ReadOnlyRepositoryError(f"index {path} cannot be written: {text}", path=str(path)) from None
-        raise StorageIOError(f"index {path}: {text}", path=str(path)) from None
+    except _CAUGHT as exc:
+        raise _translate(exc, path) from None
 
 
 class _BadEntry(Exception):
     """An index value that cannot be what ckvc wrote."""
+
+
+_DAMAGE = (
+    lmdb.CorruptedError,
+    lmdb.PageNotFoundError,
+    lmdb.InvalidError,
+    lmdb.VersionMismatchError,
+    lmdb.BadTxnError,
+    lmdb.PageFullError,
+    lmdb.BadValsizeError,
+    lmdb.IncompatibleError,
+    lmdb.NotFoundError,
+    struct.error,
+    UnicodeDecodeError,
+    _BadEntry,
+)
+_CAUGHT = (lmdb.Error, struct.error, UnicodeDecodeError, _BadEntry)
 
 
 class _Env:
@@ -263,14 +272,37 @@ class Index:
             raise _BadEntry(f"an entry of unknown type {kind}")
         return IndexEntry(self._pack_name(txn, packno), offset, size, kind, codec, raw_size)
 
+    # get, has and sizes are on the read path of every chunk: no context-manager wrappers.
     def get(self, oid: bytes) -> IndexEntry | None:
-        with self._txn(db=self._objects, buffers=True) as txn:
-            raw = txn.get(oid)
-            return None if raw is None else self._entry(txn, raw)
+        try:
+            with self._env.begin(db=self._objects, buffers=True) as txn:
+                raw = txn.get(oid)
+                return None if raw is None else self._entry(txn, raw)
+        except _CAUGHT as exc:
+            raise _translate(exc, self.path) from None
 
     def has(self, oid: bytes) -> bool:
-        with self._txn(db=self._objects, buffers=True) as txn:
-            return txn.get(oid) is not None
+        try:
+            with self._env.begin(db=self._objects, buffers=True) as txn:
+                return txn.get(oid) is not None
+        except _CAUGHT as exc:
+            raise _translate(exc, self.path) from None
+
+    def sizes(self, oids: Iterable[bytes]) -> list[tuple[int, int] | None]:
+        """(type, raw size) of each id, None where it is not indexed; one transaction."""
+        out: list[tuple[int, int] | None] = []
+        try:
+            with self._env.begin(db=self._objects, buffers=True) as txn:
+                for oid in oids:
+                    raw = txn.get(oid)
+                    if raw is None:
+                        out.append(None)
+                    else:
+                        _, _, _, kind, _, raw_size = _ENTRY.unpack(raw)
+                        out.append((kind, raw_size))
+        except _CAUGHT as exc:
+            raise _translate(exc, self.path) from None
+        return out
 
     def indexed_packs(self) -> set[str]:
         with self._txn(db=self._packs) as txn:
