@@ -28,7 +28,7 @@ import ckvc
 from ckvc import state as state_mod
 from ckvc.codecs import ZSTD, make_codec
 from ckvc.errors import CorruptObjectError, DamagedIndexError, ReadOnlyRepositoryError, UnsupportedTypeError
-from ckvc.fsck import BAD_STATE
+from ckvc.fsck import BAD_PACK, BAD_STATE
 from ckvc.ids import ObjectType, object_id
 from ckvc.objects import Blob, Commit, Snapshot
 from ckvc.storage.index import Index
@@ -508,3 +508,16 @@ def index_count(root: Path) -> int:
         return index.count()
     finally:
         index.close()
+
+
+def test_a_directory_named_like_a_pack_is_reported_not_read(tmp_path: Path) -> None:
+    repo = ckvc.Repo.init(tmp_path)
+    state = {"x": torch.arange(4.0)}
+    repo.commit(state)
+    (repo.dir / "packs" / f"pack-{'0' * 32}.pack").mkdir()
+    repo.store.rebuild_index()
+    assert_state_equal(repo.load(), state)
+    report = repo.fsck()
+    assert [p.kind for p in report.problems if p.severity == "error"] == [BAD_PACK]
+    assert "not a regular file" in report.problems[0].detail
+    repo.close()

@@ -22,6 +22,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import os
+import stat
 import struct
 import threading
 import uuid
@@ -31,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ckvc.codecs import Buffer
-from ckvc.errors import CorruptObjectError, ObjectNotFoundError, UnsupportedFormatError
+from ckvc.errors import CkvcError, CorruptObjectError, ObjectNotFoundError, StorageIOError, UnsupportedFormatError
 from ckvc.ids import ID_SIZE, ObjectType
 from ckvc.storage.files import fsync_dir
 
@@ -267,17 +268,23 @@ class PackReader:
                     fd = os.open(self.pack_dir / name, os.O_RDONLY)
                 except FileNotFoundError:
                     raise ObjectNotFoundError(f"pack {name} is missing") from None
-                try:
-                    self._sizes[name] = os.fstat(fd).st_size
-                except OSError:
+                except OSError as exc:
+                    raise StorageIOError(
+                        f"cannot open pack {name}: {exc.strerror}", path=name, errno=exc.errno
+                    ) from None
+                st = os.fstat(fd)
+                if not stat.S_ISREG(st.st_mode):
                     os.close(fd)
-                    raise
+                    raise CorruptObjectError(f"pack {name} is not a regular file")
+                self._sizes[name] = st.st_size
                 entry = [fd, 1]
                 self._fds[name] = entry
                 self._evict_idle()
             fd = entry[0]
         try:
             yield fd
+        except OSError as exc:  # EIO and the like from a read of this pack
+            raise StorageIOError(f"cannot read pack {name}: {exc.strerror}", path=name, errno=exc.errno) from None
         finally:
             with self._lock:
                 if self._fds.get(name) is entry:
@@ -353,7 +360,7 @@ class PackReader:
         try:
             with self.opened(name) as fd:
                 os.posix_fadvise(fd, offset, size, os.POSIX_FADV_WILLNEED)
-        except (ObjectNotFoundError, OSError):
+        except (CkvcError, OSError):
             pass
 
     def read_head_into(self, name: str, offset: int, size: int, head_size: int, out: memoryview) -> memoryview:
