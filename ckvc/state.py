@@ -74,7 +74,7 @@ _NUMPY_KINDS = set("biufcSUmM")
 _INT64_MIN, _UINT64_MAX = -(1 << 63), (1 << 64) - 1
 _INT64_MAX = (1 << 63) - 1
 # The deepest nesting of containers (dict, list, tuple, OrderedDict) a state may
-# have (docs/FORMAT.md §10.7): refused at commit, and a stored tree that nests
+# have (docs/FORMAT.md §10.8): refused at commit, and a stored tree that nests
 # deeper is corrupt. Keeps every walk over a tree (ours and the caller's) far from
 # Python's recursion limit.
 MAX_DEPTH = 128
@@ -530,7 +530,7 @@ def _device_ok(name: str) -> bool:
 
 class _TensorChecker:
     """The checks a tensor node must pass against the snapshot's blobs before
-    anything is allocated or read for it (docs/FORMAT.md §10.3, 10.7)."""
+    anything is allocated or read for it (docs/FORMAT.md §10.3, 10.8)."""
 
     def __init__(self, blobs: Sequence[Blob]) -> None:
         self.blobs = blobs

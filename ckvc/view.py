@@ -179,15 +179,19 @@ def check_chunk_sizes(repo: Repo, commit: Commit, blob: Blob, chunks: Iterable[i
     allocate what its chunks do not hold. One index lookup per chunk (fsck makes
     the same check). ``chunks``: the indices to check (default all)."""
     spans = _spans(blob, commit)
-    for i in range(len(spans)) if chunks is None else chunks:
+    wanted = range(len(spans)) if chunks is None else chunks
+    found = repo.store.index.sizes(blob.chunks[i] for i in wanted)
+    for i, size in zip(wanted, found, strict=True):
         oid, (start, end) = blob.chunks[i], spans[i]
-        try:
-            entry = repo.store.locate(oid)
-        except ObjectNotFoundError as exc:
-            raise ObjectNotFoundError(f"{exc} (tensor {blob.path!r}, commit {commit.id})") from None
-        if entry.raw_size != end - start or entry.kind != ObjectType.CHUNK:
+        if size is None:
+            try:
+                entry = repo.store.locate(oid)  # indexes packs it does not know yet, else raises
+            except ObjectNotFoundError as exc:
+                raise ObjectNotFoundError(f"{exc} (tensor {blob.path!r}, commit {commit.id})") from None
+            size = (entry.kind, entry.raw_size)
+        if size != (ObjectType.CHUNK, end - start):
             raise CorruptObjectError(
-                f"chunk {oid.hex()} at bytes {start}-{end} is stored as {entry.raw_size} bytes of type {entry.kind}",
+                f"chunk {oid.hex()} at bytes {start}-{end} is stored as {size[1]} bytes of type {size[0]}",
                 commit=commit.id,
                 tensor=blob.path,
             )

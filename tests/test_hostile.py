@@ -8,10 +8,12 @@ each crafted commit that load refuses is reported by fsck, naming commit and pat
 from __future__ import annotations
 
 import collections
+import dataclasses
 import os
 import subprocess
 import sys
 import time
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,15 +21,19 @@ from typing import Any
 import msgpack
 import pytest
 import torch
+import zstandard
 from helpers import assert_state_equal
 
 import ckvc
 from ckvc import state as state_mod
-from ckvc.codecs import make_codec
-from ckvc.errors import CorruptObjectError, UnsupportedTypeError
-from ckvc.fsck import BAD_STATE
-from ckvc.ids import ObjectType
+from ckvc.codecs import ZSTD, make_codec
+from ckvc.errors import CorruptObjectError, DamagedIndexError, ReadOnlyRepositoryError, UnsupportedTypeError
+from ckvc.fsck import BAD_PACK, BAD_STATE
+from ckvc.ids import ObjectType, object_id
 from ckvc.objects import Blob, Commit, Snapshot
+from ckvc.storage.index import Index
+from ckvc.storage.object_store import ObjectStore
+from ckvc.storage.packs import FOOTER, FOOTER_MAGIC, TOC_ENTRY, TOC_HEADER, PackWriter, RecordInfo, list_packs, read_toc
 
 CHUNK = 4096
 W_ELEMS = CHUNK // 4  # "w": one float32 chunk
@@ -273,3 +279,245 @@ def test_the_cli_refuses_deep_and_huge_crafted_commits_in_one_line(
     result = run_cli(root, "fsck", "--level", "metadata")
     assert result.returncode == 1, result.stderr
     assert f"error: {BAD_STATE}: {ids[name]}:" in result.stdout
+
+
+# ---- sizes claimed by records, tables of contents and the index ---------------------
+
+
+def commit_with_claimed_size(repo: ckvc.Repo, raw_size: int) -> str:
+    """A well-formed commit object stored in a new pack whose record header and
+    TOC (checksums and all) claim ``raw_size`` plain bytes; main points at it."""
+    parent = repo.resolve("main")
+    commit = Commit(repo.read_commit(parent).tree, (parent,), "crafter", time.time_ns(), "claims")
+    data = commit.encode()
+    oid = object_id(ObjectType.COMMIT, data)
+    writer = PackWriter(repo.dir / "packs")
+    writer.append(oid, int(ObjectType.COMMIT), ZSTD, raw_size, zstandard.ZstdCompressor().compress(data))
+    writer.seal()
+    repo.refs.set_if_equals("refs/heads/main", parent, oid.hex(), "crafted")
+    return oid.hex()
+
+
+@pytest.mark.parametrize("raw_size", [10**13, (1 << 64) - 1, 1 << 40])
+def test_a_record_claiming_a_huge_size_is_refused_before_allocating(tmp_path: Path, raw_size: int) -> None:
+    repo = ckvc.Repo.init(tmp_path)
+    repo.commit({"x": torch.zeros(4)})
+    cid = commit_with_claimed_size(repo, raw_size)
+    with pytest.raises(CorruptObjectError, match="cannot hold") as info:
+        repo.log()
+    assert info.value.commit == cid
+    report = repo.fsck()
+    assert [p.object_id for p in report.problems if p.severity == "error"] == [cid]
+    repo.close()
+    for args in (["log"], ["show"], ["checkout", "main", "-o", str(tmp_path / "out")]):
+        result = run_cli(tmp_path, *args)
+        assert result.returncode == CorruptObjectError.exit_code, result.stderr
+        assert result.stderr.startswith("ckvc: error: ") and result.stderr.count("\n") == 1, result.stderr
+    result = run_cli(tmp_path, "fsck")
+    assert result.returncode == 1 and f"{cid}" in result.stdout, result.stdout + result.stderr
+
+
+def reindex(repo: ckvc.Repo, change: Any) -> None:
+    """Rebuild the index with every entry passed through ``change`` (an index
+    that lies: hand-edited, or damaged in a way LMDB cannot see)."""
+    by_pack: dict[str, list[RecordInfo]] = collections.defaultdict(list)
+    for stored in repo.store.iter_stored():
+        entry = repo.store.index.get(stored.oid)
+        assert entry is not None
+        info = RecordInfo(stored.oid, entry.kind, entry.codec, entry.offset, entry.record_size, entry.raw_size)
+        by_pack[entry.pack].append(change(info))
+    repo.store.index.clear()
+    for name, entries in by_pack.items():
+        repo.store.index.add_pack(name, entries)
+
+
+@pytest.mark.parametrize(
+    ("change", "error"),
+    [
+        (lambda e: dataclasses.replace(e, record_size=10**13), CorruptObjectError),
+        (lambda e: dataclasses.replace(e, offset=(1 << 64) - 1), CorruptObjectError),
+        (lambda e: dataclasses.replace(e, raw_size=10**13), CorruptObjectError),
+        (lambda e: dataclasses.replace(e, kind=9), DamagedIndexError),
+    ],
+    ids=["record-size", "offset", "raw-size", "type"],
+)
+def test_an_index_entry_claiming_impossible_sizes_is_refused(tmp_path: Path, change: Any, error: type) -> None:
+    repo = ckvc.Repo.init(tmp_path)
+    repo.commit({"x": torch.zeros(4)})
+    reindex(repo, change)
+    with pytest.raises(error):
+        repo.load()
+    if error is CorruptObjectError:
+        assert not repo.fsck().ok
+    else:
+        with pytest.raises(DamagedIndexError, match="ckvc fsck --rebuild-index"):
+            repo.fsck()
+    assert repo.fsck(rebuild_index=True).ok  # the packs are fine: the documented repair
+    assert_state_equal(repo.load(), {"x": torch.zeros(4)})
+    repo.close()
+
+
+def test_an_index_naming_a_pack_outside_the_pack_directory_is_refused(tmp_path: Path) -> None:
+    repo = ckvc.Repo.init(tmp_path / "repo")
+    repo.commit({"x": torch.zeros(4)})
+    (tmp_path / "outside.pack").write_bytes(b"")
+    by_pack: dict[str, list[RecordInfo]] = {}
+    for stored in repo.store.iter_stored():
+        entry = repo.store.index.get(stored.oid)
+        assert entry is not None
+        info = RecordInfo(stored.oid, entry.kind, entry.codec, entry.offset, entry.record_size, entry.raw_size)
+        by_pack.setdefault(entry.pack, []).append(info)
+    repo.store.index.clear()
+    for entries in by_pack.values():
+        repo.store.index.add_pack("../../outside.pack", entries)
+    with pytest.raises(CorruptObjectError, match="cannot exist"):
+        repo.load()
+    repo.close()
+
+
+def test_a_toc_entry_outside_its_pack_makes_the_toc_damaged(tmp_path: Path) -> None:
+    """A TOC with a valid checksum but an entry past the TOC is not trusted: the
+    records are found by scanning instead, and everything still reads."""
+    repo = ckvc.Repo.init(tmp_path)
+    state = {"x": torch.arange(8.0)}
+    repo.commit(state)
+    (name,) = list_packs(repo.dir / "packs")
+    path = repo.dir / "packs" / name
+    data = bytearray(path.read_bytes())
+    _, toc_offset, count, _, _ = FOOTER.unpack_from(data, len(data) - FOOTER.size)
+    first = toc_offset + TOC_HEADER.size
+    oid, kind, codec, r, offset, _size, raw = TOC_ENTRY.unpack_from(data, first)
+    TOC_ENTRY.pack_into(data, first, oid, kind, codec, r, offset, 10**13, raw)
+    toc = bytes(data[toc_offset : toc_offset + TOC_HEADER.size + count * TOC_ENTRY.size])
+    FOOTER.pack_into(data, len(data) - FOOTER.size, FOOTER_MAGIC, toc_offset, count, zlib.crc32(toc), 0)
+    path.write_bytes(bytes(data))
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        assert read_toc(fd, name) is None
+    finally:
+        os.close(fd)
+    repo.fsck(rebuild_index=True)
+    assert_state_equal(repo.load(), state)
+    repo.close()
+
+
+# ---- a damaged index ------------------------------------------------------------------
+
+
+def damage_truncate(data: Path) -> None:
+    with open(data, "r+b") as f:
+        f.truncate(os.path.getsize(data) // 2)
+
+
+def damage_garbage(data: Path) -> None:
+    data.write_bytes(bytes(range(256)) * 64)
+
+
+def damage_short(data: Path) -> None:
+    data.write_bytes(b"\x00" * 100)
+
+
+@pytest.fixture
+def indexed_repo(tmp_path: Path) -> tuple[Path, dict[str, Any]]:
+    repo = ckvc.Repo.init(tmp_path / "repo")
+    state = {"w": torch.arange(4096.0), "step": 3}
+    for i in range(30):  # enough packs for the index to span several pages
+        repo.commit({**state, "step": i}, message=f"c{i}")
+    repo.commit(state)
+    repo.close()
+    return tmp_path / "repo", state
+
+
+@pytest.mark.parametrize(
+    "damage", [damage_truncate, damage_garbage, damage_short], ids=["truncated", "garbage", "short"]
+)
+def test_a_damaged_index_names_its_repair_and_the_repair_never_opens_it(
+    indexed_repo: tuple[Path, dict[str, Any]], damage: Any
+) -> None:
+    root, state = indexed_repo
+    damage(root / ".ckvc" / "index" / "data.mdb")
+    for args in (["log"], ["show"], ["fsck"], ["checkout", "main", "-o", str(root.parent / "out")]):
+        result = run_cli(root, *args)  # a crash (SIGBUS) would be a negative return code
+        assert result.returncode == DamagedIndexError.exit_code, (args, result.stderr)
+        assert result.stderr.count("\n") == 1 and "ckvc fsck --rebuild-index" in result.stderr, result.stderr
+    result = run_cli(root, "fsck", "--rebuild-index")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "index rebuilt from packs" in result.stdout
+    assert not [n for n in os.listdir(root / ".ckvc") if n.startswith("index.")]  # nothing left beside it
+    repo = ckvc.Repo.open(root)
+    try:
+        assert_state_equal(repo.load(), state)
+        assert len(repo.log()) == 31
+    finally:
+        repo.close()
+
+
+def test_a_garbage_lock_file_is_reset(indexed_repo: tuple[Path, dict[str, Any]]) -> None:
+    root, state = indexed_repo
+    (root / ".ckvc" / "index" / "lock.mdb").write_bytes(b"\xff" * 8192)
+    repo = ckvc.Repo.open(root)
+    try:
+        assert_state_equal(repo.load(), state)
+    finally:
+        repo.close()
+
+
+def test_an_index_rebuilt_by_another_process_is_picked_up_before_writing(
+    indexed_repo: tuple[Path, dict[str, Any]],
+) -> None:
+    root, state = indexed_repo
+    repo = ckvc.Repo.open(root)
+    try:
+        old = repo.store.index
+        result = run_cli(root, "fsck", "--rebuild-index", "--level", "refs")
+        assert result.returncode == 0, result.stderr
+        repo.commit({**state, "step": 99})  # registers its pack in the new index, not the unlinked one
+        assert repo.store.index is old and old.reopen_if_replaced() is False
+    finally:
+        repo.close()
+    repo = ckvc.Repo.open(root)
+    try:
+        assert repo.store.index.indexed_packs() == set(list_packs(root / ".ckvc" / "packs"))
+        assert repo.load()["step"] == 99
+    finally:
+        repo.close()
+
+
+def test_a_read_only_index_reads_and_refuses_writes(indexed_repo: tuple[Path, dict[str, Any]]) -> None:
+    root, _ = indexed_repo
+    index = Index.open(root / ".ckvc" / "index", readonly=True)
+    try:
+        assert index.count() > 0
+        with pytest.raises(ReadOnlyRepositoryError):
+            index.clear()
+    finally:
+        index.close()
+    store = ObjectStore(root / ".ckvc", readonly=True)
+    try:
+        assert store.readonly and store.index.readonly
+        with pytest.raises(ReadOnlyRepositoryError):
+            store.rebuild_index()
+        assert store.index.count() == index_count(root)
+    finally:
+        store.close()
+
+
+def index_count(root: Path) -> int:
+    index = Index(root / ".ckvc" / "index")
+    try:
+        return index.count()
+    finally:
+        index.close()
+
+
+def test_a_directory_named_like_a_pack_is_reported_not_read(tmp_path: Path) -> None:
+    repo = ckvc.Repo.init(tmp_path)
+    state = {"x": torch.arange(4.0)}
+    repo.commit(state)
+    (repo.dir / "packs" / f"pack-{'0' * 32}.pack").mkdir()
+    repo.store.rebuild_index()
+    assert_state_equal(repo.load(), state)
+    report = repo.fsck()
+    assert [p.kind for p in report.problems if p.severity == "error"] == [BAD_PACK]
+    assert "not a regular file" in report.problems[0].detail
+    repo.close()

@@ -7,14 +7,18 @@ process that died before indexing it is picked up on the next miss.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import struct
 import threading
 from collections.abc import Iterable, Iterator
 from pathlib import Path
+from typing import Any
 
 import lmdb
 
+from ckvc.errors import DamagedIndexError, ReadOnlyRepositoryError, StorageFullError, StorageIOError
+from ckvc.ids import ObjectType
 from ckvc.storage.packs import RecordInfo
 
 # pack number, offset, record size, type, codec, raw size
@@ -23,54 +27,165 @@ _PACKNO = struct.Struct("<I")
 _NEXT_PACK_KEY = b"next_pack"
 # Address space only; LMDB grows the file as it needs. 1 TiB covers ~10^10 entries.
 _MAP_SIZE = 1 << 40
+DATA_FILE = "data.mdb"
+_KINDS = frozenset(int(t) for t in ObjectType)
+REPAIR_HINT = "run `ckvc fsck --rebuild-index` to rebuild it from the packs"
 
-# One Environment per index path per process: LMDB forbids opening the same
-# environment twice in one process, and an environment must not cross fork().
-_ENVS: dict[tuple[str, int], tuple[lmdb.Environment, int]] = {}
-_ENVS_LOCK = threading.Lock()
-
-
-def _acquire_env(path: Path) -> lmdb.Environment:
-    key = (str(path.resolve()), os.getpid())
-    with _ENVS_LOCK:
-        if key in _ENVS:
-            env, refs = _ENVS[key]
-            _ENVS[key] = (env, refs + 1)
-            return env
-        path.mkdir(parents=True, exist_ok=True)
-        try:
-            env = lmdb.open(str(path), map_size=_MAP_SIZE, max_dbs=4, subdir=True, readahead=False)
-        except lmdb.Error:
-            if os.access(path, os.W_OK) or not (path / "data.mdb").is_file():
-                raise
-            env = _open_read_only(path)
-        _ENVS[key] = (env, 1)
-        return env
+# LMDB's meta pages (pages 0 and 1 of data.mdb, 64-bit builds): a 16-byte page
+# header, then magic, version, ..., the free DB's md_pad holding the page size,
+# and the last page used and the transaction id of that meta's commit.
+_META_MAGIC = 0xBEEFC0DE
+_META_VERSION = 1
+_META_HEAD = struct.Struct("<II")  # at 16: mm_magic, mm_version
+_META_PSIZE = struct.Struct("<I")  # at 40: mm_dbs[0].md_pad (the page size)
+_META_TAIL = struct.Struct("<QQ")  # at 136: mm_last_pg, mm_txnid
+_META_SIZE = 152
 
 
-def _open_read_only(path: Path) -> lmdb.Environment:
-    """A repository that cannot be written (read-only mount, no write permission)
-    stays readable. On a read-only mount LMDB skips its lock file by itself;
-    where only permission is missing, it must be told to."""
+def check_data_file(path: Path) -> None:
+    """DamagedIndexError unless ``path/data.mdb`` is absent, empty, or holds a
+    valid LMDB meta page whose last page lies inside the file. Checked before
+    mapping it: LMDB trusts its meta, and a page past the end of a truncated file
+    is a SIGBUS, not an error."""
+    data_file = path / DATA_FILE
     try:
-        return lmdb.open(str(path), map_size=_MAP_SIZE, max_dbs=4, subdir=True, readahead=False, readonly=True)
-    except lmdb.Error:
-        return lmdb.open(
-            str(path), map_size=_MAP_SIZE, max_dbs=4, subdir=True, readahead=False, readonly=True, lock=False
+        with open(data_file, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            first = f.read(_META_SIZE)
+            if size == 0:
+                return  # LMDB initialises an empty file
+            if len(first) < _META_SIZE:
+                raise DamagedIndexError(f"index {data_file} is truncated ({size} bytes); {REPAIR_HINT}")
+            (psize,) = _META_PSIZE.unpack_from(first, 40)
+            if not (512 <= psize <= 1 << 16 and psize & (psize - 1) == 0):
+                raise DamagedIndexError(f"index {data_file} is not an LMDB file; {REPAIR_HINT}")
+            f.seek(psize)
+            second = f.read(_META_SIZE)
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        raise DamagedIndexError(f"index {data_file} cannot be read: {exc.strerror}; {REPAIR_HINT}") from None
+    metas = []
+    for page in (first, second):
+        if len(page) == _META_SIZE and _META_HEAD.unpack_from(page, 16) == (_META_MAGIC, _META_VERSION):
+            last_page, txnid = _META_TAIL.unpack_from(page, 136)
+            metas.append((txnid, last_page))
+    if not metas:
+        raise DamagedIndexError(f"index {data_file} is not an LMDB file; {REPAIR_HINT}")
+    _, last_page = max(metas)  # LMDB uses the meta of the newest commit
+    if (last_page + 1) * psize > size:
+        raise DamagedIndexError(
+            f"index {data_file} is truncated ({size} bytes, its meta page needs {(last_page + 1) * psize}); "
+            f"{REPAIR_HINT}"
         )
 
 
-def _release_env(path: Path) -> None:
-    key = (str(path.resolve()), os.getpid())
+def _translate(exc: BaseException, path: Path) -> Exception:
+    """The typed ckvc error for an LMDB error (or a damaged entry) at ``path``."""
+    if isinstance(exc, lmdb.MapFullError):
+        return StorageFullError(f"index {path} is full (its map size is reached)", path=str(path))
+    if isinstance(exc, lmdb.ReadonlyError):
+        return ReadOnlyRepositoryError(f"index {path} is read-only", path=str(path))
+    if isinstance(exc, _DAMAGE):
+        return DamagedIndexError(f"index {path} is damaged ({exc}); {REPAIR_HINT}")
+    text = str(exc)  # an OS error inside LMDB: only its text says which
+    if "No space left" in text or "quota exceeded" in text:
+        return StorageFullError(f"index {path}: no space left on the device", path=str(path))
+    if "Read-only file system" in text or "Permission denied" in text:
+        return ReadOnlyRepositoryError(f"index {path} cannot be written: {text}", path=str(path))
+    return StorageIOError(f"index {path}: {text}", path=str(path))
+
+
+@contextlib.contextmanager
+def lmdb_errors(path: Path) -> Iterator[None]:
+    """LMDB's (and a damaged entry's) errors as typed ckvc errors."""
+    try:
+        yield
+    except _CAUGHT as exc:
+        raise _translate(exc, path) from None
+
+
+class _BadEntry(Exception):
+    """An index value that cannot be what ckvc wrote."""
+
+
+_DAMAGE = (
+    lmdb.CorruptedError,
+    lmdb.PageNotFoundError,
+    lmdb.InvalidError,
+    lmdb.VersionMismatchError,
+    lmdb.BadTxnError,
+    lmdb.PageFullError,
+    lmdb.BadValsizeError,
+    lmdb.IncompatibleError,
+    lmdb.NotFoundError,
+    struct.error,
+    UnicodeDecodeError,
+    _BadEntry,
+)
+_CAUGHT = (lmdb.Error, struct.error, UnicodeDecodeError, _BadEntry)
+
+
+class _Env:
+    """One open LMDB environment, shared by the Index objects of one process."""
+
+    def __init__(self, env: lmdb.Environment, key: tuple[Any, ...], readonly: bool) -> None:
+        self.env = env
+        self.key = key
+        self.readonly = readonly
+        self.users = 1
+
+
+# One Environment per index file per process: LMDB forbids opening the same
+# environment twice in one process, and an environment must not cross fork().
+# Keyed by the data file's identity too, so an index rebuilt beside the old one
+# and renamed into place is a new environment.
+_ENVS: dict[tuple[Any, ...], _Env] = {}
+_ENVS_LOCK = threading.Lock()
+
+
+def _identity(path: Path) -> tuple[int, int] | None:
+    try:
+        st = os.stat(path / DATA_FILE)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
+
+
+def _acquire_env(path: Path, readonly: bool) -> _Env:
     with _ENVS_LOCK:
-        if key not in _ENVS:
+        key = (str(path.resolve()), os.getpid(), _identity(path))
+        shared = _ENVS.get(key)
+        if shared is not None and key[2] is not None:
+            shared.users += 1
+            return shared
+        check_data_file(path)
+        with lmdb_errors(path):
+            if readonly:
+                env = lmdb.open(
+                    str(path), map_size=_MAP_SIZE, max_dbs=4, subdir=True, readahead=False, readonly=True, lock=False
+                )
+            else:
+                try:
+                    path.mkdir(parents=True, exist_ok=True)
+                except OSError as exc:
+                    raise ReadOnlyRepositoryError(
+                        f"cannot create the index {path}: {exc.strerror}", path=str(path)
+                    ) from None
+                env = lmdb.open(str(path), map_size=_MAP_SIZE, max_dbs=4, subdir=True, readahead=False)
+        shared = _Env(env, (key[0], key[1], _identity(path)), readonly)
+        _ENVS[shared.key] = shared
+        return shared
+
+
+def _release_env(shared: _Env) -> None:
+    with _ENVS_LOCK:
+        shared.users -= 1
+        if shared.users:
             return
-        env, refs = _ENVS[key]
-        if refs > 1:
-            _ENVS[key] = (env, refs - 1)
-        else:
-            del _ENVS[key]
-            env.close()
+        if _ENVS.get(shared.key) is shared:
+            del _ENVS[shared.key]
+        shared.env.close()
 
 
 class IndexEntry:
@@ -86,47 +201,117 @@ class IndexEntry:
 
 
 class Index:
-    def __init__(self, path: Path) -> None:
+    """The index at ``path``. ``readonly``: open it without a lock file and
+    refuse writes (ReadOnlyRepositoryError), for repositories on read-only
+    mounts. A damaged index raises DamagedIndexError naming the repair, here or
+    on first use; it is never mapped when its file is shorter than its meta
+    page says (check_data_file)."""
+
+    def __init__(self, path: Path, *, readonly: bool = False) -> None:
         self.path = path
-        self._env = _acquire_env(path)
-        self._objects = self._env.open_db(b"objects")
-        self._packs = self._env.open_db(b"packs")  # pack name -> pack number
-        self._packnames = self._env.open_db(b"packnames")  # pack number -> pack name
-        self._meta = self._env.open_db(b"meta")
+        self.readonly = readonly
+        self._shared: _Env | None = None
+        self._open()
+
+    @classmethod
+    def open(cls, path: Path, readonly: bool = False) -> Index:
+        return cls(path, readonly=readonly)
+
+    def _open(self) -> None:
+        shared = _acquire_env(self.path, self.readonly)
+        try:
+            with lmdb_errors(self.path):
+                create = not shared.readonly
+                self._objects = shared.env.open_db(b"objects", create=create)
+                self._packs = shared.env.open_db(b"packs", create=create)  # pack name -> pack number
+                self._packnames = shared.env.open_db(b"packnames", create=create)  # pack number -> pack name
+                self._meta = shared.env.open_db(b"meta", create=create)
+        except BaseException:
+            _release_env(shared)
+            raise
+        self._shared = shared
+        self._env = shared.env
 
     def close(self) -> None:
-        if self._env is not None:
-            _release_env(self.path)
+        if self._shared is not None:
+            _release_env(self._shared)
+            self._shared = None
             self._env = None  # type: ignore[assignment]
+
+    def reopen_if_replaced(self) -> bool:
+        """Switch to the index file now at ``path`` if it is not the one open
+        (another process rebuilt the index). True when it switched."""
+        if self._shared is None or self._shared.key[2] == _identity(self.path):
+            return False
+        old = self._shared
+        self._open()
+        _release_env(old)
+        return True
+
+    @contextlib.contextmanager
+    def _txn(self, *, write: bool = False, db: Any = None, buffers: bool = False) -> Iterator[Any]:
+        if write:
+            if self.readonly:
+                raise ReadOnlyRepositoryError(f"index {self.path} is open read-only", path=str(self.path))
+            self.reopen_if_replaced()  # never write into an index that was rebuilt meanwhile
+        env: Any = self._env  # lmdb's stubs type begin() by the literal value of buffers
+        with lmdb_errors(self.path), env.begin(write=write, db=db, buffers=buffers) as txn:
+            yield txn
 
     def _pack_name(self, txn: lmdb.Transaction, number: int) -> str:
         # Not cached across transactions: another process may rebuild the index
         # and renumber the packs.
         raw = txn.get(_PACKNO.pack(number), db=self._packnames)
         if raw is None:
-            raise KeyError(number)
+            raise _BadEntry(f"pack number {number} has no name")
         return bytes(raw).decode()
 
+    def _entry(self, txn: lmdb.Transaction, raw: Any) -> IndexEntry:
+        packno, offset, size, kind, codec, raw_size = _ENTRY.unpack(raw)
+        if kind not in _KINDS:
+            raise _BadEntry(f"an entry of unknown type {kind}")
+        return IndexEntry(self._pack_name(txn, packno), offset, size, kind, codec, raw_size)
+
+    # get, has and sizes are on the read path of every chunk: no context-manager wrappers.
     def get(self, oid: bytes) -> IndexEntry | None:
-        with self._env.begin(db=self._objects, buffers=True) as txn:
-            raw = txn.get(oid)
-            if raw is None:
-                return None
-            packno, offset, size, kind, codec, raw_size = _ENTRY.unpack(raw)
-            return IndexEntry(self._pack_name(txn, packno), offset, size, kind, codec, raw_size)
+        try:
+            with self._env.begin(db=self._objects, buffers=True) as txn:
+                raw = txn.get(oid)
+                return None if raw is None else self._entry(txn, raw)
+        except _CAUGHT as exc:
+            raise _translate(exc, self.path) from None
 
     def has(self, oid: bytes) -> bool:
-        with self._env.begin(db=self._objects, buffers=True) as txn:
-            return txn.get(oid) is not None
+        try:
+            with self._env.begin(db=self._objects, buffers=True) as txn:
+                return txn.get(oid) is not None
+        except _CAUGHT as exc:
+            raise _translate(exc, self.path) from None
+
+    def sizes(self, oids: Iterable[bytes]) -> list[tuple[int, int] | None]:
+        """(type, raw size) of each id, None where it is not indexed; one transaction."""
+        out: list[tuple[int, int] | None] = []
+        try:
+            with self._env.begin(db=self._objects, buffers=True) as txn:
+                for oid in oids:
+                    raw = txn.get(oid)
+                    if raw is None:
+                        out.append(None)
+                    else:
+                        _, _, _, kind, _, raw_size = _ENTRY.unpack(raw)
+                        out.append((kind, raw_size))
+        except _CAUGHT as exc:
+            raise _translate(exc, self.path) from None
+        return out
 
     def indexed_packs(self) -> set[str]:
-        with self._env.begin(db=self._packs) as txn:
+        with self._txn(db=self._packs) as txn:
             return {bytes(k).decode() for k in txn.cursor().iternext(keys=True, values=False)}
 
     def add_pack(self, name: str, entries: Iterable[RecordInfo]) -> None:
         """Register a pack and its records in one durable transaction. An id that
         is already indexed keeps its first location."""
-        with self._env.begin(write=True) as txn:
+        with self._txn(write=True) as txn:
             if txn.get(name.encode(), db=self._packs) is not None:
                 return
             raw_next = txn.get(_NEXT_PACK_KEY, db=self._meta)
@@ -144,7 +329,7 @@ class Index:
         """gc's one durable transaction: index the ``added`` packs (their entries
         become the canonical copies), then forget the ``removed`` packs and every
         entry still pointing into them."""
-        with self._env.begin(write=True) as txn:
+        with self._txn(write=True) as txn:
             for name, entries in added:
                 raw_number = txn.get(name.encode(), db=self._packs)
                 if raw_number is None:
@@ -179,12 +364,12 @@ class Index:
         return None if entry is None else (entry.pack, entry.offset)
 
     def clear(self) -> None:
-        with self._env.begin(write=True) as txn:
+        with self._txn(write=True) as txn:
             for db in (self._objects, self._packs, self._packnames, self._meta):
                 txn.drop(db, delete=False)
 
     def iter_entries(self, prefix: bytes = b"") -> Iterator[tuple[bytes, IndexEntry]]:
-        with self._env.begin(db=self._objects, buffers=True) as txn:
+        with self._txn(db=self._objects, buffers=True) as txn:
             cursor = txn.cursor()
             if not cursor.set_range(prefix):
                 return
@@ -192,9 +377,8 @@ class Index:
                 oid = bytes(key)
                 if not oid.startswith(prefix):
                     return
-                packno, offset, size, kind, codec, raw_size = _ENTRY.unpack(raw)
-                yield oid, IndexEntry(self._pack_name(txn, packno), offset, size, kind, codec, raw_size)
+                yield oid, self._entry(txn, raw)
 
     def count(self) -> int:
-        with self._env.begin(db=self._objects) as txn:
+        with self._txn(db=self._objects) as txn:
             return int(txn.stat(self._objects)["entries"])

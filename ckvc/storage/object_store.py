@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import os
+import shutil
 import threading
+import uuid
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -14,12 +17,14 @@ from typing import NamedTuple
 
 import numpy as np
 
+from ckvc.chunking import MAX_CHUNK_SIZE
 from ckvc.codecs import (
     CODEC_NAMES,
     DELTA,
     QUANT,
     RAW,
     WHOLE_CODECS,
+    ZSTD,
     Buffer,
     ChunkLayout,
     Codec,
@@ -30,9 +35,16 @@ from ckvc.codecs import (
     encode_smallest,
 )
 from ckvc.codecs.lossy import QUANT_HEAD_SIZE, quant_header
-from ckvc.errors import CorruptObjectError, ObjectNotFoundError, UnsupportedFormatError
+from ckvc.errors import (
+    CorruptObjectError,
+    DamagedIndexError,
+    ObjectNotFoundError,
+    ReadOnlyRepositoryError,
+    StorageIOError,
+    UnsupportedFormatError,
+)
 from ckvc.ids import ObjectType, object_id
-from ckvc.storage.files import file_lock
+from ckvc.storage.files import file_lock, fsync_dir
 from ckvc.storage.index import Index, IndexEntry
 from ckvc.storage.packs import (
     RECORD_HEADER_SIZE,
@@ -46,6 +58,7 @@ from ckvc.storage.packs import (
 )
 
 DEFAULT_MAX_PACK_SIZE = 256 << 20
+INDEX_DIR = "index"
 # Decoded links of delta chains, so that consecutive checkouts (and chains that
 # share links) decode each base once. Bounded per thread: part of the memory budget.
 BASE_CACHE_BYTES = 32 << 20
@@ -57,6 +70,33 @@ def _check_identity(record_oid: bytes, record_kind: int, oid: bytes, kind: Objec
         raise CorruptObjectError("record holds a different object than the index says")
     if kind is not None and record_kind != kind:
         raise CorruptObjectError(f"expected a {kind.name.lower()} object, found type {record_kind}")
+
+
+# The most a zstd frame expands: an RLE block is 4 bytes for up to 128 KiB.
+_ZSTD_MAX_RATIO = 1 << 15
+_ZSTD_BLOCK = 128 << 10
+
+
+def _check_sizes(oid: bytes, entry: IndexEntry) -> None:
+    """An entry's type, codec and raw size must be possible for its record size,
+    before a buffer of raw_size bytes is allocated: chunks are at most
+    MAX_CHUNK_SIZE, a raw record holds exactly its payload, and metadata objects
+    are raw or one zstd frame."""
+    payload = entry.record_size - RECORD_HEADER_SIZE
+    if entry.kind == ObjectType.CHUNK:
+        ok = entry.raw_size <= MAX_CHUNK_SIZE and entry.codec in CODEC_NAMES
+    elif entry.kind in (ObjectType.SNAPSHOT, ObjectType.COMMIT, ObjectType.TAG):
+        ok = entry.codec == ZSTD and entry.raw_size <= _ZSTD_MAX_RATIO * payload + _ZSTD_BLOCK
+    else:
+        raise CorruptObjectError(f"unknown object type {entry.kind} in the index", object_id=oid.hex())
+    if entry.codec == RAW:
+        ok = entry.raw_size == payload
+    if payload < 0 or not ok:
+        raise CorruptObjectError(
+            f"a {CODEC_NAMES.get(entry.codec, entry.codec)} record of {entry.record_size} bytes cannot hold "
+            f"{entry.raw_size} bytes of type {entry.kind}",
+            object_id=oid.hex(),
+        )
 
 
 class _PlainCache:
@@ -137,10 +177,24 @@ PIN_TIMEOUT_S = 120.0
 
 
 class ObjectStore:
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, *, readonly: bool | None = None) -> None:
+        """``readonly``: open the index read-only (None: when the index
+        directory, or the repository if it has none yet, is not writable)."""
         self.root = root
         self.pack_dir = root / "packs"
-        self.index = Index(root / "index")
+        index_dir = root / INDEX_DIR
+        if readonly is None:
+            readonly = not os.access(index_dir if index_dir.exists() else root, os.W_OK)
+        self.readonly = readonly
+        # A damaged index does not stop the repository from opening: every use
+        # raises DamagedIndexError naming the repair, and rebuild_index() replaces
+        # it without touching it.
+        self._index: Index | None = None
+        self._index_error: DamagedIndexError | None = None
+        try:
+            self._index = Index(index_dir, readonly=readonly)
+        except DamagedIndexError as exc:
+            self._index_error = exc
         self.reader = PackReader(self.pack_dir)
         self._refresh_lock = threading.Lock()
         self._exclusive_held = False
@@ -181,20 +235,31 @@ class ObjectStore:
             finally:
                 self._exclusive_held = False
 
+    @property
+    def index(self) -> Index:
+        if self._index is None:
+            assert self._index_error is not None
+            raise self._index_error
+        return self._index
+
     def close(self) -> None:
         self.reader.close()
-        self.index.close()
+        if self._index is not None:
+            self._index.close()
 
     # ---- lookup -------------------------------------------------------------
     def has(self, oid: bytes) -> bool:
         return self.index.has(oid)
 
     def locate(self, oid: bytes) -> IndexEntry:
+        """The index entry of ``oid``, checked for sizes a reader could be made to
+        allocate (docs/FORMAT.md §7.5): CorruptObjectError rather than MemoryError."""
         entry = self.index.get(oid)
         if entry is None and self.refresh():
             entry = self.index.get(oid)
         if entry is None:
             raise ObjectNotFoundError(f"object {oid.hex()} not found")
+        _check_sizes(oid, entry)
         return entry
 
     def stat(self, oid: bytes) -> StoredObject:
@@ -221,10 +286,44 @@ class ObjectStore:
             return added
 
     def rebuild_index(self) -> int:
-        """Drop the index and rebuild it from the packs alone. Returns the object count."""
-        self.index.clear()
-        self.refresh()
-        return self.index.count()
+        """Build a new index from the packs alone beside the old one, which is
+        never opened (it may be damaged: a truncated LMDB file is a SIGBUS when
+        mapped), and rename it into place. Writers and gc are held off meanwhile;
+        other processes switch to the new index on their next write. Returns the
+        object count."""
+        if self.readonly:
+            raise ReadOnlyRepositoryError(f"cannot rebuild the index of a read-only repository {self.root}")
+        target = self.root / INDEX_DIR
+        fresh = self.root / f"{INDEX_DIR}.rebuild-{uuid.uuid4().hex}"
+        aside = self.root / f"{INDEX_DIR}.old-{uuid.uuid4().hex}"
+        with self.exclusive(PIN_TIMEOUT_S), self._refresh_lock:
+            try:
+                new = Index(fresh)
+                try:
+                    for name in list_packs(self.pack_dir):
+                        try:
+                            with self.reader.opened(name) as fd:
+                                entries, _ = pack_entries(fd, name)
+                        except (CorruptObjectError, ObjectNotFoundError):
+                            continue  # damaged (fsck reports it)
+                        new.add_pack(name, entries)
+                finally:
+                    new.close()
+                if self._index is not None:
+                    self._index.close()
+                    self._index = None
+                if target.exists():
+                    os.rename(target, aside)
+                os.rename(fresh, target)
+                fsync_dir(self.root)
+            except OSError as exc:
+                raise StorageIOError(f"cannot rebuild the index in {self.root}: {exc}", path=str(self.root)) from None
+            finally:
+                shutil.rmtree(fresh, ignore_errors=True)
+                shutil.rmtree(aside, ignore_errors=True)
+            self._index = Index(target)
+            self._index_error = None
+            return self._index.count()
 
     def iter_stored(self, prefix: bytes = b"") -> Iterator[StoredObject]:
         for oid, e in self.index.iter_entries(prefix):
@@ -240,6 +339,7 @@ class ObjectStore:
             # gc may have repacked the object and removed the pack between our
             # index lookup and the read: look it up once more.
             self.reader.forget(entry.pack)
+            self.index.reopen_if_replaced()  # or the index was rebuilt under us
             retry = self.locate(oid)
             if (retry.pack, retry.offset) == (entry.pack, entry.offset):
                 raise
@@ -255,6 +355,8 @@ class ObjectStore:
         raw = self.reader.read_reusing(entry.pack, entry.offset, entry.record_size, slot)
         record = parse_record(raw, entry.record_size)
         _check_identity(record.oid, record.kind, oid, kind)
+        if (record.raw_size, record.codec, record.kind) != (entry.raw_size, entry.codec, entry.kind):
+            raise CorruptObjectError("record header does not match its index entry")
         return record
 
     def _decode_entry(self, oid: bytes, entry: IndexEntry, kind: ObjectType | None, out: np.ndarray) -> None:
@@ -288,7 +390,13 @@ class ObjectStore:
         head = self.reader.read_head_into(entry.pack, entry.offset, entry.record_size, RECORD_HEADER_SIZE, out.data)
         record_kind, codec, raw_size, payload_size, record_oid, base = parse_record_header(head)
         _check_identity(record_oid, record_kind, oid, kind)
-        if codec != RAW or base is not None or raw_size != payload_size or payload_size != len(out):
+        if (
+            codec != RAW
+            or base is not None
+            or raw_size != payload_size
+            or payload_size != len(out)
+            or record_kind != entry.kind
+        ):
             raise CorruptObjectError("record header does not match its index entry")
         return record_kind
 
@@ -387,6 +495,7 @@ class ObjectStore:
             self._decode_entry(oid, entry, ObjectType.CHUNK, target)
         except ObjectNotFoundError:
             self.reader.forget(entry.pack)
+            self.index.reopen_if_replaced()
             retry = self.locate(oid)
             if (retry.pack, retry.offset) == (entry.pack, entry.offset):
                 raise

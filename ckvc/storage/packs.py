@@ -22,6 +22,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import os
+import stat
 import struct
 import threading
 import uuid
@@ -31,8 +32,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ckvc.codecs import Buffer
-from ckvc.errors import CorruptObjectError, ObjectNotFoundError, UnsupportedFormatError
-from ckvc.ids import ID_SIZE
+from ckvc.errors import CkvcError, CorruptObjectError, ObjectNotFoundError, StorageIOError, UnsupportedFormatError
+from ckvc.ids import ID_SIZE, ObjectType
 from ckvc.storage.files import fsync_dir
 
 PACK_MAGIC = b"CKVCPACK"
@@ -48,6 +49,7 @@ TOC_ENTRY = struct.Struct("<32sBBHQQQ")
 FOOTER_MAGIC = b"CKVCTOC1"
 FOOTER = struct.Struct("<8sQQII")
 NO_BASE = bytes(ID_SIZE)
+_KINDS = frozenset(int(t) for t in ObjectType)  # record types this reader knows
 PACK_SUFFIX = ".pack"
 TMP_SUFFIX = ".pack.tmp"
 
@@ -194,6 +196,15 @@ def read_toc(fd: int, name: str) -> list[RecordInfo] | None:
         oid, kind, codec, _r, offset, record_size, raw_size = TOC_ENTRY.unpack_from(
             toc, TOC_HEADER.size + i * TOC_ENTRY.size
         )
+        # A checksum is no proof (anyone can compute one): an entry must lie
+        # between the header and the TOC, or the TOC counts as damaged.
+        if (
+            offset < PACK_HEADER.size
+            or record_size < RECORD_HEADER_SIZE
+            or offset + record_size > toc_offset
+            or kind not in _KINDS
+        ):
+            return None
         entries.append(RecordInfo(oid, kind, codec, offset, record_size, raw_size))
     return entries
 
@@ -211,7 +222,7 @@ def scan_records(fd: int) -> Iterator[RecordInfo]:
         except CorruptObjectError:
             return
         record_size = RECORD_HEADER_SIZE + payload_size
-        if offset + record_size > size:
+        if offset + record_size > size or kind not in _KINDS:
             return
         yield RecordInfo(oid, kind, codec, offset, record_size, raw_size)
         offset += record_size
@@ -241,6 +252,7 @@ class PackReader:
         self.pack_dir = pack_dir
         self.max_open = max_open
         self._fds: collections.OrderedDict[str, list[int]] = collections.OrderedDict()  # name -> [fd, users]
+        self._sizes: dict[str, int] = {}  # file sizes: packs never change once sealed
         self._retired: dict[int, int] = {}  # fd -> users, for files dropped from the cache while in use
         self._lock = threading.Lock()
         self._local = threading.local()  # per-thread read buffers (read_reusing)
@@ -254,16 +266,29 @@ class PackReader:
                 self._fds.move_to_end(name)
                 entry[1] += 1
             else:
+                if not _is_pack_name(name):  # index entries are not trusted to stay in packs/
+                    raise CorruptObjectError(f"the index names a pack {name!r:.80} that cannot exist")
                 try:
                     fd = os.open(self.pack_dir / name, os.O_RDONLY)
                 except FileNotFoundError:
                     raise ObjectNotFoundError(f"pack {name} is missing") from None
+                except OSError as exc:
+                    raise StorageIOError(
+                        f"cannot open pack {name}: {exc.strerror}", path=name, errno=exc.errno
+                    ) from None
+                st = os.fstat(fd)
+                if not stat.S_ISREG(st.st_mode):
+                    os.close(fd)
+                    raise CorruptObjectError(f"pack {name} is not a regular file")
+                self._sizes[name] = st.st_size
                 entry = [fd, 1]
                 self._fds[name] = entry
                 self._evict_idle()
             fd = entry[0]
         try:
             yield fd
+        except OSError as exc:  # EIO and the like from a read of this pack
+            raise StorageIOError(f"cannot read pack {name}: {exc.strerror}", path=name, errno=exc.errno) from None
         finally:
             with self._lock:
                 if self._fds.get(name) is entry:
@@ -287,7 +312,20 @@ class PackReader:
                 os.close(fd)
                 excess -= 1
 
+    def check_range(self, name: str, offset: int, size: int) -> None:
+        """CorruptObjectError unless [offset, offset + size) lies inside the pack:
+        checked before any buffer of ``size`` bytes is allocated for a read."""
+        pack_size = self._sizes.get(name)
+        if pack_size is None:
+            with self.opened(name):
+                pack_size = self._sizes[name]
+        if offset < 0 or size < 0 or offset + size > pack_size:
+            raise CorruptObjectError(
+                f"pack {name}: {size} bytes at offset {offset} run past its end ({pack_size} bytes)"
+            )
+
     def read(self, name: str, offset: int, size: int) -> bytes:
+        self.check_range(name, offset, size)
         with self.opened(name) as fd:
             data = os.pread(fd, size, offset)
         if len(data) != size:
@@ -298,6 +336,7 @@ class PackReader:
         """Like :meth:`read`, into a buffer this thread reuses per ``slot``: valid
         only until this thread's next read into the same slot. Fresh pages cost a
         fault per 4 KiB in these VMs, more than decoding what lands in them."""
+        self.check_range(name, offset, size)
         view = self._buffer(slot, size)
         self._read_exact(name, offset, [view])
         return view
@@ -325,7 +364,7 @@ class PackReader:
         try:
             with self.opened(name) as fd:
                 os.posix_fadvise(fd, offset, size, os.POSIX_FADV_WILLNEED)
-        except (ObjectNotFoundError, OSError):
+        except (CkvcError, OSError):
             pass
 
     def read_head_into(self, name: str, offset: int, size: int, head_size: int, out: memoryview) -> memoryview:
@@ -334,6 +373,7 @@ class PackReader:
         (a raw chunk's destination: no second copy)."""
         if len(out) != size - head_size:
             raise ValueError("destination does not match the record's payload size")
+        self.check_range(name, offset, size)
         head = self._buffer(-1, head_size)
         self._read_exact(name, offset, [head, out])
         return head
@@ -341,6 +381,7 @@ class PackReader:
     def forget(self, name: str) -> None:
         """Drop a pack's cached file (gc removed the pack)."""
         with self._lock:
+            self._sizes.pop(name, None)
             entry = self._fds.pop(name, None)
             if entry is not None:
                 if entry[1]:
@@ -355,5 +396,9 @@ class PackReader:
             os.close(fd)
 
 
+def _is_pack_name(name: str) -> bool:
+    return name.endswith(PACK_SUFFIX) and "/" not in name and "\0" not in name and not name.startswith(".")
+
+
 def list_packs(pack_dir: Path) -> list[str]:
-    return sorted(p.name for p in pack_dir.iterdir() if p.name.endswith(PACK_SUFFIX))
+    return sorted(p.name for p in pack_dir.iterdir() if _is_pack_name(p.name))
