@@ -71,7 +71,7 @@ def _commit_json(c: Commit) -> dict[str, Any]:
         "time_ns": c.time_ns,
         "message": c.message,
         "metrics": {k: _jsonable(v) for k, v in c.metrics.items()},
-        "metadata": dict(c.metadata),
+        "metadata": _jsonable(dict(c.metadata)),
         "pickled": c.pickled,
         "lossy": {path: dict(report) for path, report in c.lossy.items()},
     }
@@ -607,11 +607,8 @@ def diff(obj: Context, a: str, b: str | None, paths: tuple[str, ...], stat: bool
     for name, old, new in d.metrics_changed:
         click.echo(f"metric {name}: {_num(old)} -> {_num(new)}")
     if d.rng_changed:
-        click.echo(
-            f"rng: {_count(len(d.rng_changed), 'RNG state leaf')} changed (expected between steps)".replace(
-                "leafs", "leaves"
-            )
-        )
+        n = len(d.rng_changed)
+        click.echo(f"rng: {n} RNG state {'leaf' if n == 1 else 'leaves'} changed (expected between steps)")
     for path in d.added:
         click.echo(f"+ {path}")
     for path in d.removed:
