@@ -373,12 +373,12 @@ def log(
         )
         return
     labels = _labels(repo)
-    rows = _graph_rows(commits) if graph else ((None, None, c) for c in commits)
-    for node, body, c in rows:
+    rows = _graph_rows(commits) if graph else (("", [], None, c) for c in commits)
+    for node, opening, body, c in rows:
         if c is None:  # a connector line of the graph
             click.echo(node)
             continue
-        lead = f"{node} " if node is not None else ""
+        lead = f"{node} " if node else ""
         cont = f"{body} " if body is not None else ""
         deco = f" ({', '.join(labels[c.id])})" if c.id in labels else ""
         first_line = c.message.splitlines()[0] if c.message else ""
@@ -386,6 +386,8 @@ def log(
         if oneline:
             metrics = f"  [{_metrics_text(c.metrics)}]" if c.metrics else ""
             click.echo(f"{lead}{c.id[:12]}{deco}{mark} {first_line}{metrics}")
+            for line in opening:
+                click.echo(line)
             continue
         lines = [f"commit {c.id}{deco}{mark}"]
         if c.id in pruned:
@@ -399,14 +401,17 @@ def log(
         lines += [f"    {line}" for line in (c.message or "(no message)").splitlines()]
         lines.append("")
         click.echo(lead + lines[0])
+        for line in opening:
+            click.echo(line)
         for line in lines[1:]:
             click.echo((cont + line).rstrip() if cont else line)
 
 
-def _graph_rows(commits: list[Commit]) -> Iterator[tuple[str, str | None, Commit | None]]:
+def _graph_rows(commits: list[Commit]) -> Iterator[tuple[str, list[str], str | None, Commit | None]]:
     """git-style ASCII graph for commits in topological order (children first):
-    (node prefix, prefix for the commit's further lines, commit), and connector
-    lines as (text, None, None). Lane i is drawn at column 2i."""
+    (node prefix, the lines a merge opens right below its node, prefix for the
+    commit's further lines, commit), and connector lines as (text, [], None, None).
+    Lane i is drawn at column 2i."""
     lanes: list[str] = []  # the commit each lane waits for
 
     def row(chars: dict[int, str], width: int) -> str:
@@ -421,15 +426,16 @@ def _graph_rows(commits: list[Commit]) -> Iterator[tuple[str, str | None, Commit
         extra = [p for p in parents[1:] if p not in lanes]
         after = lanes[:col] + parents[:1] + extra + lanes[col + 1 :]
         body = row({2 * i: "|" for i in range(len(after))}, 2 * len(after)) if after else ""
-        yield node, body, c
+        opening = []
         if extra:  # a merge opens lanes to its right: "|\"
             chars = {2 * i: "|" for i in range(col + 1)}
             chars.update({2 * i - 1: "\\" for i in range(col + 1, len(after))})
-            yield row(chars, 2 * len(after)), None, None
-        elif not parents and col < len(after):  # a root: the lanes right of it move left
+            opening.append(row(chars, 2 * len(after)))
+        yield node, opening, body, c
+        if not parents and col < len(after):  # a root: the lanes right of it move left
             chars = {2 * i: "|" for i in range(col)}
             chars.update({2 * i + 1: "/" for i in range(col, len(after))})
-            yield row(chars, 2 * len(after) + 1), None, None
+            yield row(chars, 2 * len(after) + 1), [], None, None
         lanes = after
         while True:  # lanes waiting for the same commit join: "|/"
             dup = next((j for j in range(len(lanes)) if lanes[j] in lanes[:j]), None)
@@ -437,7 +443,7 @@ def _graph_rows(commits: list[Commit]) -> Iterator[tuple[str, str | None, Commit
                 break
             chars = {2 * i: "|" for i in range(dup)}
             chars.update({2 * i - 1: "/" for i in range(dup, len(lanes))})
-            yield row(chars, 2 * len(lanes)), None, None
+            yield row(chars, 2 * len(lanes)), [], None, None
             del lanes[dup]
 
 
