@@ -241,7 +241,9 @@ def run_fsck(
             add(
                 UNREFERENCED,
                 None,
-                f"{count} objects ({size} bytes) are unreferenced; `ckvc gc` reclaims them",
+                f"{count} objects ({size} bytes) are unreferenced (no branch, tag or HEAD reaches them); "
+                "`ckvc gc` frees those no reflog entry names (entries live reflog_expiry) once their pack is "
+                "older than gc_grace; `ckvc gc --now` skips the grace period",
                 "warning",
             )
     return report

@@ -108,7 +108,7 @@ class Commit:
     time_ns: int  # UTC, nanoseconds since the Unix epoch
     message: str
     metrics: Mapping[str, float] = field(default_factory=dict)
-    metadata: Mapping[str, str] = field(default_factory=dict)
+    metadata: Mapping[str, Any] = field(default_factory=dict)  # JSON-like values (validate_metadata)
     pickled: bool = False  # holds pickled values: refused on read unless allowed
     # Tensors stored by the opt-in lossy tier: path -> {"codec", "max_abs_error",
     # "rms_error", "rel_rms_error"}. Encoded only when non-empty, so exact commits
@@ -131,7 +131,7 @@ class Commit:
                 "message": self.message,
                 # Sorted: the caller's insertion order must not change the id.
                 "metrics": {k: float(self.metrics[k]) for k in sorted(self.metrics)},
-                "metadata": {k: self.metadata[k] for k in sorted(self.metadata)},
+                "metadata": canonical_metadata(self.metadata),
                 "pickled": self.pickled,
                 **({"lossy": self._lossy_map()} if self.lossy else {}),
             }
@@ -165,9 +165,8 @@ class Commit:
             and isinstance(obj["metrics"], dict)
             and all(isinstance(k, str) and isinstance(v, float) for k, v in obj["metrics"].items())
             and list(obj["metrics"]) == sorted(obj["metrics"])
+            and _is_metadata_value(obj["metadata"])
             and isinstance(obj["metadata"], dict)
-            and all(isinstance(k, str) and isinstance(v, str) for k, v in obj["metadata"].items())
-            and list(obj["metadata"]) == sorted(obj["metadata"])
             and isinstance(obj["pickled"], bool)
         )
         _require(ok, "commit", "bad field types")
@@ -239,10 +238,58 @@ def validate_metrics(metrics: Mapping[str, Any] | None) -> dict[str, float]:
     return out
 
 
-def validate_metadata(metadata: Mapping[str, Any] | None) -> dict[str, str]:
-    out: dict[str, str] = {}
-    for key, value in (metadata or {}).items():
-        if not isinstance(key, str) or not isinstance(value, str):
-            raise ValueError(f"metadata must map str to str, got {key!r}: {value!r}")
-        out[key] = value
+# Nesting limit of metadata values: deep enough for any config, and no recursion bomb.
+MAX_METADATA_DEPTH = 32
+_INT_RANGE = (-(1 << 63), (1 << 64) - 1)  # what msgpack encodes
+
+
+def _is_metadata_value(v: Any, depth: int = 0) -> bool:
+    """A canonical metadata value as read: str, int, float, bool, None, lists, and
+    maps with str keys in sorted order, nested at most MAX_METADATA_DEPTH deep."""
+    if v is None or isinstance(v, (str, bool, int, float)):
+        return True
+    if depth >= MAX_METADATA_DEPTH:
+        return False
+    if isinstance(v, list):
+        return all(_is_metadata_value(x, depth + 1) for x in v)
+    if isinstance(v, dict):
+        return (
+            all(isinstance(k, str) for k in v)
+            and list(v) == sorted(v)
+            and all(_is_metadata_value(x, depth + 1) for x in v.values())
+        )
+    return False
+
+
+def canonical_metadata(value: Any, depth: int = 0, where: str = "metadata") -> Any:
+    """``value`` as stored: maps sorted by key (at every level), tuples as lists.
+    ValueError naming the place of anything that is not JSON-like data."""
+    if value is None or isinstance(value, (str, bool, float)):
+        return value
+    if isinstance(value, int):
+        if not _INT_RANGE[0] <= value <= _INT_RANGE[1]:
+            raise ValueError(f"{where} = {value} does not fit in 64 bits")
+        return int(value)  # an IntEnum or other subclass becomes a plain int
+    if depth >= MAX_METADATA_DEPTH:
+        raise ValueError(f"{where} is nested deeper than {MAX_METADATA_DEPTH} levels")
+    if isinstance(value, (list, tuple)):
+        return [canonical_metadata(x, depth + 1, f"{where}[{i}]") for i, x in enumerate(value)]
+    if isinstance(value, Mapping):
+        for key in value:
+            if not isinstance(key, str):
+                raise ValueError(f"{where} has a key {key!r} that is not a str")
+        return {k: canonical_metadata(value[k], depth + 1, f"{where}[{k!r}]") for k in sorted(value)}
+    raise ValueError(
+        f"{where} is a {type(value).__name__}; metadata values are str, int, float, bool, None, "
+        "lists and dicts (convert it, e.g. str(path))"
+    )
+
+
+def validate_metadata(metadata: Mapping[str, Any] | None) -> dict[str, Any]:
+    """Metadata is a str-keyed map of JSON-like values (``vars(args)`` with plain
+    values works), stored canonically (sorted maps, tuples as lists) and read back
+    equal to what was given."""
+    if metadata is not None and not isinstance(metadata, Mapping):
+        raise ValueError(f"metadata must be a mapping, got {type(metadata).__name__}")
+    out: dict[str, Any] = canonical_metadata(dict(metadata or {}))
     return out

@@ -493,7 +493,7 @@ class Repo:
         state: Any,
         message: str = "",
         metrics: Mapping[str, Any] | None = None,
-        metadata: Mapping[str, str] | None = None,
+        metadata: Mapping[str, Any] | None = None,
         *,
         merge: Sequence[str] = (),
         allow_pickle: bool = False,
@@ -510,7 +510,7 @@ class Repo:
         state: Any,
         message: str = "",
         metrics: Mapping[str, Any] | None = None,
-        metadata: Mapping[str, str] | None = None,
+        metadata: Mapping[str, Any] | None = None,
         *,
         merge: Sequence[str] = (),
         allow_pickle: bool = False,
@@ -526,7 +526,7 @@ class Repo:
         state: Any,
         message: str = "",
         metrics: Mapping[str, Any] | None = None,
-        metadata: Mapping[str, str] | None = None,
+        metadata: Mapping[str, Any] | None = None,
         *,
         merge: Sequence[str] = (),
         allow_pickle: bool = False,
@@ -622,7 +622,7 @@ class Repo:
         pickled: bool,
         message: str,
         clean_metrics: dict[str, float],
-        clean_metadata: dict[str, str],
+        clean_metadata: dict[str, Any],
         merge: Sequence[str],
         policy: RetentionPolicy | None,
         retain: bool | None,
@@ -1327,14 +1327,21 @@ class Repo:
             leaf = leaves[path]
             return self._summary(path, leaf, snapshot).nbytes if isinstance(leaf, TensorInfo) else 0
 
+        # RNG states are counted apart, in rng_changed only
         for path in lb:
             if path not in la:
-                (result.rng_changed if is_rng_path(path) else result.added).append(path)
-                result.added_bytes += size(lb, sb, path)
+                if is_rng_path(path):
+                    result.rng_changed.append(path)
+                else:
+                    result.added.append(path)
+                    result.added_bytes += size(lb, sb, path)
         for path in la:
             if path not in lb:
-                (result.rng_changed if is_rng_path(path) else result.removed).append(path)
-                result.removed_bytes += size(la, sa, path)
+                if is_rng_path(path):
+                    result.rng_changed.append(path)
+                else:
+                    result.removed.append(path)
+                    result.removed_bytes += size(la, sa, path)
         for path in (p for p in la if p in lb):
             va, vb = la[path], lb[path]
             if isinstance(va, TensorInfo) and isinstance(vb, TensorInfo):
@@ -1343,10 +1350,11 @@ class Repo:
                 if same_view and (blob_a.dtype, blob_a.chunks) == (blob_b.dtype, blob_b.chunks):
                     result.unchanged += 1
                     continue
-                result.changed_bytes += size(lb, sb, path)
                 if is_rng_path(path):
                     result.rng_changed.append(path)
-                elif data:
+                    continue
+                result.changed_bytes += size(lb, sb, path)
+                if data:
                     result.changed.append(self._tensor_change(path, ca, sa, va, cb, sb, vb))
                 else:
                     result.changed.append(

@@ -33,6 +33,7 @@ RUNS = {
     "chunk-size": ("chunk_size.py --size-mb 8 --repeats 1", "entries/GB"),
     "delta-floor": ("delta_floor.py --synthetic --epochs 4 --workdir {tmp}", "order-0 entropy bound"),
     "gc": ("gc.py --commits 6 --size-mb 4 --keep 2 --history 3,6 --repeats 1 --dir {tmp}", "slope"),
+    "cli-startup": ("cli_startup.py --repeats 1 --commits 2 --dir {tmp}", "acceptance (<= 0.3 s, no torch):"),
 }
 
 

@@ -255,7 +255,7 @@ def test_bad_input_leaves_repository_unchanged(repo: ckvc.Repo) -> None:
     with pytest.raises(ckvc.InvalidInputError):
         repo.commit(small_state(1), metrics={"val_loss": "low"})
     with pytest.raises(ckvc.InvalidInputError):
-        repo.commit(small_state(1), metadata={"k": 3})  # type: ignore[dict-item]
+        repo.commit(small_state(1), metadata={"k": object()})  # JSON-like values only
     with pytest.raises(ckvc.InvalidRevisionError):
         repo.commit(small_state(1), merge=["nope"])
     assert ckvc_files(repo) == before

@@ -75,7 +75,7 @@ def _commit_json(c: Commit) -> dict[str, Any]:
         "time_ns": c.time_ns,
         "message": c.message,
         "metrics": {k: _jsonable(v) for k, v in c.metrics.items()},
-        "metadata": dict(c.metadata),
+        "metadata": _jsonable(dict(c.metadata)),
         "pickled": c.pickled,
         "lossy": {path: dict(report) for path, report in c.lossy.items()},
     }
@@ -440,12 +440,12 @@ def log(
         )
         return
     labels = _labels(repo)
-    rows = _graph_rows(commits) if graph else ((None, None, c) for c in commits)
-    for node, body, c in rows:
+    rows = _graph_rows(commits) if graph else (("", [], None, c) for c in commits)
+    for node, opening, body, c in rows:
         if c is None:  # a connector line of the graph
             click.echo(node)
             continue
-        lead = f"{node} " if node is not None else ""
+        lead = f"{node} " if node else ""
         cont = f"{body} " if body is not None else ""
         deco = f" ({', '.join(labels[c.id])})" if c.id in labels else ""
         first_line = c.message.splitlines()[0] if c.message else ""
@@ -453,6 +453,8 @@ def log(
         if oneline:
             metrics = f"  [{_metrics_text(c.metrics)}]" if c.metrics else ""
             click.echo(f"{lead}{c.id[:12]}{deco}{mark} {first_line}{metrics}")
+            for line in opening:
+                click.echo(line)
             continue
         lines = [f"commit {c.id}{deco}{mark}"]
         if c.id in pruned:
@@ -466,14 +468,17 @@ def log(
         lines += [f"    {line}" for line in (c.message or "(no message)").splitlines()]
         lines.append("")
         click.echo(lead + lines[0])
+        for line in opening:
+            click.echo(line)
         for line in lines[1:]:
             click.echo((cont + line).rstrip() if cont else line)
 
 
-def _graph_rows(commits: list[Commit]) -> Iterator[tuple[str, str | None, Commit | None]]:
+def _graph_rows(commits: list[Commit]) -> Iterator[tuple[str, list[str], str | None, Commit | None]]:
     """git-style ASCII graph for commits in topological order (children first):
-    (node prefix, prefix for the commit's further lines, commit), and connector
-    lines as (text, None, None). Lane i is drawn at column 2i."""
+    (node prefix, the lines a merge opens right below its node, prefix for the
+    commit's further lines, commit), and connector lines as (text, [], None, None).
+    Lane i is drawn at column 2i."""
     lanes: list[str] = []  # the commit each lane waits for
 
     def row(chars: dict[int, str], width: int) -> str:
@@ -488,15 +493,16 @@ def _graph_rows(commits: list[Commit]) -> Iterator[tuple[str, str | None, Commit
         extra = [p for p in parents[1:] if p not in lanes]
         after = lanes[:col] + parents[:1] + extra + lanes[col + 1 :]
         body = row({2 * i: "|" for i in range(len(after))}, 2 * len(after)) if after else ""
-        yield node, body, c
+        opening = []
         if extra:  # a merge opens lanes to its right: "|\"
             chars = {2 * i: "|" for i in range(col + 1)}
             chars.update({2 * i - 1: "\\" for i in range(col + 1, len(after))})
-            yield row(chars, 2 * len(after)), None, None
-        elif not parents and col < len(after):  # a root: the lanes right of it move left
+            opening.append(row(chars, 2 * len(after)))
+        yield node, opening, body, c
+        if not parents and col < len(after):  # a root: the lanes right of it move left
             chars = {2 * i: "|" for i in range(col)}
             chars.update({2 * i + 1: "/" for i in range(col, len(after))})
-            yield row(chars, 2 * len(after) + 1), None, None
+            yield row(chars, 2 * len(after) + 1), [], None, None
         lanes = after
         while True:  # lanes waiting for the same commit join: "|/"
             dup = next((j for j in range(len(lanes)) if lanes[j] in lanes[:j]), None)
@@ -504,7 +510,7 @@ def _graph_rows(commits: list[Commit]) -> Iterator[tuple[str, str | None, Commit
                 break
             chars = {2 * i: "|" for i in range(dup)}
             chars.update({2 * i - 1: "/" for i in range(dup, len(lanes))})
-            yield row(chars, 2 * len(lanes)), None, None
+            yield row(chars, 2 * len(lanes)), [], None, None
             del lanes[dup]
 
 
@@ -674,11 +680,8 @@ def diff(obj: Context, a: str, b: str | None, paths: tuple[str, ...], stat: bool
     for name, old, new in d.metrics_changed:
         click.echo(f"metric {name}: {_num(old)} -> {_num(new)}")
     if d.rng_changed:
-        click.echo(
-            f"rng: {_count(len(d.rng_changed), 'RNG state leaf')} changed (expected between steps)".replace(
-                "leafs", "leaves"
-            )
-        )
+        n = len(d.rng_changed)
+        click.echo(f"rng: {n} RNG state {'leaf' if n == 1 else 'leaves'} changed (expected between steps)")
     for path in d.added:
         click.echo(f"+ {path}")
     for path in d.removed:
