@@ -1,0 +1,167 @@
+"""The torture suite (benchmarks/torture.py, issue 12) in the default test run.
+
+The short run (a seeded sample of every category, about two minutes) runs once
+per session; each category then asserts 0 failed, 0 integrity failures and 0
+crashes. Categories that fail today carry a strict xfail naming the failing
+cases, so the suite turns red (XPASS) the moment the fixes land and the marker
+can go. CKVC_TORTURE=1 also runs the long version (every injection point, 300+
+kills). The runner's own detection (crashes, hangs, tracebacks, fault wrappers)
+is checked first, on children that misbehave on purpose.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+import torture
+
+# Why each category fails today (seed 12, short run, main at 17286a1). Each entry
+# names the cases; reproduce one with: python benchmarks/torture.py -v --case 'CATEGORY/CASE'.
+XFAIL: dict[str, str] = {
+    "cli": "exit 0 where a refusal is right: 'reflog rev=nonutf8', 'reflog rev=pruned-or-missing-id', "
+    "'config codec zstd:1000'; traceback UnicodeEncodeError at ckvc/objects.py:25: 'commit --metric <non-UTF-8>=1'",
+    "crafted": "SIGBUS: 'index-truncate-0.5: show', 'index-truncate-0.5: commit'; traceback lmdb.InvalidError at "
+    "ckvc/storage/index.py:41: 'index-garbage: checkout-o', 'index-garbage: commit'; traceback ValueError at "
+    "ckvc/codecs/__init__.py:139: \"config codec={'name': 'zstd', 'level': 1000}: commit\"; traceback AttributeError "
+    "at ckvc/config.py:48: \"config codec='zstd': log\", \"config codec='zstd': checkout-o\"; traceback "
+    "UnicodeDecodeError at ckvc/pruned.py:39: 'pruned-nonutf8: checkout-o'; load refuses but fsck --level metadata "
+    "is clean: 'tree negative-shape', 'tree uint64-max-shape', 'tree bad-kind' (load-refuses=>fsck-reports); "
+    "SIGSEGV: 'tree deep-tuple-ext-5000: load-refuses=>fsck-reports'",
+    "faults": "commit: traceback OSError from packs.py:125 writev (EIO at calls 6, 8, 9, 10/28) and from files.py:63 "
+    "file_lock (ENOSPC call 3); pack .tmp left after the next commit (EIO call 5, ENOSPC calls 5, 6, 8); "
+    "refs/heads/.main.*.tmp left (ENOSPC call 18); failed (exit 1) after main moved (EIO calls 22, 26 at "
+    "files.py:48 reflog append; ENOSPC calls 21, 24, 28). gc: traceback OSError from files.py:63 file_lock "
+    "(EIO calls 2-6/8) and files.py:21 fsync_dir (EIO calls 7, 8/8)",
+    "diskfull": "commit with 96, 144, 192 KiB free: traceback OSError ENOSPC at ckvc/storage/packs.py:129; "
+    "commit with 0 KiB free: pack .tmp left after the next commit",
+    "readonly": "every command on a read-only bind mount (reads and writes alike, all 18 cases) dies with a "
+    "traceback lmdb.Error 'Read-only file system' at ckvc/storage/index.py:41 (the index is opened read-write)",
+    "signals": "timing-dependent (kill instants are fractions of a measured run), so not strict: checkout -o DIR "
+    "interrupted mid-write leaves a mixed v1/v2 directory ('checkout-dir SIGKILL at 0.695', 'checkout-dir SIGINT "
+    "at 0.717'); Ctrl-C outside the command body exits 1 with click's 'Aborted!' ('gc SIGINT at 0.394', "
+    "'checkout-dir SIGINT at 0.181') or, during interpreter exit, with a KeyboardInterrupt traceback",
+    "deep": "SIGSEGV on load/show/checkout of a 250-deep tuple or OrderedDict ('deep-tuple-250: checkout-o', "
+    "'deep-odict-250: load'); RecursionError at commit: 'deep-tuple-5000: commit' (ckvc/state.py:184), "
+    "'deep-odict-600: commit' (ckvc/state.py:314)",
+}
+# Categories whose outcome depends on timing: a run may miss the window.
+NOT_STRICT = {"signals", "writers"}
+
+
+def _marked(category: str) -> Any:
+    if category in XFAIL:
+        mark = pytest.mark.xfail(strict=category not in NOT_STRICT, reason=XFAIL[category])
+        return pytest.param(category, marks=mark)
+    return category
+
+
+@pytest.fixture(scope="module")
+def runner(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    scratch = tmp_path_factory.mktemp("torture-runner")
+    r = torture.Runner(scratch, timeout=20)
+    yield r
+    r.close()
+
+
+@pytest.mark.parametrize(
+    ("what", "verdict", "detail"),
+    [
+        ("segv", torture.CRASH, "killed by SIGSEGV"),
+        ("memory", torture.CRASH, "MemoryError"),
+        ("recursion", torture.CRASH, "RecursionError"),
+    ],
+)
+def test_runner_observes_crashes(runner: Any, tmp_path: Path, what: str, verdict: str, detail: str) -> None:
+    proc = runner.run("selftest", what, cwd=tmp_path)
+    got = torture.judge(proc, "any")
+    assert (got.verdict, got.detail.split(":")[0]) == (verdict, detail)
+
+
+def test_runner_observes_a_hang(runner: Any, tmp_path: Path) -> None:
+    proc = runner.run("selftest", "hang", cwd=tmp_path, timeout=1.0)
+    assert proc.timed_out and proc.rc is None
+    assert torture.judge(proc, "any").verdict == torture.CRASH
+
+
+def test_fault_wrappers_count_and_inject(runner: Any, tmp_path: Path) -> None:
+    """Calls from outside the ckvc package are neither counted nor failed: the
+    selftest child is in benchmarks/, so its os.open and os.write go through."""
+    record = tmp_path / "calls.txt"
+    proc = runner.run(
+        "selftest", "faults", cwd=tmp_path, faults={"k": 1, "persist": True, "errno": 5, "record": str(record)}
+    )
+    assert proc.rc == 0 and (tmp_path / "selftest.txt").read_bytes() == b"x"
+    assert record.read_text() == ""
+
+
+def test_fault_wrappers_fail_the_kth_ckvc_call(runner: Any, tmp_path: Path) -> None:
+    """`ckvc init` makes directories and files: the first of its counted calls fails
+    with the errno asked for, and the count run names each call by its ckvc line."""
+    record = tmp_path / "calls.txt"
+    counted = runner.cli(["init", "a"], tmp_path, faults={"k": 0, "persist": False, "errno": 0, "record": str(record)})
+    assert counted.rc == 0
+    calls = record.read_text().splitlines()
+    assert calls and all("@ckvc/" in c for c in calls)
+    failed = runner.cli(["init", "b"], tmp_path, faults={"k": 1, "persist": False, "errno": 28, "record": None})
+    assert failed.rc != 0
+    assert not (tmp_path / "b" / ".ckvc").exists()
+
+
+def test_judge_rules() -> None:
+    def proc(rc: int | None, stderr: str = "", sig: int | None = None) -> torture.Proc:
+        return torture.Proc([], rc, sig, False, "", stderr, 0.0)
+
+    assert torture.judge(proc(0), "ok").verdict == torture.HANDLED
+    assert torture.judge(proc(0), "err").verdict == torture.FAILED
+    assert torture.judge(proc(9, "ckvc: error: no such ref\n"), "err").verdict == torture.HANDLED
+    assert torture.judge(proc(9, "ckvc: error: a\nckvc: error: b\n"), "err").verdict == torture.FAILED
+    assert torture.judge(proc(1, "ckvc: error: x\n"), "err").verdict == torture.FAILED  # 1 is fsck's
+    assert torture.judge(proc(1, "damage\n"), "any", fsck=True).verdict == torture.HANDLED
+    assert torture.judge(proc(99, "ckvc: error: x\n"), "err").verdict == torture.FAILED
+    assert torture.judge(proc(2, "Usage: ckvc\nError: no such option\n"), "err").verdict == torture.HANDLED
+    tb = 'Traceback (most recent call last):\n  File "x.py", line 1, in f\nOSError: boom\n'
+    assert torture.judge(proc(1, tb), "any").verdict == torture.FAILED
+    assert torture.judge(proc(None, "", signal.SIGBUS), "any").verdict == torture.CRASH
+    assert {0, 2, 7, 14, 130} <= torture.documented_exit_codes()
+
+
+@pytest.fixture(scope="module")
+def short_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, dict[str, int]], list[Any]]:
+    args = torture.parse_args(["--workdir", str(tmp_path_factory.mktemp("torture"))])
+    lines: list[str] = []
+    figs, results = torture.run_suite(args, log=lines.append)
+    print("\n".join(lines), "", torture.table(figs), sep="\n")
+    return figs, results
+
+
+def _check(category: str, run: tuple[dict[str, dict[str, int]], list[Any]]) -> None:
+    figs, results = run
+    row = figs.get(category)
+    if row is not None and row["tried"] == 0 and row["skipped"]:
+        reason = next(r.detail for r in results if r.category == category)
+        pytest.skip(f"{category}: {reason}")
+    assert row is not None and row["tried"] > 0
+    bad = [f"{r.verdict}: {r.case}: {r.detail}" for r in results if r.category == category and r.verdict != "handled"]
+    bad = [b for b in bad if not b.startswith("skip")]
+    assert not bad, f"{len(bad)} of {row['tried']} {category} cases not handled:\n" + "\n".join(bad)
+
+
+@pytest.mark.parametrize("category", [_marked(c) for c in torture.CATEGORIES])
+def test_torture_short(short_run: tuple[dict[str, dict[str, int]], list[Any]], category: str) -> None:
+    _check(category, short_run)
+
+
+@pytest.mark.skipif(not os.environ.get("CKVC_TORTURE"), reason="the long torture run is opt-in: CKVC_TORTURE=1")
+@pytest.mark.parametrize("category", torture.CATEGORIES)
+def test_torture_long(tmp_path_factory: pytest.TempPathFactory, category: str) -> None:
+    args = torture.parse_args(["--long", "--category", category, "--workdir", str(tmp_path_factory.mktemp("long"))])
+    figs, results = torture.run_suite(args, log=print)
+    print(torture.table(figs))
+    _check(category, (figs, results))
