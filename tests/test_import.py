@@ -23,8 +23,8 @@ from helpers import assert_state_equal
 
 import ckvc
 from ckvc.cli import cli
-from ckvc.cli.files import read_checkpoint
 from ckvc.errors import InterruptedOperationError, InvalidInputError
+from ckvc.files import read_checkpoint
 from ckvc.importer import BYTES_KEY, HASH_KEY, SOURCE_KEY, ImportConflictError, content_hash, import_checkpoints
 
 BASE_TIME_NS = 1_700_000_000 * 10**9
@@ -229,11 +229,6 @@ def test_dcp_step_directories_are_planned_in_order(repo: ckvc.Repo, tmp_path: Pa
     assert files_of(repo.dir) == before
 
 
-@pytest.mark.xfail(
-    importlib.util.find_spec("ckvc.files") is None,
-    reason="before ckvc.files (h-files), folder commits drop DCP's .metadata",
-    strict=True,
-)
 def test_dcp_step_directories_import_and_export_loadable(repo: ckvc.Repo, tmp_path: Path) -> None:
     import torch.distributed.checkpoint as dcp
 
@@ -242,7 +237,7 @@ def test_dcp_step_directories_import_and_export_loadable(repo: ckvc.Repo, tmp_pa
     import_checkpoints(repo, tmp_path / "dcp")
     assert [c.metadata["ckvc.import.kind"] for c in chain(repo)] == ["dcp", "dcp"]
     out = tmp_path / "exported"
-    r = run(repo.dir.parent, "checkout", "HEAD", "-o", str(out))  # TODO(lead): `ckvc export` once it lands
+    r = run(repo.dir.parent, "export", "HEAD", str(out))
     assert r.exit_code == 0, r.output
     loaded = {"w": torch.zeros(3)}
     dcp.load(loaded, checkpoint_id=str(out))
@@ -491,7 +486,6 @@ def test_minilm_import_matches_one_by_one(tmp_path: Path) -> None:
     ``ckvc commit`` processes store 0.05% more or less: the delta backoff (a tensor whose
     delta lost skips the next tries) lives in the Repo object, so each fresh process
     tries every delta again (measured: 395,988,433 vs 395,773,022 stored chunk bytes)."""
-    import importlib.util
 
     spec = importlib.util.spec_from_file_location(
         "ckvc_bench_minilm", Path(__file__).parent.parent / "benchmarks" / "minilm_data.py"

@@ -11,7 +11,6 @@ position would show in the losses. Run as a script, this file is the training pr
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -121,16 +120,6 @@ def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[
     return tmp, full
 
 
-# Stock Trainer folders hold rng_state.pth (numpy arrays) and training_args.bin (a pickle);
-# committing them needs ckvc.files (h-files' byte-faithful folder commits, issue 13).
-needs_faithful_folders = pytest.mark.xfail(
-    importlib.util.find_spec("ckvc.files") is None,
-    reason="before ckvc.files, committing a stock Trainer folder fails on rng_state.pth",
-    strict=True,
-)
-
-
-@needs_faithful_folders
 def test_resume_from_exported_commit_matches_uninterrupted_run(
     uninterrupted: tuple[Path, dict[str, Any]], tmp_path: Path
 ) -> None:
@@ -141,8 +130,7 @@ def test_resume_from_exported_commit_matches_uninterrupted_run(
     committed = _ckvc("-C", str(repo), "commit", str(checkpoint))  # no flags: a stock folder must just work
     assert committed.returncode == 0, committed.stderr
     exported = tmp_path / "exported"
-    # TODO(lead): `ckvc export HEAD OUT` once h-cli's export lands in main (checkout -o moves HEAD).
-    out = _ckvc("-C", str(repo), "checkout", "HEAD", "-o", str(exported))
+    out = _ckvc("-C", str(repo), "export", "HEAD", str(exported))
     assert out.returncode == 0, out.stderr
     names = sorted(p.relative_to(checkpoint).as_posix() for p in checkpoint.rglob("*") if p.is_file())
     assert sorted(p.relative_to(exported).as_posix() for p in exported.rglob("*") if p.is_file()) == names
@@ -152,7 +140,6 @@ def test_resume_from_exported_commit_matches_uninterrupted_run(
     assert resumed["weights"] == full["weights"]
 
 
-@needs_faithful_folders
 def test_import_trainer_output_dir(uninterrupted: tuple[Path, dict[str, Any]], tmp_path: Path) -> None:
     """``ckvc import`` of the Trainer's output dir: one commit per checkpoint-N, metrics as logged."""
     run_dir, _ = uninterrupted
