@@ -528,14 +528,10 @@ def export_commit(
         return write_checkpoint({k[len(prefix) :]: v for k, v in flat.items()}, out, format=format)
     commit = repo.readable_commit(rev, allow_pickle=allow_pickle)
     snapshot = repo.read_snapshot(commit)
+    # The checks load makes, before anything is allocated or read.
+    parsed = state_mod.parse_snapshot(snapshot, commit.id, allow_pickle=allow_pickle, files=True)
     bases = repo._read_blobs(commit, snapshot.blobs, progress)
-
-    def load_blob(index: int) -> Any:
-        if index >= len(bases):
-            raise CkvcError(f"commit {commit.id[:12]}: tensor refers to blob {index} of {len(bases)}")
-        return bases[index]
-
-    state = state_mod.decode_state(snapshot.tree, load_blob, map_location="cpu", files=True, allow_pickle=allow_pickle)
+    state = state_mod.build_state(parsed, bases.__getitem__, map_location="cpu")
     return write_checkpoint(state, out, commit.metadata, format=format, progress=progress)
 
 

@@ -188,6 +188,16 @@ class RefStore:
             raise RefNotFoundError(f"HEAD is damaged: {value[:80]!r}")
         return None, value
 
+    def _head_branch(self) -> str | None:
+        """The branch HEAD points at, without reading it (None: detached or unreadable)."""
+        try:
+            value = self._read_file(HEAD)
+        except RefNotFoundError:
+            return None
+        if value is not None and value.startswith(_SYMREF_PREFIX):
+            return value[len(_SYMREF_PREFIX) :]
+        return None
+
     def list_refs(self, prefix: str = "refs/", *, damaged: list[str] | None = None) -> dict[str, str]:
         """All refs under ``prefix`` (a directory prefix like "refs/heads/"), sorted.
         A damaged ref file raises RefNotFoundError, or, when ``damaged`` is given,
@@ -254,9 +264,11 @@ class RefStore:
                 raise RefConflictError(f"cannot create {name}: {parent.relative_to(self.root).as_posix()} exists")
             parent = parent.parent
 
-    def set_if_equals(self, name: str, old: str | None, new: str, message: str, *, also_log: str | None = None) -> None:
+    def set_if_equals(self, name: str, old: str | None, new: str, message: str) -> None:
         """Point ``name`` at ``new`` if it currently names ``old`` (None: must not
-        exist). Raises RefConflictError otherwise, changing nothing. An OS error
+        exist). Raises RefConflictError otherwise, changing nothing. Logged in
+        ``name``'s reflog and, when HEAD is on that branch, in HEAD's (as git does;
+        repair on open expects both). An OS error
         before the move is a StorageError with the ref unchanged; after it, a
         DurabilityWarning (the move stands)."""
         check_ref_name(name)
@@ -271,12 +283,13 @@ class RefStore:
                 self._clear_stale_logs(name)
             path = self._path(name)
             path.parent.mkdir(parents=True, exist_ok=True)
+            head_on_it = self._head_branch() == name
             write_atomic(path, (new + "\n").encode(), sync_dir=False)
             with self._after_move(f"{name} now names {new[:12]}", new):
                 fsync_dir(path.parent)
                 self._log(name, old, new, message)
-                if also_log:
-                    self._log(also_log, old, new, message)
+                if head_on_it:
+                    self._log(HEAD, old, new, message)
 
     def delete_if_equals(self, name: str, old: str, message: str) -> None:
         check_ref_name(name)

@@ -731,7 +731,7 @@ class Repo:
             writer.commit()
             reflog_message = f"commit: {message.splitlines()[0] if message else ''}".rstrip()
             if target is not None:
-                self.refs.set_if_equals(target, parent, commit_id, reflog_message, also_log=HEAD)
+                self.refs.set_if_equals(target, parent, commit_id, reflog_message)
             else:
                 assert parent is not None
                 self.refs.set_head_if_equals(parent, commit_id, reflog_message)

@@ -777,13 +777,15 @@ def _leaf(code: int, data: bytes, allow_pickle: bool | None) -> Any:
     raise CorruptObjectError(f"unknown extension type {code} in state tree")
 
 
-def parse_snapshot(snapshot: Snapshot, commit_id: str | None = None, *, allow_pickle: bool | None) -> ParsedTree:
+def parse_snapshot(
+    snapshot: Snapshot, commit_id: str | None = None, *, allow_pickle: bool | None, files: bool = False
+) -> ParsedTree:
     """``snapshot``'s tree read and checked against its blobs (:func:`parse_tree`),
     every blob checked too (:func:`check_blob`): what load, views and show
     require before anything is allocated, and what fsck checks on every
     reachable commit. Errors name ``commit_id``."""
     try:
-        return parse_tree(snapshot.tree, snapshot.blobs, allow_pickle=allow_pickle)
+        return parse_tree(snapshot.tree, snapshot.blobs, allow_pickle=allow_pickle, files=files)
     except CorruptObjectError as exc:
         raise exc.with_context(commit=commit_id) from None
 
