@@ -27,7 +27,13 @@ from helpers import assert_state_equal
 import ckvc
 from ckvc import state as state_mod
 from ckvc.codecs import ZSTD, make_codec
-from ckvc.errors import CorruptObjectError, DamagedIndexError, ReadOnlyRepositoryError, UnsupportedTypeError
+from ckvc.errors import (
+    CorruptObjectError,
+    DamagedIndexError,
+    InsufficientMemoryError,
+    ReadOnlyRepositoryError,
+    UnsupportedTypeError,
+)
 from ckvc.fsck import BAD_PACK, BAD_STATE
 from ckvc.ids import ObjectType, object_id
 from ckvc.objects import Blob, Commit, Snapshot
@@ -521,3 +527,9 @@ def test_a_directory_named_like_a_pack_is_reported_not_read(tmp_path: Path) -> N
     assert [p.kind for p in report.problems if p.severity == "error"] == [BAD_PACK]
     assert "not a regular file" in report.problems[0].detail
     repo.close()
+
+
+@pytest.mark.parametrize("dtype", ["float32", "numpy:<f4"])
+def test_a_blob_the_machine_cannot_hold_is_a_typed_error(dtype: str) -> None:
+    with pytest.raises(InsufficientMemoryError, match=f"cannot allocate {4 * 10**15} bytes"):
+        state_mod.allocate_blob(dtype, 4 * 10**15)
