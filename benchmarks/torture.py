@@ -596,12 +596,14 @@ def tree_diff(a: dict[str, str], b: dict[str, str]) -> str:
 
 
 def unchanged(before: dict[str, str], after: dict[str, str], proc: Proc) -> Verdict | None:
-    """None when a refused call left everything as it was. The LMDB index (a cache)
-    and new pack files (unreferenced, gc removes them) do not count."""
+    """None when a refused call left everything as it was. The LMDB index (a cache
+    rebuilt from the packs) and new pack files (unreferenced, gc removes them) do not count."""
 
     def significant(state: dict[str, str]) -> dict[str, str]:
         return {
-            k: v for k, v in state.items() if not k.endswith("data.mdb") and not (k not in before and "/packs/" in k)
+            k: v
+            for k, v in state.items()
+            if not re.search(r"(^|/)\.ckvc/index(/|$)", k) and not (k not in before and "/packs/" in k)
         }
 
     a, b = significant(before), significant(after)
@@ -1197,6 +1199,50 @@ def _append_logs(c: Path, line: bytes) -> None:
             _append(p, line)
 
 
+def _craft_toc(pack: Path, field: int, value: int) -> None:
+    """Set ``field`` of every TOC entry to ``value``, with the TOC's CRC recomputed
+    (a malicious pack, not a damaged one: the checksums hold)."""
+    import zlib
+
+    from ckvc.storage.packs import FOOTER, TOC_ENTRY, TOC_HEADER
+
+    data = bytearray(pack.read_bytes())
+    end = len(data) - FOOTER.size
+    magic, toc_offset, count, _crc, reserved = FOOTER.unpack_from(data, end)
+    for i in range(count):
+        at = toc_offset + TOC_HEADER.size + i * TOC_ENTRY.size
+        entry = list(TOC_ENTRY.unpack_from(data, at))
+        entry[field] = value
+        TOC_ENTRY.pack_into(data, at, *entry)
+    FOOTER.pack_into(data, end, magic, toc_offset, count, zlib.crc32(data[toc_offset:end]), reserved)
+    pack.write_bytes(bytes(data))
+
+
+def _craft_record(pack: Path, field: int, value: int) -> None:
+    """Set ``field`` of the first record's header to ``value``, with its CRC recomputed."""
+    import zlib
+
+    from ckvc.storage.packs import PACK_HEADER, RECORD_HEADER
+
+    data = bytearray(pack.read_bytes())
+    header = list(RECORD_HEADER.unpack_from(data, PACK_HEADER.size))
+    header[field] = value
+    RECORD_HEADER.pack_into(data, PACK_HEADER.size, *header)
+    fixed = data[PACK_HEADER.size : PACK_HEADER.size + RECORD_HEADER.size]
+    struct.pack_into("<I", data, PACK_HEADER.size + RECORD_HEADER.size, zlib.crc32(fixed))
+    pack.write_bytes(bytes(data))
+
+
+def _and_no_index(mutate: Mutation) -> Mutation:
+    """``mutate``, then the index removed, so it is rebuilt from the crafted pack."""
+
+    def both(c: Path) -> None:
+        mutate(c)
+        shutil.rmtree(_index_file(c).parent)
+
+    return both
+
+
 def _on(path: str, edit: Callable[..., object], *args: Any) -> Mutation:
     """A mutation applying ``edit(file, *args)`` to .ckvc/``path``; ``index``: the LMDB data file."""
 
@@ -1222,6 +1268,22 @@ def repo_mutations(rng: random.Random, long: bool) -> Iterator[tuple[str, Mutati
     yield "pack-garbage", P(_in_pack, which="largest", edit=P(_write, data=random.Random(1).randbytes(5000)))
     yield "pack-append-garbage", P(_in_pack, which="largest", edit=P(_append, data=b"\x00garbage" * 10))
     yield "pack-huge-footer-size", P(_in_pack, which="smallest", edit=P(_append, data=b"\xff" * 64))
+    huge = 1 << 50
+    for which in ("largest", "smallest"):
+        yield (
+            f"toc-raw-size-huge-{which}",
+            _and_no_index(P(_in_pack, which=which, edit=P(_craft_toc, field=6, value=huge))),
+        )
+        yield (
+            f"toc-record-size-huge-{which}",
+            _and_no_index(P(_in_pack, which=which, edit=P(_craft_toc, field=5, value=huge))),
+        )
+        yield (
+            f"toc-offset-huge-{which}",
+            _and_no_index(P(_in_pack, which=which, edit=P(_craft_toc, field=4, value=huge))),
+        )
+        yield f"record-raw-size-huge-{which}", P(_in_pack, which=which, edit=P(_craft_record, field=4, value=huge))
+        yield f"record-payload-size-huge-{which}", P(_in_pack, which=which, edit=P(_craft_record, field=5, value=huge))
     yield "index-garbage", _on("index", _write, random.Random(2).randbytes(64 << 10))
     yield "index-empty", _on("index", _write, b"")
     yield "index-deleted", _on("index", lambda p: shutil.rmtree(p.parent))
@@ -1844,7 +1906,9 @@ def run_suite(
         for category in args.categories:
             started = time.monotonic()
             cases = list(CATEGORY_GENERATORS[category](ctx))
-            if not args.long and not args.case:
+            if args.match:
+                cases = [c for c in cases if re.search(args.match, f"{category}/{c.name}")]
+            elif not args.long and not args.case:
                 cases = spread_sample(cases, SHORT_QUOTA[category], random.Random(args.seed))
             for case in cases:
                 if args.case and case.name != args.case.split("/", 1)[-1]:
@@ -1953,6 +2017,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=DEFAULT_SEED)
     p.add_argument("--category", dest="categories", action="append", choices=CATEGORIES)
     p.add_argument("--case", default=None, help="Run only the case of this name (category/name).")
+    p.add_argument("--match", default=None, metavar="REGEX", help="Run every case whose category/name matches.")
     p.add_argument(
         "--kills", type=int, default=None, help="SIGKILLs in total (default 18, long 300); SIGINTs: a third."
     )
