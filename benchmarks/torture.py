@@ -562,9 +562,18 @@ def judge(proc: Proc, expect: str, *, fsck: bool = False) -> Verdict:
         return Verdict(FAILED, f"refused (exit {proc.rc}) but must succeed: {_last_error_line(err)}")
     if proc.rc != 2 and not fsck:
         errors = [line for line in err.splitlines() if line.strip() and not line.startswith("ckvc: warning")]
-        if len(errors) != 1 or not errors[0].startswith("ckvc: "):
+        if len(errors) != 1 or not (errors[0].startswith("ckvc: ") or _is_json_error(errors[0], proc.rc)):
             return Verdict(FAILED, f"exit {proc.rc} without a one-line 'ckvc: ...' message: {err.strip()[:160]!r}")
     return Verdict(HANDLED)
+
+
+def _is_json_error(line: str, rc: int) -> bool:
+    """Under --json an error is one JSON object, {"error": {type, message, exit_code}}."""
+    try:
+        error = json.loads(line)["error"]
+    except (ValueError, KeyError, TypeError):
+        return False
+    return isinstance(error, dict) and error.get("exit_code") == rc and bool(error.get("message"))
 
 
 def tree_state(root: Path) -> dict[str, str]:

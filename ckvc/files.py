@@ -552,6 +552,10 @@ def write_checkpoint(
     torch.save, deterministic; .safetensors: a flat dict of tensors). The output
     appears atomically; leftovers of killed runs next to ``out`` are removed."""
     out = Path(os.path.abspath(out))
+    if format in ("pt", "safetensors") and _format_of(out) != format:
+        # Tools pick the reader by suffix: safetensors bytes in a .bin would be misread.
+        wanted = " or ".join(TORCH_SUFFIXES) if format == "pt" else SAFETENSORS_SUFFIX
+        raise InvalidInputError(f"--format {format} writes a {wanted} file, not {out.name!r}")
     is_dir = (metadata or {}).get("ckvc.source") == DIRECTORY_SOURCE or (
         isinstance(state, dict) and bool(state) and all(isinstance(v, StoredFile) for v in state.values())
     )

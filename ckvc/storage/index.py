@@ -17,7 +17,7 @@ from typing import Any
 
 import lmdb
 
-from ckvc.errors import DamagedIndexError, ReadOnlyRepositoryError, StorageFullError, StorageIOError
+from ckvc.errors import DamagedIndexError, ReadOnlyRepositoryError, StorageFullError, storage_error
 from ckvc.ids import ObjectType
 from ckvc.storage.packs import RecordInfo
 
@@ -88,12 +88,8 @@ def _translate(exc: BaseException, path: Path) -> Exception:
         return ReadOnlyRepositoryError(f"index {path} is read-only", path=str(path))
     if isinstance(exc, _DAMAGE):
         return DamagedIndexError(f"index {path} is damaged ({exc}); {REPAIR_HINT}")
-    text = str(exc)  # an OS error inside LMDB: only its text says which
-    if "No space left" in text or "quota exceeded" in text:
-        return StorageFullError(f"index {path}: no space left on the device", path=str(path))
-    if "Read-only file system" in text or "Permission denied" in text:
-        return ReadOnlyRepositoryError(f"index {path} cannot be written: {text}", path=str(path))
-    return StorageIOError(f"index {path}: {text}", path=str(path))
+    # An OS error inside LMDB (only its text says which): the one OS-error mapping.
+    return storage_error(exc, f"using the index {path}", "the index is unchanged")
 
 
 @contextlib.contextmanager

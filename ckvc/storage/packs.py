@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ckvc.codecs import Buffer
-from ckvc.errors import CkvcError, CorruptObjectError, ObjectNotFoundError, StorageIOError, UnsupportedFormatError
+from ckvc.errors import CkvcError, CorruptObjectError, ObjectNotFoundError, UnsupportedFormatError, storage_error
 from ckvc.ids import ID_SIZE, ObjectType
 from ckvc.storage.files import fsync_dir
 
@@ -273,9 +273,7 @@ class PackReader:
                 except FileNotFoundError:
                     raise ObjectNotFoundError(f"pack {name} is missing") from None
                 except OSError as exc:
-                    raise StorageIOError(
-                        f"cannot open pack {name}: {exc.strerror}", path=name, errno=exc.errno
-                    ) from None
+                    raise storage_error(exc, f"opening pack {name}", "nothing was read from it") from None
                 st = os.fstat(fd)
                 if not stat.S_ISREG(st.st_mode):
                     os.close(fd)
@@ -288,7 +286,7 @@ class PackReader:
         try:
             yield fd
         except OSError as exc:  # EIO and the like from a read of this pack
-            raise StorageIOError(f"cannot read pack {name}: {exc.strerror}", path=name, errno=exc.errno) from None
+            raise storage_error(exc, f"reading pack {name}", "nothing was read from it") from None
         finally:
             with self._lock:
                 if self._fds.get(name) is entry:
