@@ -583,11 +583,6 @@ class ParsedTree:
         self._slots = slots  # (container, key, TensorInfo, path) per tensor node
         self._finishers = finishers  # (container, key, payload, type), innermost first
 
-    @property
-    def tensors(self) -> list[tuple[str, TensorInfo]]:
-        """(path, info) of every tensor node, in tree order."""
-        return [(_render(path), info) for _, _, info, path in self._slots]
-
     def build(self, make_tensor: Callable[[TensorInfo], Any] | None = None) -> Any:
         """The state, each tensor node replaced by ``make_tensor(info)`` (by its
         TensorInfo when None). Call once: it fills the tree in place."""
