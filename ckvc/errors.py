@@ -170,10 +170,20 @@ class StorageError(CkvcError):
 
     exit_code = 18
 
-    def __init__(self, message: str, *, path: str | None = None, errno: int | None = None) -> None:
+    def __init__(
+        self, message: str, *, path: str | None = None, errno: int | None = None, failure: str | None = None
+    ) -> None:
         self.path = path
         self.errno = errno
+        self.failure = failure  # "disk full while reading pack X": the message without its outcome
         super().__init__(message)
+
+    def with_outcome(self, outcome: str) -> StorageError:
+        """The same failure told with the outcome of the whole operation it ended
+        (an outer :func:`storage_errors` knows it; the layer that failed does not)."""
+        if self.failure is None:
+            return self
+        return type(self)(f"{self.failure}: {outcome}", path=self.path, errno=self.errno, failure=self.failure)
 
 
 class StorageFullError(StorageError):
@@ -270,7 +280,8 @@ def storage_error(exc: BaseException, action: str, outcome: str) -> StorageError
             detail = (str(exc).splitlines() or [type(exc).__name__])[0]
         what = f"I/O error ({detail})"
     where = f" ({path})" if path else ""
-    return cls(f"{what} while {action}{where}: {outcome}", path=path, errno=err)
+    failure = f"{what} while {action}{where}"
+    return cls(f"{failure}: {outcome}", path=path, errno=err, failure=failure)
 
 
 def _lmdb_errno(exc: BaseException) -> int | None:
@@ -292,9 +303,15 @@ def storage_errors(action: str, outcome: str) -> Iterator[None]:
     """Map OSError and lmdb errors raised inside the block to StorageFullError,
     ReadOnlyRepositoryError or StorageIOError, with a one-line message:
     ``with storage_errors("writing commit", "nothing was committed; the branch is unchanged"):``.
-    CkvcErrors pass through unchanged."""
+    A StorageError from a lower layer keeps its failure and takes this outcome;
+    other CkvcErrors pass through unchanged."""
     try:
         yield
+    except StorageError as exc:
+        retold = exc.with_outcome(outcome)
+        if retold is exc:
+            raise
+        raise retold from exc.__cause__
     except CkvcError:
         raise
     except Exception as exc:

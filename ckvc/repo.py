@@ -46,6 +46,7 @@ from ckvc.errors import (
     PrunedCommitError,
     RefConflictError,
     RefNotFoundError,
+    StorageError,
     UnsafeContentError,
     UnsupportedFormatError,
     is_storage_exception,
@@ -650,6 +651,8 @@ class Repo:
                     raise InterruptedOperationError(f"interrupted: {unchanged}") from None
                 if not isinstance(exc, CkvcError) and is_storage_exception(exc):
                     raise storage_error(exc, "writing the commit", unchanged) from exc
+                if isinstance(exc, StorageError):
+                    raise exc.with_outcome(unchanged) from exc.__cause__
                 raise
             if isinstance(exc, InterruptedOperationError):
                 raise
