@@ -28,7 +28,7 @@ import re
 import shutil
 import time
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -324,17 +324,19 @@ class RefStore:
         with contextlib.suppress(OSError):
             os.close(os.open(self.root / REPAIR_MARKER, os.O_WRONLY | os.O_CREAT, 0o644))
 
-    def repair_pending(self) -> bool:
+    def repair_pending(self, exists: Callable[[str], bool] = lambda oid: True) -> bool:
         """Whether :meth:`repair` has work: the marker exists, or (should the
         marker itself have failed to be written) HEAD's branch or HEAD moved
-        without its reflog entry. Cheap: reads the tails of two logs."""
+        without its reflog entry to a commit that ``exists`` (a ref edited by hand
+        to name nothing is damage for fsck, not an update to finish). Cheap:
+        reads the tails of two logs."""
         if (self.root / REPAIR_MARKER).exists():
             return True
         try:
             target, head_id = self.head()
         except (RefNotFoundError, InvalidRefNameError, OSError):
             return False
-        if head_id is None:
+        if head_id is None or not exists(head_id):
             return False
         return any(self._last_logged(name) != head_id for name in ((target,) if target else ()) + (HEAD,))
 

@@ -327,7 +327,7 @@ class Repo:
         self.store = ObjectStore(self.dir)
         self.refs = RefStore(self.dir)
         self.prune_log = PruneLog(self.dir)
-        if self.refs.repair_pending():
+        if self.refs.repair_pending(self._object_exists):
             self._repair_on_open()
         self._codec = make_codec(str(self.config.codec["name"]), self.config.codec.get("level"))
         self._pool: ThreadPoolExecutor | None = None
@@ -405,6 +405,12 @@ class Repo:
         """Refuse a write up front in a repository this process cannot write (a
         read-only mount, no write permission), even one that would change nothing."""
         require_writable(self.dir, action)
+
+    def _object_exists(self, oid: str) -> bool:
+        try:
+            return self.store.has(bytes.fromhex(oid))
+        except (ValueError, CkvcError):
+            return False
 
     def _repair_on_open(self) -> None:
         """Finish what an update left undone after it took effect (a reflog entry
@@ -1146,7 +1152,10 @@ class Repo:
         return commit_id
 
     def _move_head(self, rev: str, commit_id: str) -> None:
-        """HEAD onto the branch ``rev`` names, or detached at ``commit_id``."""
+        """HEAD onto the branch ``rev`` names, or detached at ``commit_id``.
+        ``HEAD`` itself leaves HEAD where it is (git checkout HEAD moves nothing)."""
+        if rev == "HEAD":
+            return
         full_branch = self._branch_named(rev)
         message = f"checkout: moving to {rev}"
         if full_branch is not None:

@@ -126,6 +126,14 @@ def test_checkout_warns_when_it_detaches_head(work: Path) -> None:
     assert (r.exit_code, r.stdout, r.stderr) == (0, "Switched to branch 'main'\n", "")
 
 
+def test_checkout_head_with_output_keeps_the_branch(work: Path) -> None:
+    """git checkout HEAD moves nothing: exporting the tip with checkout -o leaves HEAD on main."""
+    before = head(work)
+    r = run(work, "checkout", "HEAD", "-o", str(work / "tip.pt"))
+    assert r.exit_code == 0 and "detached" not in r.stderr, r.stderr
+    assert head(work) == before and before[0] == "main"
+
+
 def test_commit_on_a_detached_head_warns(work: Path) -> None:
     assert run(work, "checkout", "HEAD~1").exit_code == 0
     torch.save({"w": torch.ones(4)}, work / "x.pt")
