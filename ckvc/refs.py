@@ -41,7 +41,15 @@ from ckvc.errors import (
     storage_errors,
 )
 from ckvc.ids import is_full_hex_id
-from ckvc.storage.files import append_durable, file_lock, fsync_dir, looks_torn, read_log_lines, write_atomic
+from ckvc.storage.files import (
+    append_durable,
+    file_lock,
+    fsync_dir,
+    looks_torn,
+    read_log_lines,
+    remove_stale_temporaries,
+    write_atomic,
+)
 
 HEAD = "HEAD"
 BRANCH_PREFIX = "refs/heads/"
@@ -284,6 +292,7 @@ class RefStore:
             path = self._path(name)
             path.parent.mkdir(parents=True, exist_ok=True)
             head_on_it = self._head_branch() == name
+            remove_stale_temporaries(path)  # under the refs lock: any left is a failed writer's
             write_atomic(path, (new + "\n").encode(), sync_dir=False)
             with self._after_move(f"{name} now names {new[:12]}", new):
                 fsync_dir(path.parent)
@@ -412,6 +421,7 @@ class RefStore:
         with storage_errors("updating HEAD", "HEAD is unchanged"), file_lock(self._lock_path):
             old_id = self._head_id_or_none()
             new_id = self.read(branch) if branch is not None else detached
+            remove_stale_temporaries(self.root / HEAD)
             write_atomic(self.root / HEAD, f"{content}\n".encode(), sync_dir=False)
             with self._after_move(f"HEAD now points at {branch or detached}", new_id):
                 fsync_dir(self.root)
@@ -423,6 +433,7 @@ class RefStore:
             target, current = self.head()
             if target is not None or current != old:
                 raise RefConflictError(f"HEAD moved: expected detached at {old}")
+            remove_stale_temporaries(self.root / HEAD)
             write_atomic(self.root / HEAD, f"{new}\n".encode(), sync_dir=False)
             with self._after_move(f"HEAD now names {new[:12]}", new):
                 fsync_dir(self.root)

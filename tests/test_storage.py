@@ -205,3 +205,21 @@ def test_repo_works_after_index_directory_is_deleted(tmp_path: Path) -> None:
     shutil.rmtree(tmp_path / ".ckvc/index")
     with ckvc.Repo.open(tmp_path) as again:
         assert torch.equal(again.load(cid[:8])["w"], torch.arange(1000.0))
+
+
+def test_temporary_packs_of_dead_writers_are_swept_live_ones_kept(tmp_path: Path) -> None:
+    from ckvc.storage.packs import TMP_SUFFIX, PackWriter, sweep_dead_temporaries
+
+    pack_dir = tmp_path / "packs"
+    pack_dir.mkdir()
+    live = PackWriter(pack_dir)  # holds its lock
+    dead = PackWriter(pack_dir)
+    os.close(dead._fd)  # as a killed process's lock goes with its descriptor
+    dead._fd = -1
+    (pack_dir / f"pack-{'0' * 32}{TMP_SUFFIX}").write_bytes(b"")  # created, no header yet: maybe live
+    removed = sweep_dead_temporaries(pack_dir)
+    assert removed == [dead._tmp_path.name]
+    assert live._tmp_path.exists() and not dead._tmp_path.exists()
+    assert (pack_dir / f"pack-{'0' * 32}{TMP_SUFFIX}").exists()
+    live.append(b"\x01" * 32, 1, 0, 3, b"abc")
+    assert live.seal().exists()

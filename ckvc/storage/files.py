@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import glob
 import os
 import time
 import uuid
@@ -26,12 +27,24 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def _atomic_tmp_name(path: Path) -> str:
+    # Cut short so that the temporary name fits wherever ``path`` does (255 bytes).
+    return f".{path.name[:64]}.{uuid.uuid4().hex}.tmp"
+
+
+def remove_stale_temporaries(path: Path) -> None:
+    """Remove what failed or killed :func:`write_atomic` calls for ``path`` left.
+    Only for a caller holding the lock that every writer of ``path`` takes."""
+    for tmp in path.parent.glob(f".{glob.escape(path.name[:64])}.*.tmp"):
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+
+
 def write_atomic(path: Path, data: bytes, *, sync_dir: bool = True) -> None:
     """Replace ``path`` with ``data`` so a crash leaves the old or the new bytes, never a mix.
     ``sync_dir=False`` leaves the directory fsync to the caller, which can then
     tell a failure before the rename (nothing changed) from one after it."""
-    # The name is cut short so that the temporary name fits wherever ``path`` does (255 bytes).
-    tmp = path.with_name(f".{path.name[:64]}.{uuid.uuid4().hex}.tmp")
+    tmp = path.with_name(_atomic_tmp_name(path))
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
     try:
         view = memoryview(data)

@@ -55,6 +55,7 @@ from ckvc.storage.packs import (
     pack_entries,
     parse_record,
     parse_record_header,
+    sweep_dead_temporaries,
 )
 
 DEFAULT_MAX_PACK_SIZE = 256 << 20
@@ -514,6 +515,7 @@ class ObjectStore:
 
     # ---- writes -------------------------------------------------------------
     def writer(self, codec: Codec, max_pack_size: int = DEFAULT_MAX_PACK_SIZE) -> ObjectWriter:
+        sweep_dead_temporaries(self.pack_dir)  # what killed or failed writers left
         return ObjectWriter(self, codec, max_pack_size)
 
 

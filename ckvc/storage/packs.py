@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import fcntl
 import os
 import stat
 import struct
@@ -121,6 +122,9 @@ class PackWriter:
         self.entries: list[RecordInfo] = []
         self.size = 0
         try:
+            # Held until seal or abort: a temporary pack nobody holds is a dead
+            # writer's, which sweep_dead_temporaries may remove.
+            fcntl.flock(self._fd, fcntl.LOCK_EX)
             self._write(PACK_HEADER.pack(PACK_MAGIC, PACK_VERSION, 0, self.pack_uuid.bytes))
         except BaseException:
             self.abort()  # nobody holds this writer yet: leave no temporary pack behind
@@ -153,10 +157,10 @@ class PackWriter:
         footer = FOOTER.pack(FOOTER_MAGIC, toc_offset, len(self.entries), zlib.crc32(toc), 0)
         self._write(toc, footer)
         os.fsync(self._fd)
+        final = self.pack_dir / self.name
+        os.rename(self._tmp_path, final)  # still locked: no sweep can take it first
         os.close(self._fd)
         self._fd = -1
-        final = self.pack_dir / self.name
-        os.rename(self._tmp_path, final)
         fsync_dir(self.pack_dir)
         return final
 
@@ -166,6 +170,33 @@ class PackWriter:
             self._fd = -1
         with contextlib.suppress(OSError):
             os.unlink(self._tmp_path)
+
+
+def sweep_dead_temporaries(pack_dir: Path) -> list[str]:
+    """Remove temporary packs whose writer is gone (killed, or its cleanup failed
+    too): their lock is free and they hold at least a header (a live writer locks
+    its file before it writes the header). Returns the names removed."""
+    removed: list[str] = []
+    try:
+        names = [n for n in os.listdir(pack_dir) if n.endswith(TMP_SUFFIX)]
+    except OSError:
+        return removed
+    for name in names:
+        path = pack_dir / name
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except OSError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            if os.fstat(fd).st_size >= PACK_HEADER.size:
+                os.unlink(path)
+                removed.append(name)
+        except OSError:
+            pass  # held by a live writer, or not ours to remove
+        finally:
+            os.close(fd)
+    return removed
 
 
 def read_pack_header(fd: int, name: str) -> None:
