@@ -268,7 +268,10 @@ def _install_faults(spec: dict[str, Any]) -> Callable[[], list[str]]:
         with lock:
             calls.append(f"{name}@{where}")
             n = len(calls)
-        if k and (n == k or (persist and n > k)):
+        # A full disk still lets files be removed (that frees space): a persistent
+        # ENOSPC spares unlink, remove and rmdir, as the kernel does.
+        frees = err == errno_mod.ENOSPC and name in ("unlink", "remove", "rmdir")
+        if k and (n == k or (persist and n > k and not frees)):
             raise OSError(err, f"{os.strerror(err)} (injected at {name} call {n})")
 
     def wrap(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:

@@ -96,6 +96,13 @@ def test_a_read_only_bind_mount_is_fully_readable(ro_mount: tuple[Path, Path], t
     result = run(ro, "checkout", "main", "-o", str(out))
     assert result.exit_code == 0, result.output
     assert_state_equal(torch.load(out, weights_only=True), state(2))
+    # An older commit: the files are written, HEAD cannot move and says so.
+    result = run(ro, "checkout", "v1", "-o", str(tmp_path / "v1.pt"))
+    assert result.exit_code == 0, result.output
+    assert "ckvc: warning: the repository is read-only: HEAD was not moved" in result.output
+    assert_state_equal(torch.load(tmp_path / "v1.pt", weights_only=True), state(1))
+    assert run(ro, "checkout", "-b", "side", "v1", "-o", str(tmp_path / "side.pt")).exit_code == 21
+    assert not (tmp_path / "side.pt").exists()
     assert tree_digest(src) == before
 
 

@@ -7,12 +7,14 @@ prints one line on stderr, never a traceback.
 
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import datetime as dt
 import functools
 import json
 import math
 import os
+import signal
 import sys
 import traceback
 import warnings
@@ -740,12 +742,32 @@ def checkout(obj: Context, rev: str | None, output: Path | None, new_branch: str
         rev = "HEAD"
     written: list[Path] = []
     if output is not None:
+        from ckvc.errors import ReadOnlyRepositoryError
         from ckvc.files import export_commit
+        from ckvc.storage.files import require_writable
 
         if not output.is_absolute():
             output = Path(obj.directory) / output
+        try:
+            require_writable(repo.dir, "moving HEAD")
+            read_only = False
+        except ReadOnlyRepositoryError:
+            if new_branch is not None:
+                raise  # -b asks for a write: refused before any output
+            read_only = True
         with _progress_bar("checkout", not as_json) as progress:
             written = export_commit(repo, rev, output, progress=progress)
+        if read_only:
+            # What the caller can have from a repository it cannot write: the files.
+            _warn(f"the repository is read-only: HEAD was not moved (ckvc export {rev} OUT says so up front)")
+            if as_json:
+                _emit_json(
+                    {"commit": repo.resolve(rev), "branch": repo.head()[0], "written": [str(p) for p in written]}
+                )
+            else:
+                for p in written:
+                    click.echo(f"wrote {p}")
+            return
     was_branch, _ = repo.head()
     commit_id = repo.switch(rev, new_branch=new_branch)
     branch, _ = repo.head()
@@ -1239,6 +1261,9 @@ def import_cmd(obj: Context, source: Path, branch: str | None, glob: str | None,
     )
 
 
+_quiet_shutdown_registered: list[bool] = []
+
+
 def main() -> None:
     """The ``ckvc`` entry point: no error leaves it as a traceback (``_exit_code_for``);
     errors after a command returns (closing the repository) are mapped too."""
@@ -1249,3 +1274,9 @@ def main() -> None:
         raise
     except BaseException as exc:
         sys.exit(_exit_code_for(exc, None))
+    finally:
+        # Once the outcome is decided and said, a Ctrl-C during interpreter
+        # shutdown (library finalizers run after atexit) must not add a traceback.
+        if not _quiet_shutdown_registered:
+            atexit.register(signal.signal, signal.SIGINT, signal.SIG_IGN)
+            _quiet_shutdown_registered.append(True)
