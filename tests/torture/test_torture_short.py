@@ -24,33 +24,10 @@ import torture
 
 # Why each category fails today (seed 12, short run, main at 17286a1). Each entry
 # names the cases; reproduce one with: python benchmarks/torture.py -v --case 'CATEGORY/CASE'.
-XFAIL: dict[str, str] = {
-    "cli": "exit 0 where a refusal is right: 'reflog rev=nonutf8', 'reflog rev=pruned-or-missing-id', "
-    "'config codec zstd:1000'; traceback UnicodeEncodeError at ckvc/objects.py:25: 'commit --metric <non-UTF-8>=1'",
-    "crafted": "SIGBUS: 'index-truncate-0.5: show', 'index-truncate-0.5: commit'; MemoryError from a TOC claiming "
-    "huge sizes (CRC intact): 'toc-raw-size-huge-smallest: log' (object_store.py:249), 'toc-record-size-huge-smallest: "
-    "commit' (packs.py:305); traceback lmdb.InvalidError at ckvc/storage/index.py:41: 'index-garbage: checkout-o'; "
-    "traceback AttributeError at ckvc/config.py:48: \"config codec='zstd': log\"; traceback UnicodeDecodeError at "
-    "ckvc/pruned.py:39: 'pruned-nonutf8: show'; load refuses but fsck --level metadata is clean "
-    "(load-refuses=>fsck-reports): 'tree truncated', 'tree bad-npscalar', 'tree overflow-shape', 'tree "
-    "huge-shape-1e13'; SIGSEGV: 'tree deep-odict-ext-300', 'tree deep-tuple-ext-5000' (load-refuses=>fsck-reports)",
-    "faults": "commit: traceback OSError from packs.py:125 writev (EIO at calls 6, 8, 9, 10/28) and from files.py:63 "
-    "file_lock (ENOSPC call 3); pack .tmp left after the next commit (EIO call 5, ENOSPC calls 5, 6, 8); "
-    "refs/heads/.main.*.tmp left (ENOSPC call 18); failed (exit 1) after main moved (EIO calls 22, 26 at "
-    "files.py:48 reflog append; ENOSPC calls 21, 24, 28). gc: traceback OSError from files.py:63 file_lock "
-    "(EIO calls 2-6/8) and files.py:21 fsync_dir (EIO calls 7, 8/8)",
-    "diskfull": "commit with 96, 144, 192 KiB free: traceback OSError ENOSPC at ckvc/storage/packs.py:129; "
-    "commit with 0 KiB free: pack .tmp left after the next commit",
-    "readonly": "every command on a read-only bind mount (reads and writes alike, all 18 cases) dies with a "
-    "traceback lmdb.Error 'Read-only file system' at ckvc/storage/index.py:41 (the index is opened read-write)",
-    "signals": "timing-dependent (kill instants are fractions of a measured run), so not strict: checkout -o DIR "
-    "killed mid-write leaves a mixed v1/v2 directory (e.g. 'checkout-dir SIGKILL at 0.885'); Ctrl-C outside the "
-    "command body exits 1 with click's 'Aborted!' ('commit SIGINT at 0.724', 'checkout-dir SIGINT at 0.181') or, "
-    "during interpreter exit, with a KeyboardInterrupt traceback ('checkout-dir SIGINT at 0.717')",
-    "deep": "SIGSEGV on load/show/checkout of a 250-deep tuple or OrderedDict ('deep-tuple-250: checkout-o', "
-    "'deep-odict-250: load'); RecursionError at commit: 'deep-tuple-5000: commit' (ckvc/state.py:184), "
-    "'deep-odict-600: commit' (ckvc/state.py:314)",
-}
+# Categories known to fail, with the failing cases named: none since the issue 12
+# fixes. A category that regresses fails here; one added while known to fail goes
+# in with a precise reason (strict, so it turns red once fixed).
+XFAIL: dict[str, str] = {}
 # Categories whose outcome depends on timing: a run may miss the window.
 NOT_STRICT = {"signals", "writers"}
 
