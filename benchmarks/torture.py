@@ -142,8 +142,8 @@ def _child_craft_tree(repo_dir: str, craft: str) -> int:
     real = ckvc.state.encode_state
 
     def crafted(state: Any, **kw: Any) -> Any:
-        tree, blobs, pickled = real(state, **kw)
-        return CRAFTED_TREES[craft](tree), blobs, pickled
+        encoded = real(state, **kw)
+        return encoded._replace(tree=CRAFTED_TREES[craft](encoded.tree))
 
     for module in (ckvc.state, ckvc.repo):  # repo.py calls it through the state module today
         if hasattr(module, "encode_state"):

@@ -15,9 +15,12 @@ from ckvc.errors import CkvcError, InvalidConfigError, UnsupportedFormatError, s
 from ckvc.storage.files import write_atomic
 from ckvc.storage.object_store import DEFAULT_MAX_PACK_SIZE
 
-FORMAT_VERSION = 2
-# Version 1 repositories (zstd and raw records only) are read and written as they are.
-READABLE_VERSIONS = (1, 2)
+FORMAT_VERSION = 3
+# Older repositories are read and written as they are; a writer raises the version
+# only before it writes what the older one lacks (docs/FORMAT.md, section 15).
+READABLE_VERSIONS = (1, 2, 3)
+CODECS_VERSION = 2  # codecs 2-5, the lossy commit field
+FILES_VERSION = 3  # file nodes (state ext 10), JSON-like commit metadata
 DEFAULT_KEYFRAME_INTERVAL = 16
 HASH_NAME = "blake3-256"
 CONFIG_NAME = "config.json"

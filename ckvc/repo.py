@@ -33,7 +33,7 @@ from ckvc.codecs import DELTA, QUANT, DeltaBase, layout_for, make_codec
 from ckvc.codecs.lossy import DTYPE_CODES as LOSSY_DTYPES
 from ckvc.codecs.lossy import MODES as LOSSY_MODES
 from ckvc.codecs.lossy import quantize
-from ckvc.config import FORMAT_VERSION, RepoConfig
+from ckvc.config import CODECS_VERSION, FILES_VERSION, RepoConfig
 from ckvc.errors import (
     CkvcError,
     CorruptObjectError,
@@ -586,12 +586,16 @@ class Repo:
         if time_ns is not None and (isinstance(time_ns, bool) or not isinstance(time_ns, int) or time_ns < 0):
             raise InvalidInputError(f"time_ns must be a non-negative int, got {time_ns!r}")
         self._lossy_modes([], lossy)  # a bad spec fails here, before any work
-        if lossy is not None and self.config.format_version < FORMAT_VERSION:
-            self._upgrade_format()  # quantized records are a version-2 codec
         from ckvc import state as state_mod
 
         # Async: GPU tensors go to pinned host memory (when CUDA is present).
-        tree, pending, pickled = state_mod.encode_state(state, allow_pickle=allow_pickle, pin_memory=not blocking)
+        tree, pending, pickled, has_files = state_mod.encode_state(
+            state, allow_pickle=allow_pickle, pin_memory=not blocking
+        )
+        if has_files or any(not isinstance(v, str) for v in clean_metadata.values()):
+            self._upgrade_format(FILES_VERSION)
+        elif lossy is not None:
+            self._upgrade_format(CODECS_VERSION)  # quantized records are a version-2 codec
         if not blocking:
             # Own the bytes now: the caller may mutate its tensors as soon as we return.
             # Blobs that already are private copies (from a GPU, made contiguous) are kept as they are.
@@ -1668,11 +1672,14 @@ class Repo:
         config.save(self.dir)
         self.config = config
 
-    def _upgrade_format(self) -> None:
-        """Mark a version 1 repository as version 2 before writing a version-2 record,
-        so an older ckvc refuses it up front instead of failing on that record."""
+    def _upgrade_format(self, version: int) -> None:
+        """Raise the repository's format version to ``version`` before writing what
+        older versions lack, so an older ckvc refuses the repository up front instead
+        of failing on (or calling corrupt) that object. Nothing to do if it is there."""
+        if self.config.format_version >= version:
+            return
         config = RepoConfig.load(self.dir)
-        config.format_version = FORMAT_VERSION
+        config.format_version = max(config.format_version, version)
         config.save(self.dir)
         self.config = config
 
@@ -1694,7 +1701,7 @@ class Repo:
                     raise InvalidInputError(f"codec must be a mapping with a name, got {value!r}")
                 config.codec = dict(value)
                 if config.codec["name"] not in ("raw", "zstd"):
-                    config.format_version = max(config.format_version, FORMAT_VERSION)
+                    config.format_version = max(config.format_version, CODECS_VERSION)
             elif key == "keyframe_interval":
                 if isinstance(value, bool) or not isinstance(value, int):
                     raise InvalidInputError(f"keyframe_interval must be an integer, got {value!r}")

@@ -22,7 +22,7 @@ import sys
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import msgpack
 import numpy as np
@@ -205,6 +205,7 @@ class _Encoder:
         self.pickled = False
         self.blobs: list[PendingBlob] = []
         self.tensor_uses: list[_TensorUse] = []
+        self.has_files = False  # a file node (ext 10) was written: format version 3
 
     def encode(self, value: Any, path: str, depth: int = 0) -> Any:
         """``depth``: how many containers enclose ``value``."""
@@ -233,6 +234,7 @@ class _Encoder:
         if isinstance(value, torch.Tensor):
             return self._tensor(value, path)
         if t is StoredFile:
+            self.has_files = True
             # Content first: its tensors give shared blobs their path (delta bases).
             content = self.encode(value.content, path, depth + 1)
             return _File([content, value.as_bytes, self.encode(value.layout, path + "/layout", depth + 1)])
@@ -365,16 +367,22 @@ def _wire(value: Any) -> Any:
     return value
 
 
-def encode_state(
-    state: Any, *, allow_pickle: bool = False, pin_memory: bool = False
-) -> tuple[bytes, list[PendingBlob], bool]:
-    """(encoded tree, blobs, whether anything was pickled). Raises UnsupportedTypeError
+class EncodedState(NamedTuple):
+    tree: bytes
+    blobs: list[PendingBlob]
+    pickled: bool
+    has_files: bool  # holds file nodes (ext 10), which need format version 3
+
+
+def encode_state(state: Any, *, allow_pickle: bool = False, pin_memory: bool = False) -> EncodedState:
+    """The encoded tree, its blobs, whether anything was pickled and whether it
+    holds file nodes. Raises UnsupportedTypeError
     naming the path of the first value it cannot store. ``pin_memory``: copy CUDA
     tensors into pinned host memory (when CUDA is available), for async commits."""
     encoder = _Encoder(allow_pickle, pin_memory)
     markers = encoder.encode(state, "")
     encoder.assign_blobs()
-    return _pack(_wire(markers)), encoder.blobs, encoder.pickled
+    return EncodedState(_pack(_wire(markers)), encoder.blobs, encoder.pickled, encoder.has_files)
 
 
 def _unpack_shallow(data: bytes) -> Any:

@@ -600,7 +600,7 @@ def test_file_nodes_decode_as_content_or_stored_file() -> None:
         "m.pt": StoredFile({"w": t}, {"type": "file", "format": "torch", "mode": 0o600, "size": 8, "parts": [t]}),
         "raw": StoredFile(big, {"type": "file", "format": "bytes", "mode": 0o644, "size": 100}, as_bytes=True),
     }
-    tree, blobs, _ = encode_state(state)
+    tree, blobs, _, _ = encode_state(state)
     assert len(blobs) == 2  # the tensor and its part share one blob
     assert [b.dtype for b in blobs] == ["numpy:|u1", "float32"]  # numpy blobs first (FORMAT.md 10.4)
     bases: list[Any] = [big.copy(), torch.frombuffer(bytearray(bytes(blobs[1].data)), dtype=torch.float32)]

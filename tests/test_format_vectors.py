@@ -377,7 +377,7 @@ def test_state_tree(vec: Vector) -> None:
     allow_pickle = vec.fields.get("allow_pickle", ["false"])[0].strip() == "true"
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        tree, blobs, pickled = encode_state(state, allow_pickle=allow_pickle)
+        tree, blobs, pickled, _ = encode_state(state, allow_pickle=allow_pickle)
     assert tree.hex() == vec.text("tree")
     assert str(pickled).lower() == vec.text("pickled")
     got = [{"path": b.path, "dtype": b.dtype, "itemsize": b.itemsize, "data": bytes(b.data).hex()} for b in blobs]
@@ -641,7 +641,7 @@ def test_config(vec: Vector, tmp_path: Path) -> None:
     (tmp_path / "config.json").write_text(json.dumps(v1))
     assert RepoConfig.load(tmp_path).format_version == 1
     bad = (
-        {"format_version": 3}, {"format_version": "2"}, {"format_version": None}, {"hash": "sha256"},
+        {"format_version": 4}, {"format_version": "3"}, {"format_version": None}, {"hash": "sha256"},
         {"format_version": 1}, {"keyframe_interval": 0}, {"codec": {"name": "zipnn"}},
     )  # fmt: skip
     for change in bad:

@@ -46,7 +46,7 @@ def test_init_layout_and_open_from_subdirectory(tmp_path: Path) -> None:
     assert (tmp_path / "proj/.ckvc/config.json").is_file()
     assert (tmp_path / "proj/.ckvc/HEAD").read_text() == "ref: refs/heads/main\n"
     config = json.loads((tmp_path / "proj/.ckvc/config.json").read_text())
-    assert config["format_version"] == 2 and config["chunk_size"] == 4 << 20
+    assert config["format_version"] == 3 and config["chunk_size"] == 4 << 20
     assert config["codec"] == {"name": "auto", "level": 1} and config["keyframe_interval"] == 16
     sub = tmp_path / "proj/a/b"
     sub.mkdir(parents=True)
@@ -359,3 +359,31 @@ def test_metric_and_metadata_order_do_not_change_the_id() -> None:
     two = Commit(**common, metrics={"b": 2.0, "a": 1.0}, metadata={"y": "2", "x": "1"})  # type: ignore[arg-type]
     assert one.encode() == two.encode()
     assert Commit.decode(one.encode()).metrics == {"a": 1.0, "b": 2.0}
+
+
+@pytest.mark.parametrize(
+    ("what", "version_after"),
+    [("tensors, str metadata", 2), ("int metadata", 3), ("a file", 3)],
+)
+def test_format_version_rises_only_for_what_needs_it(tmp_path: Path, what: str, version_after: int) -> None:
+    """A version 2 repository stays version 2 until a commit holds a file node or
+    non-str metadata (docs/FORMAT.md section 15); then it is version 3 before
+    anything is written, so an older ckvc refuses it instead of calling it corrupt."""
+    from ckvc.files import read_checkpoint
+
+    ckvc.Repo.init(tmp_path).close()
+    config_path = tmp_path / ".ckvc" / "config.json"
+    config = json.loads(config_path.read_text())
+    config["format_version"] = 2
+    config_path.write_text(json.dumps(config))
+    (tmp_path / "note.txt").write_bytes(b"hello")
+    with ckvc.Repo.open(tmp_path) as repo:
+        assert repo.config.format_version == 2
+        if what == "a file":
+            state, meta = read_checkpoint(tmp_path / "note.txt")
+            repo.commit(state, metadata=meta)
+        else:
+            repo.commit({"w": torch.ones(3)}, metadata={"k": 3} if what == "int metadata" else {"k": "3"})
+    assert json.loads(config_path.read_text())["format_version"] == version_after
+    with ckvc.Repo.open(tmp_path) as repo:
+        assert repo.fsck().ok

@@ -93,7 +93,7 @@ def test_async_commit_copies_cpu_tensors_once(repo: ckvc.Repo, monkeypatch: pyte
     contiguous = torch.arange(3000, dtype=torch.float32)
     strided = torch.arange(6000, dtype=torch.float32).reshape(60, 100).t()  # .contiguous() copies it
     state = {"a": contiguous, "b": strided}
-    _, blobs, _ = state_mod.encode_state(state, pin_memory=True)
+    blobs = state_mod.encode_state(state, pin_memory=True).blobs
     assert [b.private for b in blobs] == [False, True]
     assert not any(b.owner.is_pinned() for b in blobs)  # no CUDA here: plain host memory
     assert blobs[0].owner.data_ptr() == contiguous.data_ptr()
@@ -119,7 +119,7 @@ def test_async_commit_copies_cpu_tensors_once(repo: ckvc.Repo, monkeypatch: pyte
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_async_commit_of_cuda_tensors_uses_pinned_memory(repo: ckvc.Repo) -> None:
     w = torch.randn(1000, device="cuda")
-    _, blobs, _ = state_mod.encode_state({"w": w}, pin_memory=True)
+    blobs = state_mod.encode_state({"w": w}, pin_memory=True).blobs
     assert blobs[0].private and blobs[0].owner.is_pinned()
     want = w.cpu()
     pending = repo.commit({"w": w}, blocking=False)
