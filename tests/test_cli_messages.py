@@ -197,3 +197,8 @@ def test_export_does_not_move_head(work: Path) -> None:
         14,
         "ckvc: error: --format safetensors writes a .safetensors file, not 'w.bin'\n",
     )
+
+
+def test_diff_with_an_empty_revision_is_refused(work: Path) -> None:
+    r = run(work, "diff", "HEAD", "")
+    assert (r.exit_code, r.stderr) == (11, "ckvc: error: invalid revision ''\n")

@@ -639,7 +639,7 @@ def diff(obj: Context, a: str, b: str | None, paths: tuple[str, ...], stat: bool
     and non-tensor values. PATHs (after B: ckvc diff A HEAD model) limit it to leaves equal to,
     under ("model", "optimizer.state") or matching a glob ("*.bias"). RNG states
     (which change every step) are one line."""
-    d = obj.repo.diff(a, b or "HEAD", paths, data=not stat)
+    d = obj.repo.diff(a, "HEAD" if b is None else b, paths, data=not stat)  # "" is no revision
     if as_json:
         _emit_json(
             {
