@@ -40,13 +40,22 @@ _META_HEAD = struct.Struct("<II")  # at 16: mm_magic, mm_version
 _META_PSIZE = struct.Struct("<I")  # at 40: mm_dbs[0].md_pad (the page size)
 _META_TAIL = struct.Struct("<QQ")  # at 136: mm_last_pg, mm_txnid
 _META_SIZE = 152
+_META_ROOT = struct.Struct("<Q")  # at 80 and 128: the free and main databases' root pages
+_NO_PAGE = (1 << 64) - 1  # P_INVALID: an empty database has no root
 
 
-def check_data_file(path: Path) -> None:
+def check_data_file(path: Path, *, writable: bool) -> None:
     """DamagedIndexError unless ``path/data.mdb`` is absent, empty, or holds a
-    valid LMDB meta page whose last page lies inside the file. Checked before
+    valid LMDB meta page whose root pages lie inside the file. Checked before
     mapping it: LMDB trusts its meta, and a page past the end of a truncated file
-    is a SIGBUS, not an error."""
+    is a SIGBUS, not an error.
+
+    A valid file can end before its meta's last page: pages a transaction
+    allocated and freed again are never written (SIGKILLed gc runs leave such
+    files). So a short file is not damage by itself. When it can be written it is
+    extended to the meta's size (zero pages; fallocate never shrinks, so a live
+    writer is safe): free pages are never read, and a truncated file's missing
+    pages then read as zeros, which LMDB reports as corruption instead of a SIGBUS."""
     data_file = path / DATA_FILE
     try:
         with open(data_file, "rb") as f:
@@ -69,15 +78,29 @@ def check_data_file(path: Path) -> None:
     for page in (first, second):
         if len(page) == _META_SIZE and _META_HEAD.unpack_from(page, 16) == (_META_MAGIC, _META_VERSION):
             last_page, txnid = _META_TAIL.unpack_from(page, 136)
-            metas.append((txnid, last_page))
+            roots = (_META_ROOT.unpack_from(page, 80)[0], _META_ROOT.unpack_from(page, 128)[0])
+            metas.append((txnid, last_page, roots))
     if not metas:
         raise DamagedIndexError(f"index {data_file} is not an LMDB file; {REPAIR_HINT}")
-    _, last_page = max(metas)  # LMDB uses the meta of the newest commit
-    if (last_page + 1) * psize > size:
+    _, last_page, roots = max(metas)  # LMDB uses the meta of the newest commit
+    pages = size // psize
+    if any(root != _NO_PAGE and root >= pages for root in roots) or pages < 2:
         raise DamagedIndexError(
             f"index {data_file} is truncated ({size} bytes, its meta page needs {(last_page + 1) * psize}); "
             f"{REPAIR_HINT}"
         )
+    if (last_page + 1) * psize > size and writable:
+        try:
+            fd = os.open(data_file, os.O_RDWR)
+            try:
+                os.posix_fallocate(fd, 0, (last_page + 1) * psize)
+            finally:
+                os.close(fd)
+        except OSError as exc:
+            raise DamagedIndexError(
+                f"index {data_file} is shorter than its meta page says and cannot be extended "
+                f"({exc.strerror}); {REPAIR_HINT}"
+            ) from None
 
 
 def _translate(exc: BaseException, path: Path) -> Exception:
@@ -155,7 +178,7 @@ def _acquire_env(path: Path, readonly: bool) -> _Env:
         if shared is not None and key[2] is not None:
             shared.users += 1
             return shared
-        check_data_file(path)
+        check_data_file(path, writable=not readonly)
         with lmdb_errors(path):
             if readonly:
                 env = lmdb.open(
