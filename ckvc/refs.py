@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ckvc.errors import (
+    CkvcError,
     DamageWarning,
     InvalidRefNameError,
     RefConflictError,
@@ -45,6 +46,7 @@ from ckvc.storage.files import (
     append_durable,
     file_lock,
     fsync_dir,
+    has_stale_temporaries,
     looks_torn,
     read_log_lines,
     remove_stale_temporaries,
@@ -417,7 +419,12 @@ class RefStore:
             raise ValueError(f"not a full id: {detached!r}")
         content = f"{_SYMREF_PREFIX}{branch}" if branch is not None else str(detached)
         if self._read_file(HEAD) == content:
-            return  # already there: nothing to write (a read-only repository can check out its HEAD)
+            # Already there: nothing to write (a read-only repository can check out
+            # its HEAD), but what a killed move of HEAD left goes now.
+            if has_stale_temporaries(self.root / HEAD):
+                with contextlib.suppress(OSError, CkvcError), file_lock(self._lock_path):
+                    remove_stale_temporaries(self.root / HEAD)
+            return
         with storage_errors("updating HEAD", "HEAD is unchanged"), file_lock(self._lock_path):
             old_id = self._head_id_or_none()
             new_id = self.read(branch) if branch is not None else detached

@@ -160,3 +160,15 @@ def test_ref_names_over_255_bytes_in_a_component_are_invalid(repo: ckvc.Repo) ->
     result = run(repo.path, "branch", "y" * 300)
     assert result.exit_code == InvalidRefNameError.exit_code
     assert result.stderr.startswith("ckvc: error: invalid ref name") and result.stderr.count("\n") == 1
+
+
+def test_a_killed_head_move_leaves_no_temporary_after_the_next_checkout(tmp_path: Path) -> None:
+    """SIGKILL between write_atomic's temporary and its rename leaves .HEAD.<hex>.tmp;
+    the next checkout removes it even when HEAD is already where it asks."""
+    with ckvc.Repo.init(tmp_path) as repo:
+        repo.commit({"w": torch.ones(2)})
+        leftover = repo.dir / ".HEAD.0123456789abcdef0123456789abcdef.tmp"
+        leftover.write_text("ref: refs/heads/other\n")
+        repo.checkout("main")
+        assert not leftover.exists()
+        assert repo.head()[0] == "main"

@@ -32,10 +32,19 @@ def _atomic_tmp_name(path: Path) -> str:
     return f".{path.name[:64]}.{uuid.uuid4().hex}.tmp"
 
 
+def _stale_temporaries(path: Path) -> list[Path]:
+    return list(path.parent.glob(f".{glob.escape(path.name[:64])}.*.tmp"))
+
+
+def has_stale_temporaries(path: Path) -> bool:
+    """Whether a :func:`write_atomic` of ``path`` left a temporary file (no lock needed to look)."""
+    return bool(_stale_temporaries(path))
+
+
 def remove_stale_temporaries(path: Path) -> None:
     """Remove what failed or killed :func:`write_atomic` calls for ``path`` left.
     Only for a caller holding the lock that every writer of ``path`` takes."""
-    for tmp in path.parent.glob(f".{glob.escape(path.name[:64])}.*.tmp"):
+    for tmp in _stale_temporaries(path):
         with contextlib.suppress(OSError):
             tmp.unlink()
 
