@@ -1269,14 +1269,24 @@ def main() -> None:
     errors after a command returns (closing the repository) are mapped too."""
     warnings.showwarning = functools.partial(_show_warning, set())
     try:
-        cli(prog_name="ckvc")
+        # Not click's standalone mode: it turns a Ctrl-C outside the command body
+        # (closing the repository, writing the last line) into "Aborted!" and exit 1.
+        code = cli.main(prog_name="ckvc", standalone_mode=False)
     except SystemExit:
         raise
+    except click.ClickException as exc:  # usage errors: click's own message, exit 2
+        exc.show()
+        code = exc.exit_code
+    except click.exceptions.Abort as exc:
+        code = _exit_code_for(
+            exc.__cause__ if isinstance(exc.__cause__, KeyboardInterrupt) else KeyboardInterrupt(), None
+        )
     except BaseException as exc:
-        sys.exit(_exit_code_for(exc, None))
+        code = _exit_code_for(exc, None)
     finally:
         # Once the outcome is decided and said, a Ctrl-C during interpreter
         # shutdown (library finalizers run after atexit) must not add a traceback.
         if not _quiet_shutdown_registered:
             atexit.register(signal.signal, signal.SIGINT, signal.SIG_IGN)
             _quiet_shutdown_registered.append(True)
+    sys.exit(code if isinstance(code, int) else 0)
