@@ -10,6 +10,9 @@ import enum
 
 import blake3
 
+# What every byte-level interface accepts (collections.abc.Buffer is 3.12+).
+Buffer = bytes | bytearray | memoryview
+
 ID_SIZE = 32
 HEX_ID_LENGTH = 2 * ID_SIZE
 
@@ -36,7 +39,7 @@ _TAGS = {
 }
 
 
-def object_id(kind: ObjectType, data: bytes | bytearray | memoryview) -> bytes:
+def object_id(kind: ObjectType, data: Buffer) -> bytes:
     """The 32-byte id of an object of ``kind`` whose plain bytes are ``data``."""
     # Single-threaded on purpose: callers already hash chunks on a thread pool.
     hasher = blake3.blake3(kind.tag)

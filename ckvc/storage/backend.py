@@ -1,0 +1,170 @@
+"""The Backend seam: bytes by key, nothing of chunks or commits.
+
+Keys are relative, '/'-separated paths ("packs/ab12.pack", "refs/heads/main").
+Every implementation (the local directory, the in-memory twin, later object stores)
+passes the same contract suite (tests/storage/test_backend_contract.py); what one
+cannot do natively it says in its capabilities, and the layers above pick the
+variant that works without it (docs/DESIGN.md, "Backends"). Retry and caching are
+wrappers around a Backend, never code inside one.
+
+The hot read path stays zero-copy: ``read_into`` fills the caller's buffer (the
+destination tensor), and ``read_ranges`` lets a high-latency store turn many small
+reads of one pack into a few large requests.
+"""
+
+from __future__ import annotations
+
+import builtins
+import contextlib
+from abc import ABC, abstractmethod
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+from ckvc.errors import StorageError
+from ckvc.ids import Buffer
+
+# An opaque token naming one content of a key, for compare-and-swap: a content
+# digest locally and in memory, an ETag or generation on object stores.
+Version = str
+
+
+class BackendError(StorageError):
+    """A backend operation failed on ``key``. ``transient``: worth retrying
+    (timeouts, throttling, connection resets); permanent otherwise."""
+
+    def __init__(self, message: str, *, key: str | None = None, transient: bool = False) -> None:
+        super().__init__(message)
+        self.key = key
+        self.transient = transient
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What a backend does natively. The layers above read these instead of
+    asking which backend they have."""
+
+    atomic_rename: bool  # publish by rename (local); else a sink publishes on completion
+    append: bool  # durable appends to an existing key (reflog lines); else one key per entry
+    conditional_put: bool  # put_if_absent / compare_and_swap are atomic on the server side
+    file_locks: bool  # lock() is an OS lock that dies with its process; else leases
+    local_paths: bool  # keys are files under a directory (the LMDB index may live beside them)
+    latency: Literal["memory", "local", "remote"]
+    max_connections: int  # parallel requests worth issuing
+
+
+@dataclass(frozen=True)
+class KeyInfo:
+    key: str
+    size: int
+    version: Version
+    mtime: float  # seconds since the epoch
+
+
+class Sink(ABC):
+    """Bytes written in parts, invisible under the key until ``publish`` (durable
+    and atomic: a reader sees all of them or the key's absence). ``abort``
+    discards them; a sink neither published nor aborted leaves at most a
+    temporary that the backend's ``sweep`` removes once its writer is gone."""
+
+    @abstractmethod
+    def write(self, data: Buffer) -> None: ...
+
+    @property
+    @abstractmethod
+    def size(self) -> int:
+        """Bytes written so far."""
+
+    @abstractmethod
+    def publish(self) -> None: ...
+
+    @abstractmethod
+    def abort(self) -> None: ...
+
+    def __enter__(self) -> Sink:
+        return self
+
+    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
+        if exc_type is not None:
+            self.abort()
+
+
+class Backend(ABC):
+    capabilities: Capabilities
+
+    # ---- reads ------------------------------------------------------------
+    @abstractmethod
+    def read_into(self, key: str, offset: int, out: memoryview) -> None:
+        """Fill ``out`` with the bytes at ``offset``; ObjectNotFoundError for a
+        missing key, CorruptObjectError when the key ends before ``out`` is full."""
+
+    def read_ranges(self, key: str, ranges: Sequence[tuple[int, int]]) -> Iterator[tuple[int, memoryview]]:
+        """(offset, bytes) for each (offset, size) in ``ranges``, in order. A backend
+        with per-request latency coalesces neighbouring ranges into one request;
+        the default reads each range."""
+        for offset, size in ranges:
+            buf = memoryview(bytearray(size))
+            self.read_into(key, offset, buf)
+            yield offset, buf
+
+    @abstractmethod
+    def get(self, key: str) -> bytes | None:
+        """The whole (small) object, or None when absent."""
+
+    @abstractmethod
+    def get_versioned(self, key: str) -> tuple[bytes, Version] | None:
+        """The object and the version a later compare_and_swap expects, or None."""
+
+    def prefetch(self, key: str, offset: int, size: int) -> None:  # noqa: B027 (a hint: doing nothing is right)
+        """A hint that these bytes are read soon (local: fadvise WILLNEED)."""
+
+    # ---- writes -----------------------------------------------------------
+    @abstractmethod
+    def open_sink(self, key: str) -> Sink: ...
+
+    @abstractmethod
+    def put(self, key: str, data: Buffer) -> None:
+        """Replace the key's bytes atomically and durably (old or new, never a mix)."""
+
+    @abstractmethod
+    def put_if_absent(self, key: str, data: Buffer) -> bool:
+        """Create the key; False (nothing written) if it exists."""
+
+    @abstractmethod
+    def compare_and_swap(self, key: str, expected: Version | None, data: Buffer) -> Version:
+        """Write ``data`` if the key's version is ``expected`` (None: the key is
+        absent); RefConflictError if another writer got there first."""
+
+    def append(self, key: str, data: Buffer) -> None:
+        """Durably append to the key (created if absent); only where
+        ``capabilities.append``. Callers without it write one key per entry."""
+        raise NotImplementedError(f"{type(self).__name__} cannot append")
+
+    @abstractmethod
+    def delete(self, key: str) -> None:
+        """Remove the key; nothing happens if it is absent."""
+
+    # ---- listing ----------------------------------------------------------
+    @abstractmethod
+    def stat(self, key: str) -> KeyInfo | None: ...
+
+    @abstractmethod
+    def list(self, prefix: str = "") -> Iterator[str]:
+        """Keys under ``prefix`` (a folder when it ends in '/'), in sorted order;
+        never the backend's own temporaries."""
+
+    # ---- coordination -----------------------------------------------------
+    @abstractmethod
+    def lock(
+        self, name: str, *, shared: bool = False, timeout: float = 30.0
+    ) -> contextlib.AbstractContextManager[None]:
+        """Hold the named lock (shared or exclusive) for the block;
+        RepositoryLockedError after ``timeout`` seconds. Local: flock, released when
+        the process dies; object stores: a lease object with an expiry."""
+
+    def sweep(self) -> builtins.list[str]:
+        """Remove temporaries of writers that are gone; the names removed."""
+        return []
+
+    def close(self) -> None:  # noqa: B027 (nothing to release by default)
+        """Release cached handles; the backend may be used again afterwards."""
