@@ -34,13 +34,14 @@ RUNS = {
     "delta-floor": ("delta_floor.py --synthetic --epochs 4 --workdir {tmp}", "order-0 entropy bound"),
     "gc": ("gc.py --commits 6 --size-mb 4 --keep 2 --history 3,6 --repeats 1 --dir {tmp}", "slope"),
     "cli-startup": ("cli_startup.py --repeats 1 --commits 2 --dir {tmp}", "acceptance (<= 0.3 s, no torch):"),
+    "ab-trees": ("ab_trees.py --before {root} --after {root} --size-mb 4 --rounds 1 --dir {tmp}", "after/before"),
 }
 
 
 @pytest.mark.parametrize("name", list(RUNS))
 def test_benchmark_script_runs(name: str, tmp_path: Path) -> None:
     command, expected = RUNS[name]
-    script, *args = command.format(tmp=tmp_path).split()
+    script, *args = command.format(tmp=tmp_path, root=BENCHMARKS.parent).split()
     env = {**os.environ, "CKVC_BENCH_FADVISE": "1", "TMPDIR": str(tmp_path)}
     done = subprocess.run(
         [sys.executable, str(BENCHMARKS / script), *args], capture_output=True, text=True, env=env, timeout=600
