@@ -202,3 +202,24 @@ def test_export_does_not_move_head(work: Path) -> None:
 def test_diff_with_an_empty_revision_is_refused(work: Path) -> None:
     r = run(work, "diff", "HEAD", "")
     assert (r.exit_code, r.stderr) == (11, "ckvc: error: invalid revision ''\n")
+
+
+@pytest.mark.parametrize(
+    ("head_bytes", "exit_code"),
+    [(b"\x00\xff garbage", 9), (b"ref: ../../../etc/passwd\n", 8)],
+    ids=["garbage", "escape"],
+)
+def test_checkout_output_with_a_damaged_head_writes_nothing(work: Path, head_bytes: bytes, exit_code: int) -> None:
+    """The move is refused before the export: no file appears next to a refusal
+    (the torture suite's long run found out.pt written, then exit 9)."""
+    (work / ".ckvc" / "HEAD").write_bytes(head_bytes)
+    r = CliRunner().invoke(cli, ["-C", str(work), "checkout", "v1", "-o", str(work / "out.pt")])
+    assert r.exit_code == exit_code, r.output
+    assert not (work / "out.pt").exists()
+
+
+def test_checkout_output_onto_an_existing_branch_writes_nothing(work: Path) -> None:
+    r = CliRunner().invoke(cli, ["-C", str(work), "checkout", "v1", "-b", "exp", "-o", str(work / "out.pt")])
+    assert r.exit_code == 10 and "branch 'exp' already exists" in r.output, r.output
+    assert not (work / "out.pt").exists()
+    assert head(work)[0] == "main"

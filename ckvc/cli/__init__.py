@@ -741,6 +741,15 @@ def checkout(obj: Context, rev: str | None, output: Path | None, new_branch: str
             raise InvalidInputError("checkout needs a REV (or -b NAME to branch from HEAD)")
         rev = "HEAD"
     written: list[Path] = []
+    # What would refuse the move (a damaged HEAD, an existing -b branch) refuses
+    # before any file is written, so a refused checkout leaves everything as it was.
+    was_branch, _ = repo.head()
+    if new_branch is not None:
+        from ckvc.errors import RefConflictError
+        from ckvc.refs import branch_ref
+
+        if repo.refs.read(branch_ref(new_branch)) is not None:
+            raise RefConflictError(f"branch {new_branch!r} already exists")
     if output is not None:
         from ckvc.errors import ReadOnlyRepositoryError
         from ckvc.files import export_commit
@@ -768,7 +777,6 @@ def checkout(obj: Context, rev: str | None, output: Path | None, new_branch: str
                 for p in written:
                     click.echo(f"wrote {p}")
             return
-    was_branch, _ = repo.head()
     commit_id = repo.switch(rev, new_branch=new_branch)
     branch, _ = repo.head()
     if branch is None and was_branch is not None:
