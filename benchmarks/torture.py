@@ -612,15 +612,22 @@ def tree_diff(a: dict[str, str], b: dict[str, str]) -> str:
     )
 
 
-def unchanged(before: dict[str, str], after: dict[str, str], proc: Proc) -> Verdict | None:
+def unchanged(
+    before: dict[str, str], after: dict[str, str], proc: Proc, *, temporaries_allowed: bool = False
+) -> Verdict | None:
     """None when a refused call left everything as it was. The LMDB index (a cache
-    rebuilt from the packs) and new pack files (unreferenced, gc removes them) do not count."""
+    rebuilt from the packs) and new pack files (unreferenced, gc removes them) do not count.
+    ``temporaries_allowed``: nor do new hidden temporaries, for a fault that makes
+    their removal fail too (a persistent EIO fails unlink as well); the caller then
+    checks that the next command removes them."""
 
     def significant(state: dict[str, str]) -> dict[str, str]:
         return {
             k: v
             for k, v in state.items()
-            if not re.search(r"(^|/)\.ckvc/index(/|$)", k) and not (k not in before and "/packs/" in k)
+            if not re.search(r"(^|/)\.ckvc/index(/|$)", k)
+            and not (k not in before and "/packs/" in k)
+            and not (temporaries_allowed and k not in before and TEMP_NAME.search(k.rsplit("/", 1)[-1]))
         }
 
     a, b = significant(before), significant(after)
@@ -1527,7 +1534,8 @@ def _fault_case(ctx: Ctx, *, base: str, argv: list[str], k: int, mode: str, err:
     elif proc.rc != 0:
         if tip != before_tip:
             return Verdict(FAILED, f"failed (exit {proc.rc}) after main moved: {_last_error_line(proc.stderr)}")
-        if v.verdict == HANDLED and (bad := unchanged(before, tree_state(ws), proc)):
+        unlink_fails = mode == "persist" and err != errno_mod.ENOSPC  # see _install_faults
+        if v.verdict == HANDLED and (bad := unchanged(before, tree_state(ws), proc, temporaries_allowed=unlink_fails)):
             return bad
     # The next command, unfaulted, must work and clean up after the failed one.
     nxt = ctx.cli(["-C", "r", "commit", "../s4.pt", "-m", "next"], ws)
