@@ -376,7 +376,8 @@ def after_landing(
         message = f"interrupted after it took effect: {done}"
         raise InterruptedOperationError(message, landed=True, result=result) from None
     except Exception as exc:
-        if not is_storage_exception(exc):
+        # A StorageError: a backend's typed form of the same failure.
+        if not (is_storage_exception(exc) or isinstance(exc, StorageError)):
             raise
         if on_failure is not None:
             on_failure()

@@ -167,6 +167,22 @@ class Backend(ABC):
     def put(self, key: str, data: Buffer) -> None:
         """Replace the key's bytes atomically and durably (old or new, never a mix)."""
 
+    def replace(self, key: str, data: Buffer) -> None:
+        """``put``, except that where making the new name durable is a step of its
+        own (local: the directory fsync) it is left to :meth:`sync` of the key, so
+        a caller can tell a failure before the bytes became visible (nothing
+        changed) from one after it (the update stands: refs). Default: ``put``."""
+        self.put(key, data)
+
+    def has_stale_puts(self, key: str) -> bool:
+        """Whether a failed or killed put/replace of ``key`` left a temporary
+        (local: write_atomic's ``.<name>.<hex>.tmp``). Cheap, takes no lock."""
+        return False
+
+    def remove_stale_puts(self, key: str) -> None:  # noqa: B027 (none by default)
+        """Remove what failed or killed puts of ``key`` left; only for a caller
+        holding the lock that every writer of ``key`` takes."""
+
     @abstractmethod
     def put_if_absent(self, key: str, data: Buffer) -> bool:
         """Create the key; False (nothing written) if it exists."""
@@ -191,6 +207,11 @@ class Backend(ABC):
         """Atomically give ``key``'s bytes the name ``new_key``; only where
         ``capabilities.atomic_rename`` (gc's rename to trash). Durable after :meth:`sync`."""
         raise NotImplementedError(f"{type(self).__name__} cannot rename")
+
+    def prune_folders(self, key: str, stop: str) -> None:  # noqa: B027 (a key space has no folders)
+        """Remove the folders left empty above ``key`` up to, not including, the
+        folder ``stop`` ('' for the root), after a delete (local: the ref
+        layout's rule that deleting a ref leaves no empty directory)."""
 
     def sync(self, prefix: str) -> None:  # noqa: B027 (durable on return by default)
         """Make earlier renames and deletes in the folder ``prefix`` durable (local: fsync the directory)."""

@@ -37,7 +37,14 @@ from ckvc.storage.backend import (
     check_key,
     describe_key,
 )
-from ckvc.storage.files import append_durable, file_lock, fsync_dir, write_atomic
+from ckvc.storage.files import (
+    append_durable,
+    file_lock,
+    fsync_dir,
+    has_stale_temporaries,
+    remove_stale_temporaries,
+    write_atomic,
+)
 
 MAX_OPEN_PACKS = 64
 # compare_and_swap's lock: its own file, so that a caller holding a lock of its
@@ -279,6 +286,15 @@ class LocalBackend(Backend):
     def put(self, key: str, data: Buffer) -> None:
         self._with_parent(key, lambda path: write_atomic(path, bytes(data)))
 
+    def replace(self, key: str, data: Buffer) -> None:
+        self._with_parent(key, lambda path: write_atomic(path, bytes(data), sync_dir=False))
+
+    def has_stale_puts(self, key: str) -> bool:
+        return has_stale_temporaries(self.path(key))
+
+    def remove_stale_puts(self, key: str) -> None:
+        remove_stale_temporaries(self.path(key))
+
     def put_if_absent(self, key: str, data: Buffer) -> bool:
         """A durable temporary linked to the key's name: link() fails if the name
         exists, and a reader never sees a partly written key."""
@@ -334,6 +350,16 @@ class LocalBackend(Backend):
         os.rename(self.path(key), self.path(new_key))
         self.files.forget(key)
         self.files.forget(new_key)
+
+    def prune_folders(self, key: str, stop: str) -> None:
+        top = self.root / check_key(stop) if stop else self.root
+        folder = self.path(key).parent
+        while folder != top and top in folder.parents:
+            try:
+                folder.rmdir()
+            except OSError:
+                break
+            folder = folder.parent
 
     def sync(self, prefix: str) -> None:
         folder = prefix.rpartition("/")[0]

@@ -1,0 +1,110 @@
+"""Append-only line logs (reflogs, the prune log) over a Backend.
+
+Two layouts, chosen from ``backend.capabilities.append``, never from the
+backend's type:
+
+- **appended**: the log is one key and every record batch is a durable append
+  to it (the local ``logs/<ref>`` and ``pruned.jsonl`` files, docs/FORMAT.md
+  sections 11.4 and 17);
+- **one key per entry**: where a backend cannot append (object stores), each
+  batch is its own immutable key ``<log>/~<time_ns, 20 digits>-<16 hex>``
+  (docs/FORMAT.md, "Remote layout draft"). ``~`` cannot occur in a ref name, so
+  entry keys never collide with the logs of refs nested below a ref; the zero
+  padded time makes the backend's sorted listing the log's order.
+
+Either way a reader gets the log's lines oldest first and parses each on its
+own, so one damaged line costs that line only.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+
+from ckvc.storage.backend import Backend
+
+ENTRY_MARK = "~"
+_TAIL_BYTES = 65536
+
+
+def split_lines(data: bytes) -> list[bytes]:
+    return [line for line in data.split(b"\n") if line.strip()]
+
+
+class Journal:
+    """The logs of one repository, in the layout its backend supports."""
+
+    def __init__(self, backend: Backend) -> None:
+        self.backend = backend
+        self.appended = backend.capabilities.append
+        self._last_ns = 0
+        self._clock = threading.Lock()
+
+    # ---- reading ------------------------------------------------------------
+    def entry_keys(self, log: str) -> list[str]:
+        """The entry keys of ``log`` in order (one-key-per-entry layout only)."""
+        prefix = f"{log}/{ENTRY_MARK}"
+        return sorted(k for k in self.backend.list(f"{log}/") if k.startswith(prefix) and "/" not in k[len(prefix) :])
+
+    def lines(self, log: str) -> list[bytes]:
+        """Every non-empty line of ``log``, oldest first (none if it does not exist)."""
+        if self.appended:
+            return split_lines(self.backend.get(log) or b"")
+        out: list[bytes] = []
+        for key in self.entry_keys(log):
+            out.extend(split_lines(self.backend.get(key) or b""))
+        return out
+
+    def tail(self, log: str) -> list[bytes]:
+        """The last lines of ``log`` (at least its last whole line when it is not
+        huge), cheaply: a bounded read of the end, or the last entry."""
+        if not self.appended:
+            keys = self.entry_keys(log)
+            return split_lines(self.backend.get(keys[-1]) or b"") if keys else []
+        info = self.backend.stat(log)
+        if info is None:
+            return []
+        start = max(0, info.size - _TAIL_BYTES)
+        buf = bytearray(info.size - start)
+        self.backend.read_into(log, start, memoryview(buf))
+        return split_lines(bytes(buf))
+
+    def logs(self, prefix: str) -> Iterator[str]:
+        """The names of the logs under ``prefix`` (a folder ending in '/')."""
+        if self.appended:
+            yield from self.backend.list(prefix)
+            return
+        seen: set[str] = set()
+        for key in self.backend.list(prefix):
+            log, _, last = key.rpartition("/")
+            if last.startswith(ENTRY_MARK) and log not in seen:
+                seen.add(log)
+                yield log
+
+    # ---- writing ------------------------------------------------------------
+    def add(self, log: str, data: bytes) -> None:
+        """Durably add ``data`` (whole lines) to ``log``: all of it or nothing."""
+        if self.appended:
+            self.backend.append(log, data)
+            return
+        key = self.new_entry_key(log)
+        if not self.backend.put_if_absent(key, data):  # 64 random bits plus the time: not expected
+            raise RuntimeError(f"entry key collision: {key}")
+
+    def new_entry_key(self, log: str) -> str:
+        with self._clock:  # strictly increasing within this process, so its entries keep their order
+            now = self._last_ns = max(time.time_ns(), self._last_ns + 1)
+        return f"{log}/{ENTRY_MARK}{now:020d}-{uuid.uuid4().hex[:16]}"
+
+    def remove(self, log: str, keep: str) -> None:
+        """Delete ``log`` and its entries (a deleted ref's reflog goes with it),
+        and the folders that leaves empty up to ``keep``."""
+        keys = [log] if self.appended else self.entry_keys(log)
+        for key in keys:
+            try:
+                self.backend.delete(key)
+            except IsADirectoryError:  # the logs of refs below a deleted one: not this log
+                return
+            self.backend.prune_folders(key, keep)
