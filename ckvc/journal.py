@@ -29,6 +29,18 @@ ENTRY_MARK = "~"
 _TAIL_BYTES = 65536
 
 
+_clock = threading.Lock()
+_last_ns = 0
+
+
+def _entry_time() -> int:
+    """Strictly increasing within this process, so that its entries keep their order."""
+    global _last_ns
+    with _clock:
+        _last_ns = max(time.time_ns(), _last_ns + 1)
+        return _last_ns
+
+
 def split_lines(data: bytes) -> list[bytes]:
     return [line for line in data.split(b"\n") if line.strip()]
 
@@ -39,8 +51,6 @@ class Journal:
     def __init__(self, backend: Backend) -> None:
         self.backend = backend
         self.appended = backend.capabilities.append
-        self._last_ns = 0
-        self._clock = threading.Lock()
 
     # ---- reading ------------------------------------------------------------
     def entry_keys(self, log: str) -> list[str]:
@@ -58,18 +68,14 @@ class Journal:
         return out
 
     def tail(self, log: str) -> list[bytes]:
-        """The last lines of ``log`` (at least its last whole line when it is not
-        huge), cheaply: a bounded read of the end, or the last entry."""
+        """The last lines of ``log`` (at least its last whole line): the last
+        entry, or the end of the appended key. The whole key is read (a ranged
+        read would go through the backend's descriptor cache, which a short-lived
+        store never closes); a reflog line is ~200 bytes, 5,000 commits a MiB."""
         if not self.appended:
             keys = self.entry_keys(log)
             return split_lines(self.backend.get(keys[-1]) or b"") if keys else []
-        info = self.backend.stat(log)
-        if info is None:
-            return []
-        start = max(0, info.size - _TAIL_BYTES)
-        buf = bytearray(info.size - start)
-        self.backend.read_into(log, start, memoryview(buf))
-        return split_lines(bytes(buf))
+        return split_lines((self.backend.get(log) or b"")[-_TAIL_BYTES:])
 
     def logs(self, prefix: str) -> Iterator[str]:
         """The names of the logs under ``prefix`` (a folder ending in '/')."""
@@ -93,10 +99,9 @@ class Journal:
         if not self.backend.put_if_absent(key, data):  # 64 random bits plus the time: not expected
             raise RuntimeError(f"entry key collision: {key}")
 
-    def new_entry_key(self, log: str) -> str:
-        with self._clock:  # strictly increasing within this process, so its entries keep their order
-            now = self._last_ns = max(time.time_ns(), self._last_ns + 1)
-        return f"{log}/{ENTRY_MARK}{now:020d}-{uuid.uuid4().hex[:16]}"
+    @staticmethod
+    def new_entry_key(log: str) -> str:
+        return f"{log}/{ENTRY_MARK}{_entry_time():020d}-{uuid.uuid4().hex[:16]}"
 
     def remove(self, log: str, keep: str) -> None:
         """Delete ``log`` and its entries (a deleted ref's reflog goes with it),
