@@ -118,6 +118,7 @@ class Sink(ABC):
 
 class Backend(ABC):
     capabilities: Capabilities
+    readonly: bool = False  # this process may not write here (a read-only mount); the layers above refuse early
 
     # ---- reads ------------------------------------------------------------
     @abstractmethod
@@ -227,6 +228,9 @@ class Backend(ABC):
     def sweep(self, prefix: str = "") -> builtins.list[str]:
         """Remove temporaries in ``prefix``'s folder whose writers are gone; their keys."""
         return []
+
+    def forget(self, key: str) -> None:  # noqa: B027 (nothing cached by default)
+        """Drop what is cached of ``key`` (an open descriptor): another process removed or replaced it."""
 
     def close(self) -> None:  # noqa: B027 (nothing to release by default)
         """Release cached handles; the backend may be used again afterwards."""
