@@ -322,6 +322,11 @@ class PackReader:
             buf = bufs[slot] = bytearray(max(size, 1 << 20))
         return memoryview(buf)[:size]
 
+    def readv(self, name: str, offset: int, buffers: list[memoryview]) -> None:
+        """Fill ``buffers`` in order from ``offset`` with one backend request."""
+        self.check_range(name, offset, sum(len(b) for b in buffers))
+        self.backend.readv_into(self.key(name), offset, buffers)
+
     def prefetch(self, name: str, offset: int, size: int) -> None:
         """Ask the backend to start reading a range now (locally POSIX_FADV_WILLNEED).
         A hint only; a missing pack is reported by the read itself."""
