@@ -118,6 +118,7 @@ class Sink(ABC):
 
 class Backend(ABC):
     capabilities: Capabilities
+    readonly: bool = False  # this process may not write here (a read-only mount); the layers above refuse early
 
     # ---- reads ------------------------------------------------------------
     @abstractmethod
@@ -249,5 +250,101 @@ class Backend(ABC):
         """Remove temporaries in ``prefix``'s folder whose writers are gone; their keys."""
         return []
 
+    def forget(self, key: str) -> None:  # noqa: B027 (nothing cached by default)
+        """Drop what is cached of ``key`` (an open descriptor): another process removed or replaced it."""
+
     def close(self) -> None:  # noqa: B027 (nothing to release by default)
         """Release cached handles; the backend may be used again afterwards."""
+
+
+class ForwardingBackend(Backend):
+    """Passes every call to ``inner``: the base of wrappers (retry, cache,
+    counting in tests), which override what they change."""
+
+    def __init__(self, inner: Backend) -> None:
+        self.inner = inner
+        self.capabilities = inner.capabilities
+        self.readonly = inner.readonly
+
+    def read_into(self, key: str, offset: int, out: memoryview) -> None:
+        self.inner.read_into(key, offset, out)
+
+    def readv_into(self, key: str, offset: int, buffers: Sequence[memoryview]) -> None:
+        self.inner.readv_into(key, offset, buffers)
+
+    def size(self, key: str) -> int:
+        return self.inner.size(key)
+
+    def read_ranges(self, key: str, ranges: Sequence[tuple[int, int]]) -> Iterator[tuple[int, memoryview]]:
+        return self.inner.read_ranges(key, ranges)
+
+    def get(self, key: str) -> bytes | None:
+        return self.inner.get(key)
+
+    def get_versioned(self, key: str) -> tuple[bytes, Version] | None:
+        return self.inner.get_versioned(key)
+
+    def prefetch(self, key: str, offset: int, size: int) -> None:
+        self.inner.prefetch(key, offset, size)
+
+    def open_sink(self, key: str) -> Sink:
+        return self.inner.open_sink(key)
+
+    def put(self, key: str, data: Buffer) -> None:
+        self.inner.put(key, data)
+
+    def replace(self, key: str, data: Buffer) -> None:
+        self.inner.replace(key, data)
+
+    def has_stale_puts(self, key: str) -> bool:
+        return self.inner.has_stale_puts(key)
+
+    def remove_stale_puts(self, key: str) -> None:
+        self.inner.remove_stale_puts(key)
+
+    def put_if_absent(self, key: str, data: Buffer) -> bool:
+        return self.inner.put_if_absent(key, data)
+
+    def compare_and_swap(self, key: str, expected: Version | None, data: Buffer) -> Version:
+        return self.inner.compare_and_swap(key, expected, data)
+
+    def append(self, key: str, data: Buffer) -> None:
+        self.inner.append(key, data)
+
+    def delete(self, key: str) -> None:
+        self.inner.delete(key)
+
+    def rename(self, key: str, new_key: str) -> None:
+        self.inner.rename(key, new_key)
+
+    def prune_folders(self, key: str, stop: str) -> None:
+        self.inner.prune_folders(key, stop)
+
+    def sync(self, prefix: str) -> None:
+        self.inner.sync(prefix)
+
+    def stat(self, key: str) -> KeyInfo | None:
+        return self.inner.stat(key)
+
+    def list(self, prefix: str = "", *, recursive: bool = True) -> Iterator[str]:
+        return self.inner.list(prefix, recursive=recursive)
+
+    def temporaries(self, prefix: str = "") -> builtins.list[KeyInfo]:
+        return self.inner.temporaries(prefix)
+
+    def delete_temporary(self, key: str) -> None:
+        self.inner.delete_temporary(key)
+
+    def lock(
+        self, name: str, *, shared: bool = False, timeout: float = 30.0
+    ) -> contextlib.AbstractContextManager[None]:
+        return self.inner.lock(name, shared=shared, timeout=timeout)
+
+    def sweep(self, prefix: str = "") -> builtins.list[str]:
+        return self.inner.sweep(prefix)
+
+    def forget(self, key: str) -> None:
+        self.inner.forget(key)
+
+    def close(self) -> None:
+        self.inner.close()

@@ -276,9 +276,7 @@ class LocalBackend(Backend):
         path = self.path(key)
         try:
             write(path)
-        except FileNotFoundError:
-            if path.parent.exists():
-                raise
+        except FileNotFoundError:  # the folder is missing (or another writer just made it): once more
             path.parent.mkdir(parents=True, exist_ok=True)
             write(path)
         self.files.forget(key)
@@ -453,6 +451,9 @@ class LocalBackend(Backend):
         """An flock on the file ``name`` (gc.lock, refs.lock...: the names older
         ckvc versions lock too, so old and new code running together still exclude)."""
         return file_lock(self.path(name), shared=shared, timeout=timeout)
+
+    def forget(self, key: str) -> None:
+        self.files.forget(key)
 
     def close(self) -> None:
         self.files.close()
