@@ -1,9 +1,10 @@
-"""The repository config file (``.ckvc/config.json``) and its version rule."""
+"""The repository config (``.ckvc/config.json``, a Backend key) and its version rule."""
 
 from __future__ import annotations
 
 import json
 import math
+import os
 import uuid
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -11,8 +12,8 @@ from typing import Any
 
 from ckvc.chunking import DEFAULT_CHUNK_SIZE, validate_chunk_size
 from ckvc.codecs import MAX_AGE, make_codec
-from ckvc.errors import CkvcError, InvalidConfigError, UnsupportedFormatError, storage_errors
-from ckvc.storage.files import write_atomic
+from ckvc.errors import CkvcError, InvalidConfigError, StorageError, UnsupportedFormatError, storage_errors
+from ckvc.storage.backend import Backend
 from ckvc.storage.object_store import DEFAULT_MAX_PACK_SIZE
 
 FORMAT_VERSION = 3
@@ -82,16 +83,24 @@ class RepoConfig:
                 raise ValueError(f"retention: {exc}") from None
         return self
 
-    def save(self, root: Path) -> None:
+    def save(self, target: Backend | str | os.PathLike[str]) -> None:
+        """Write the config atomically to a Backend or a ``.ckvc`` directory."""
+        backend = _backend(target)
         with storage_errors("writing the config", "the config is unchanged"):
-            write_atomic(root / CONFIG_NAME, (json.dumps(asdict(self), indent=2, sort_keys=True) + "\n").encode())
+            backend.put(CONFIG_NAME, (json.dumps(asdict(self), indent=2, sort_keys=True) + "\n").encode())
 
     @classmethod
-    def load(cls, root: Path) -> RepoConfig:
+    def load(cls, source: Backend | str | os.PathLike[str]) -> RepoConfig:
+        """Read and check the config of a Backend or a ``.ckvc`` directory."""
+        backend = _backend(source)
+        where = Path(source) / CONFIG_NAME if not isinstance(source, Backend) else CONFIG_NAME
         try:
-            raw = json.loads((root / CONFIG_NAME).read_text(encoding="utf-8"))
-        except (OSError, ValueError) as exc:
-            raise UnsupportedFormatError(f"cannot read {root / CONFIG_NAME}: {exc}") from None
+            data = backend.get(CONFIG_NAME)
+            if data is None:
+                raise FileNotFoundError(2, "No such file or directory", str(where))
+            raw = json.loads(data.decode("utf-8"))
+        except (OSError, ValueError, StorageError) as exc:
+            raise UnsupportedFormatError(f"cannot read {where}: {exc}") from None
         version = raw.get("format_version") if isinstance(raw, dict) else None
         if version not in READABLE_VERSIONS:
             raise UnsupportedFormatError(
@@ -103,7 +112,15 @@ class RepoConfig:
         try:
             return cls(**{k: v for k, v in raw.items() if k in known}).validate()
         except (TypeError, ValueError) as exc:
-            raise InvalidConfigError(f"bad config {root / CONFIG_NAME}: {exc}") from None
+            raise InvalidConfigError(f"bad config {where}: {exc}") from None
+
+
+def _backend(where: Backend | str | os.PathLike[str]) -> Backend:
+    if isinstance(where, Backend):
+        return where
+    from ckvc.storage.local import LocalBackend
+
+    return LocalBackend(Path(where))
 
 
 _NUMBER = (int, float)

@@ -34,6 +34,10 @@ class RepositoryLockedError(CkvcError):
 class ObjectNotFoundError(CkvcError, KeyError):
     exit_code = 6
 
+    def __init__(self, *args: object, object_id: str | None = None) -> None:
+        super().__init__(*args)
+        self.object_id = object_id  # the missing object, where known (callers add commit/tensor context)
+
     def __str__(self) -> str:  # KeyError would quote the message
         return str(self.args[0]) if self.args else ""
 
@@ -376,7 +380,8 @@ def after_landing(
         message = f"interrupted after it took effect: {done}"
         raise InterruptedOperationError(message, landed=True, result=result) from None
     except Exception as exc:
-        if not is_storage_exception(exc):
+        # A StorageError: a backend's typed form of the same failure.
+        if not (is_storage_exception(exc) or isinstance(exc, StorageError)):
             raise
         if on_failure is not None:
             on_failure()

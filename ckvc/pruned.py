@@ -1,16 +1,22 @@
 """The prune log: which commits a retention policy released, by which policy, when.
 
-``.ckvc/pruned.jsonl`` holds one JSON object per line:
+``.ckvc/pruned.jsonl`` (a Backend key) holds one JSON object per line:
 ``{"commit": "<64 hex>", "policy": "<description>", "time_ns": <int>}``. It is
 append-only and fsynced; a torn last line (crash mid-append) is ignored, and a
 damaged line is skipped with a warning (fsck lists it). A
 commit listed here keeps its commit object (history, metrics) while gc releases
 its snapshot and chunks. Pruning is never undone.
+
+Where the backend cannot append, each ``add`` is one entry key under
+``pruned/`` (ckvc.journal); without OS locks two writers may both record a
+commit, which is harmless: the first record wins.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import time
 import warnings
 from collections.abc import Iterable
@@ -19,9 +25,13 @@ from pathlib import Path
 
 from ckvc.errors import DamageWarning, storage_errors
 from ckvc.ids import is_full_hex_id
-from ckvc.storage.files import append_durable, file_lock, looks_torn, read_log_lines
+from ckvc.journal import Journal
+from ckvc.storage.backend import Backend
+from ckvc.storage.files import looks_torn
 
 PRUNE_LOG = "pruned.jsonl"
+PRUNE_ENTRIES = "pruned"  # the log's name where each add is its own key
+PRUNE_LOCK = "pruned.lock"
 
 
 @dataclass(frozen=True)
@@ -32,35 +42,45 @@ class PruneRecord:
 
 
 class PruneLog:
-    def __init__(self, root: Path) -> None:
-        self.path = root / PRUNE_LOG
-        self._lock = root / "pruned.lock"
+    def __init__(self, backend: Backend | str | os.PathLike[str]) -> None:
+        if not isinstance(backend, Backend):  # a .ckvc path: the local directory, as before
+            from ckvc.storage.local import LocalBackend
+
+            backend = LocalBackend(Path(backend))
+        self.backend = backend
+        self.journal = Journal(backend)
+        self.name = PRUNE_LOG if self.journal.appended else PRUNE_ENTRIES
+
+    @classmethod
+    def local(cls, dot_ckvc: Path) -> PruneLog:
+        return cls(dot_ckvc)
 
     def records(self, *, damaged: list[str] | None = None) -> dict[str, PruneRecord]:
         """Pruned commit id -> its first prune record. Lines that do not parse are
         skipped (torn ones silently; others with a warning, or listed in
         ``damaged`` when given). Skipping is the safe direction: a commit whose
         record is lost counts as not pruned, so gc keeps its data."""
-        lines = read_log_lines(self.path)
+        lines = self.journal.lines(self.name)
         out: dict[str, PruneRecord] = {}
         bad: list[str] = []
         for number, line in enumerate(lines, 1):
             record = _parse(line)
             if record is None:
                 if not looks_torn(line):
-                    bad.append(f"{PRUNE_LOG} line {number}: not a prune record")
+                    bad.append(f"{self.name} line {number}: not a prune record")
                 continue
             out.setdefault(record.commit, record)
         if bad:
             if damaged is not None:
                 damaged.extend(bad)
             else:
-                warnings.warn(DamageWarning(f"skipped {len(bad)} damaged line(s) in {PRUNE_LOG}"), stacklevel=2)
+                warnings.warn(DamageWarning(f"skipped {len(bad)} damaged line(s) in {self.name}"), stacklevel=2)
         return out
 
     def add(self, commits: Iterable[str], policy: str) -> int:
         """Record ``commits`` as pruned (those not pruned already). Returns how many."""
-        with storage_errors("writing the prune log", "no commit was marked as pruned"), file_lock(self._lock):
+        lock = self.backend.lock(PRUNE_LOCK) if self.backend.capabilities.file_locks else contextlib.nullcontext()
+        with storage_errors("writing the prune log", "no commit was marked as pruned"), lock:
             known = self.records()
             now = time.time_ns()
             lines = [
@@ -69,7 +89,7 @@ class PruneLog:
                 if c not in known
             ]
             if lines:
-                append_durable(self.path, "".join(lines).encode())
+                self.journal.add(self.name, "".join(lines).encode())
             return len(lines)
 
 

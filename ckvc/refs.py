@@ -1,18 +1,28 @@
-"""Branches, tags and HEAD as small files, with compare-and-swap updates and a reflog.
+"""Branches, tags and HEAD as small keys on a Backend, with compare-and-swap
+updates and a reflog.
 
-Layout under the repository directory:
+Layout (docs/FORMAT.md section 11; keys relative to the repository directory):
     HEAD                    "ref: refs/heads/main\n" (symbolic) or "<64 hex>\n" (detached)
     refs/heads/<name>       "<64 hex>\n"  a commit id
     refs/tags/<name>        "<64 hex>\n"  a commit id (lightweight) or tag object id (annotated)
     logs/<ref>              one JSON line per move of that ref (the reflog)
-    refs.lock               flock taken for every ref update
+    refs.lock               the lock taken for every ref update (where the backend has OS locks)
 
-Every update happens under the flock: read, compare with the expected value,
-write a temporary file, fsync, rename. The kernel releases the flock when a
-process dies, so a crash never leaves a stale lock.
+The mechanism follows ``backend.capabilities``, never the backend's type:
 
-The rename is the moment an update takes effect. An OS error before it leaves
-the ref unchanged and is raised as a typed StorageError; one after it (the
+- with ``file_locks`` (the local directory) every update happens under the
+  refs.lock flock: read, compare with the expected value, write a temporary,
+  fsync, rename (``Backend.replace``). The kernel releases the flock when a
+  process dies, so a crash never leaves a stale lock;
+- without them (object stores) the update is ``compare_and_swap`` on the ref's
+  key, which alone decides a race; a deletion swaps in an empty tombstone, so
+  it is conditional too (docs/DESIGN.md, "Refs and logs on an object store").
+
+Reflogs are appended where the backend can append, else one key per entry
+(ckvc.journal).
+
+The publication is the moment an update takes effect. An OS error before it
+leaves the ref unchanged and is raised as a typed StorageError; one after it (the
 directory fsync, the reflog append) does not undo the move, so the update is
 reported as done with a DurabilityWarning, and ``repair-pending`` is created so
 the next writable open re-syncs the directories and restores lost reflog
@@ -25,7 +35,6 @@ import contextlib
 import json
 import os
 import re
-import shutil
 import time
 import warnings
 from collections.abc import Callable, Iterator
@@ -38,20 +47,14 @@ from ckvc.errors import (
     InvalidRefNameError,
     RefConflictError,
     RefNotFoundError,
+    StorageError,
     after_landing,
     storage_errors,
 )
 from ckvc.ids import is_full_hex_id
-from ckvc.storage.files import (
-    append_durable,
-    file_lock,
-    fsync_dir,
-    has_stale_temporaries,
-    looks_torn,
-    read_log_lines,
-    remove_stale_temporaries,
-    write_atomic,
-)
+from ckvc.journal import Journal
+from ckvc.storage.backend import Backend, Version
+from ckvc.storage.files import looks_torn
 
 HEAD = "HEAD"
 BRANCH_PREFIX = "refs/heads/"
@@ -60,6 +63,7 @@ _SYMREF_PREFIX = "ref: "
 _FORBIDDEN_CHARS = re.compile(r"[\x00-\x20\x7f~^:?*\[\\]")
 _HEX_ID = re.compile(rb"(?<![0-9a-f])[0-9a-f]{64}(?![0-9a-f])")
 REPAIR_MARKER = "repair-pending"
+REFS_LOCK = "refs.lock"
 NAME_MAX = 255  # bytes in one path component on common file systems
 
 
@@ -114,19 +118,6 @@ def _check_short(short: str, what: str) -> str:
     return short
 
 
-def _remove_empty_parents(path: Path, stop: Path) -> None:
-    """Remove directories left empty above ``path``, up to (not including) ``stop``
-    and the refs/heads, refs/tags roots."""
-    keep = {stop, stop / "heads", stop / "tags", stop / "refs", stop / "refs" / "heads", stop / "refs" / "tags"}
-    parent = path.parent
-    while parent not in keep and stop in parent.parents:
-        try:
-            parent.rmdir()
-        except OSError:
-            break
-        parent = parent.parent
-
-
 @dataclass(frozen=True)
 class ReflogEntry:
     old: str | None
@@ -156,47 +147,104 @@ class StrayRef:
     problem: str
 
 
+def kept_folder(key: str) -> str:
+    """The folder above ``key`` that stays when refs or logs below it are deleted
+    (the repository's own folders; docs/FORMAT.md section 2)."""
+    for base in ("logs/refs/heads", "logs/refs/tags", "logs/refs", "logs", "refs/heads", "refs/tags", "refs"):
+        if key.startswith(base + "/"):
+            return base
+    return ""
+
+
+def _reason(exc: BaseException) -> str:
+    return exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+
+
 class RefStore:
-    def __init__(self, root: Path) -> None:
-        self.root = root
-        self._lock_path = root / "refs.lock"
+    """Refs, HEAD and reflogs over ``backend`` (a ``.ckvc`` path still works: the
+    local directory, as before)."""
+
+    def __init__(self, backend: Backend | str | os.PathLike[str]) -> None:
+        if not isinstance(backend, Backend):
+            from ckvc.storage.local import LocalBackend
+
+            backend = LocalBackend(Path(backend))
+        self.backend = backend
+        # With OS locks an update is read-compare-write under refs.lock; without
+        # them compare_and_swap on the ref's key is the whole protocol, and a
+        # deleted ref is an empty tombstone so that deleting is conditional too.
+        self.locked = backend.capabilities.file_locks
+        self.journal = Journal(backend)
+
+    @classmethod
+    def local(cls, dot_ckvc: Path) -> RefStore:
+        """The ref store of the repository directory ``dot_ckvc``."""
+        return cls(dot_ckvc)
+
+    def _update_lock(self) -> contextlib.AbstractContextManager[None]:
+        return self.backend.lock(REFS_LOCK) if self.locked else contextlib.nullcontext()
 
     # ---- reading ------------------------------------------------------------
-    def _path(self, name: str) -> Path:
+    @staticmethod
+    def _key(name: str) -> str:
         if name != HEAD:
             check_ref_name(name)
-        return self.root / name
+        return name
 
-    def _read_file(self, name: str) -> str | None:
+    def _get(self, name: str) -> tuple[bytes, Version | None] | None:
         try:
-            text = self._path(name).read_text(encoding="utf-8")
-        except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
+            if self.locked:  # no version needed: the lock orders the writers
+                data = self.backend.get(self._key(name))
+                return None if data is None else (data, None)
+            return self.backend.get_versioned(self._key(name))
+        except (NotADirectoryError, IsADirectoryError):
             return None
+
+    def _text(self, name: str, data: bytes) -> str | None:
+        try:
+            text = data.decode("utf-8")
         except UnicodeDecodeError:
             raise RefNotFoundError(f"ref {name} is damaged: not UTF-8 text") from None
-        return text.strip()
+        text = text.strip()
+        return None if not text and not self.locked else text  # an empty key is a tombstone
+
+    def _read_file(self, name: str) -> str | None:
+        found = self._get(name)
+        return None if found is None else self._text(name, found[0])
+
+    def _read_versioned(self, name: str) -> tuple[str | None, Version | None]:
+        """(the id ``name`` names or None, the version a compare_and_swap expects)."""
+        found = self._get(name)
+        if found is None:
+            return None, None
+        return self._checked(name, self._text(name, found[0])), found[1]
+
+    @staticmethod
+    def _checked(name: str, value: str | None) -> str | None:
+        if value is not None and not is_full_hex_id(value):
+            raise RefNotFoundError(f"ref {name} is damaged: {value[:80]!r}")
+        return value
 
     def read(self, name: str) -> str | None:
         """The id a ref (not HEAD) names, or None if it does not exist."""
-        value = self._read_file(name)
+        return self._checked(name, self._read_file(name))
+
+    @staticmethod
+    def _parse_head(value: str | None) -> tuple[str | None, str | None]:
+        """(symbolic target, detached id) of HEAD's content."""
         if value is None:
-            return None
+            raise RefNotFoundError("HEAD is missing")
+        if value.startswith(_SYMREF_PREFIX):
+            return value[len(_SYMREF_PREFIX) :], None
         if not is_full_hex_id(value):
-            raise RefNotFoundError(f"ref {name} is damaged: {value[:80]!r}")
-        return value
+            raise RefNotFoundError(f"HEAD is damaged: {value[:80]!r}")
+        return None, value
 
     def head(self) -> tuple[str | None, str | None]:
         """(symbolic target, commit id). Target is None when HEAD is detached;
         id is None when the target branch has no commits yet."""
-        value = self._read_file(HEAD)
-        if value is None:
-            raise RefNotFoundError("HEAD is missing")
-        if value.startswith(_SYMREF_PREFIX):
-            target = value[len(_SYMREF_PREFIX) :]
-            return target, self.read(target)
-        if not is_full_hex_id(value):
-            raise RefNotFoundError(f"HEAD is damaged: {value[:80]!r}")
-        return None, value
+        target, detached = self._parse_head(self._read_file(HEAD))
+        return (target, self.read(target)) if target is not None else (None, detached)
 
     def _head_branch(self) -> str | None:
         """The branch HEAD points at, without reading it (None: detached or unreadable)."""
@@ -213,29 +261,24 @@ class RefStore:
         A damaged ref file raises RefNotFoundError, or, when ``damaged`` is given,
         is skipped and its name and error appended there."""
         out: dict[str, str] = {}
-        base = self.root / "refs"
-        if not base.is_dir():
-            return out
-        for dirpath, _dirs, files in os.walk(base):
-            for fname in files:
-                full = Path(dirpath, fname).relative_to(self.root).as_posix()
-                if full.startswith(prefix) and not fname.startswith("."):
-                    try:
-                        check_ref_name(full)
-                    except InvalidRefNameError:
-                        # Not a ref at all (an editor's or another tool's leftover): skipped,
-                        # reported by fsck (stray_refs); gc still keeps the id it holds.
-                        warnings.warn(DamageWarning(f"skipping stray file {full}: not a valid ref name"), stacklevel=2)
-                        continue
-                    try:
-                        value = self.read(full)
-                    except RefNotFoundError as exc:
-                        if damaged is None:
-                            raise
-                        damaged.append(str(exc))
-                        continue
-                    if value is not None:
-                        out[full] = value
+        for full in self.backend.list("refs/"):
+            if full.startswith(prefix) and not full.rpartition("/")[2].startswith("."):
+                try:
+                    check_ref_name(full)
+                except InvalidRefNameError:
+                    # Not a ref at all (an editor's or another tool's leftover): skipped,
+                    # reported by fsck (stray_refs); gc still keeps the id it holds.
+                    warnings.warn(DamageWarning(f"skipping stray file {full}: not a valid ref name"), stacklevel=2)
+                    continue
+                try:
+                    value = self.read(full)
+                except RefNotFoundError as exc:
+                    if damaged is None:
+                        raise
+                    damaged.append(str(exc))
+                    continue
+                if value is not None:
+                    out[full] = value
         return dict(sorted(out.items()))
 
     def stray_refs(self) -> list[StrayRef]:
@@ -243,36 +286,58 @@ class RefStore:
         bad content is a damaged ref: ``list_refs(damaged=...)``). fsck reports
         them; gc keeps any id they hold."""
         out: list[StrayRef] = []
-        base = self.root / "refs"
-        if not base.is_dir():
-            return out
-        for dirpath, _dirs, files in os.walk(base):
-            for fname in files:
-                path = Path(dirpath, fname)
-                full = path.relative_to(self.root).as_posix()
-                try:
-                    raw = path.read_bytes()[:4096]
-                except OSError as exc:
-                    out.append(StrayRef(full, None, f"unreadable: {exc.strerror}"))
-                    continue
-                text = raw.decode("utf-8", "replace").strip()
-                try:
-                    check_ref_name(full)
-                except InvalidRefNameError as exc:
-                    if not fname.startswith("."):  # dot files: our own temporary files
-                        out.append(StrayRef(full, text if is_full_hex_id(text) else None, str(exc)))
+        for full in self.backend.list("refs/"):
+            try:
+                raw = (self.backend.get(full) or b"")[:4096]
+            except (OSError, StorageError) as exc:
+                out.append(StrayRef(full, None, f"unreadable: {_reason(exc)}"))
+                continue
+            text = raw.decode("utf-8", "replace").strip()
+            try:
+                check_ref_name(full)
+            except InvalidRefNameError as exc:
+                if not full.rpartition("/")[2].startswith("."):  # dot files: our own temporary files
+                    out.append(StrayRef(full, text if is_full_hex_id(text) else None, str(exc)))
         return sorted(out, key=lambda r: r.path)
 
     # ---- updating -----------------------------------------------------------
+    def _occupied(self, key: str) -> bool:
+        """Whether ``key`` holds something (a local folder does not; nor does a tombstone)."""
+        try:
+            data = self.backend.get(key)
+        except IsADirectoryError:
+            return False
+        return data is not None and (self.locked or bool(data.strip()))
+
     def _check_no_dir_file_conflict(self, name: str) -> None:
-        path = self.root / name
-        if path.is_dir():
+        if any(self._occupied(key) for key in self.backend.list(name + "/")):
             raise RefConflictError(f"cannot create {name}: refs exist below it")
-        parent = path.parent
-        while parent != self.root:
-            if parent.is_file():
-                raise RefConflictError(f"cannot create {name}: {parent.relative_to(self.root).as_posix()} exists")
-            parent = parent.parent
+        parent = name.rpartition("/")[0]
+        while parent:
+            if self._occupied(parent):
+                raise RefConflictError(f"cannot create {name}: {parent} exists")
+            parent = parent.rpartition("/")[0]
+
+    def _publish(self, name: str, version: Version | None, data: bytes, conflict: Callable[[], str]) -> None:
+        """The moment the update takes effect. Under the lock: a replace (the
+        temporaries of killed writers go first; any left is one's, as every writer
+        holds the lock). Without it: compare_and_swap against ``version``, whose
+        loss is a RefConflictError with ``conflict()``'s message."""
+        if self.locked:
+            self.backend.remove_stale_puts(name)
+            self.backend.replace(name, data)
+            return
+        try:
+            self.backend.compare_and_swap(name, version, data)
+        except RefConflictError:
+            raise RefConflictError(conflict()) from None
+
+    def _found(self, name: str) -> str:
+        try:
+            value = self._read_file(name)
+        except RefNotFoundError as exc:
+            return str(exc)
+        return value or "(no ref)"
 
     def set_if_equals(self, name: str, old: str | None, new: str, message: str) -> None:
         """Point ``name`` at ``new`` if it currently names ``old`` (None: must not
@@ -284,40 +349,41 @@ class RefStore:
         check_ref_name(name)
         if not is_full_hex_id(new):
             raise ValueError(f"not a full id: {new!r}")
-        with storage_errors(f"updating {name}", f"{name} is unchanged"), file_lock(self._lock_path):
-            current = self.read(name)
+
+        def moved() -> str:
+            return f"{name} moved: expected {old or '(no ref)'}, found {self._found(name)}"
+
+        with storage_errors(f"updating {name}", f"{name} is unchanged"), self._update_lock():
+            current, version = self._read_versioned(name)
             if current != old:
                 raise RefConflictError(f"{name} moved: expected {old or '(no ref)'}, found {current or '(no ref)'}")
             if current is None:
                 self._check_no_dir_file_conflict(name)
                 self._clear_stale_logs(name)
-            path = self._path(name)
-            path.parent.mkdir(parents=True, exist_ok=True)
             head_on_it = self._head_branch() == name
-            remove_stale_temporaries(path)  # under the refs lock: any left is a failed writer's
-            write_atomic(path, (new + "\n").encode(), sync_dir=False)
+            self._publish(name, version, (new + "\n").encode(), moved)
             with self._after_move(f"{name} now names {new[:12]}", new):
-                fsync_dir(path.parent)
+                self.backend.sync(name)
                 self._log(name, old, new, message)
                 if head_on_it:
                     self._log(HEAD, old, new, message)
 
     def delete_if_equals(self, name: str, old: str, message: str) -> None:
         check_ref_name(name)
-        with storage_errors(f"deleting {name}", f"{name} is unchanged"), file_lock(self._lock_path):
-            current = self.read(name)
+        with storage_errors(f"deleting {name}", f"{name} is unchanged"), self._update_lock():
+            current, version = self._read_versioned(name)
             if current != old:
                 raise RefConflictError(f"{name} moved: expected {old}, found {current or '(no ref)'}")
-            path = self._path(name)
-            path.unlink()
+            if self.locked:
+                self.backend.delete(name)
+            else:
+                self._publish(name, version, b"", lambda: f"{name} moved: expected {old}, found {self._found(name)}")
             with self._after_move(f"{name} was deleted", old):
-                fsync_dir(path.parent)
-                _remove_empty_parents(path, self.root / "refs")
+                self.backend.sync(name)
+                self.backend.prune_folders(name, kept_folder(name))
                 # Like git, a deleted ref's reflog goes with it; HEAD's reflog keeps the history.
-                log = self.root / "logs" / name
-                if log.is_file():
-                    log.unlink()
-                    _remove_empty_parents(log, self.root / "logs")
+                log = f"logs/{name}"
+                self.journal.remove(log, kept_folder(log))
 
     def _after_move(self, done: str, result: str | None) -> contextlib.AbstractContextManager[None]:
         """The follow-up writes of an update that has taken effect: a failure is a
@@ -331,9 +397,9 @@ class RefStore:
 
     def note_incomplete(self) -> None:
         """Ask the next writable open to run :meth:`repair` (best effort: an
-        empty marker file needs no data blocks, so it usually fits on a full disk)."""
-        with contextlib.suppress(OSError):
-            os.close(os.open(self.root / REPAIR_MARKER, os.O_WRONLY | os.O_CREAT, 0o644))
+        empty marker needs no data blocks, so it usually fits on a full disk)."""
+        with contextlib.suppress(OSError, CkvcError):
+            self.backend.put(REPAIR_MARKER, b"")
 
     def repair_pending(self, exists: Callable[[str], bool] = lambda oid: True) -> bool:
         """Whether :meth:`repair` has work: the marker exists, or (should the
@@ -341,7 +407,7 @@ class RefStore:
         without its reflog entry to a commit that ``exists`` (a ref edited by hand
         to name nothing is damage for fsck, not an update to finish). Cheap:
         reads the tails of two logs."""
-        if (self.root / REPAIR_MARKER).exists():
+        if self.backend.stat(REPAIR_MARKER) is not None:
             return True
         try:
             target, head_id = self.head()
@@ -353,27 +419,25 @@ class RefStore:
 
     def _last_logged(self, name: str) -> str | None:
         """The ``new`` id of the last parseable entry of ``name``'s reflog."""
-        path = self.root / "logs" / name
         try:
-            with open(path, "rb") as f:
-                size = f.seek(0, os.SEEK_END)
-                f.seek(max(0, size - 65536))
-                tail = f.read()
-        except OSError:
+            tail = self.journal.tail(f"logs/{name}")
+        except (OSError, CkvcError):  # a folder, unreadable: nothing logged that counts
             return None
-        for line in reversed(tail.split(b"\n")):
-            entry = _parse_reflog_line(line) if line.strip() else None
+        for line in reversed(tail):
+            entry = _parse_reflog_line(line)
             if entry is not None:
                 return entry.new
         return None
 
     def repair(self) -> int:
-        """Finish updates whose follow-up writes failed: fsync the ref and log
+        """Finish updates whose follow-up writes failed: sync the ref and log
         directories and append a reflog entry wherever a ref's reflog does not
         end at the ref's current value. Returns the entries restored. Raises
-        OSError if the repository still cannot be written (the marker stays)."""
+        OSError if the repository still cannot be written (the marker stays).
+        Without the refs lock a writer between its swap and its reflog entry may
+        get a repair entry as well: a duplicate line, never a lost one."""
         restored = 0
-        with file_lock(self._lock_path):
+        with self._update_lock():
             tips = self.list_refs()
             with contextlib.suppress(RefNotFoundError):
                 _, head_id = self.head()
@@ -386,28 +450,30 @@ class RefStore:
                     message = "repair: entry restored after a failed reflog write"
                     self._log(name, last, value, message)
                     restored += 1
-            for dirpath, _dirs, _files in os.walk(self.root / "refs"):
-                fsync_dir(Path(dirpath))
-            for dirpath, _dirs, _files in os.walk(self.root / "logs"):
-                fsync_dir(Path(dirpath))
-            fsync_dir(self.root)
-            (self.root / REPAIR_MARKER).unlink(missing_ok=True)
-            fsync_dir(self.root)
+            folders = {key.rpartition("/")[0] for top in ("refs/", "logs/") for key in self.backend.list(top)}
+            for folder in sorted(folders | {"refs", "logs"}):
+                self.backend.sync(folder + "/")
+            self.backend.sync(HEAD)
+            self.backend.delete(REPAIR_MARKER)
+            self.backend.sync(REPAIR_MARKER)
         return restored
 
     def _clear_stale_logs(self, name: str) -> None:
         """Remove reflogs of deleted refs that would collide with ``name``'s
         (logs/refs/heads/a when creating a/b, or the reverse). The refs
-        themselves were checked for such conflicts already."""
-        logs = self.root / "logs"
-        log = logs / name
-        if log.is_dir():
-            shutil.rmtree(log)
-        parent = log.parent
-        while parent != logs:
-            if parent.is_file():
-                parent.unlink()
-            parent = parent.parent
+        themselves were checked for such conflicts already. Entry-per-key logs
+        cannot collide."""
+        if not self.journal.appended:
+            return
+        log = f"logs/{name}"
+        for key in list(self.backend.list(log + "/")):
+            self.backend.delete(key)
+            self.backend.prune_folders(key, log.rpartition("/")[0])
+        parent = log.rpartition("/")[0]
+        while parent != "logs":
+            if self._occupied(parent):
+                self.backend.delete(parent)
+            parent = parent.rpartition("/")[0]
 
     def set_head(self, *, branch: str | None = None, detached: str | None = None, message: str) -> None:
         """Point HEAD at a branch (symbolic) or at a commit (detached)."""
@@ -418,36 +484,40 @@ class RefStore:
         elif detached is None or not is_full_hex_id(detached):
             raise ValueError(f"not a full id: {detached!r}")
         content = f"{_SYMREF_PREFIX}{branch}" if branch is not None else str(detached)
-        if self._read_file(HEAD) == content:
+        found = self._get(HEAD)
+        if found is not None and self._text(HEAD, found[0]) == content:
             # Already there: nothing to write (a read-only repository can check out
             # its HEAD), but what a killed move of HEAD left goes now.
-            if has_stale_temporaries(self.root / HEAD):
-                with contextlib.suppress(OSError, CkvcError), file_lock(self._lock_path):
-                    remove_stale_temporaries(self.root / HEAD)
+            if self.backend.has_stale_puts(HEAD):
+                with contextlib.suppress(OSError, CkvcError), self._update_lock():
+                    self.backend.remove_stale_puts(HEAD)
             return
-        with storage_errors("updating HEAD", "HEAD is unchanged"), file_lock(self._lock_path):
+        with storage_errors("updating HEAD", "HEAD is unchanged"), self._update_lock():
+            if self.locked:
+                found = self._get(HEAD)
             old_id = self._head_id_or_none()
             new_id = self.read(branch) if branch is not None else detached
-            remove_stale_temporaries(self.root / HEAD)
-            write_atomic(self.root / HEAD, f"{content}\n".encode(), sync_dir=False)
+            version = found[1] if found is not None else None
+            self._publish(HEAD, version, f"{content}\n".encode(), lambda: "HEAD moved while it was being updated")
             with self._after_move(f"HEAD now points at {branch or detached}", new_id):
-                fsync_dir(self.root)
+                self.backend.sync(HEAD)
                 self._log(HEAD, old_id, new_id, message)
 
     def set_head_if_equals(self, old: str, new: str, message: str) -> None:
         """Move a detached HEAD from ``old`` to ``new`` (a commit on a detached HEAD)."""
-        with storage_errors("updating HEAD", "HEAD is unchanged"), file_lock(self._lock_path):
-            target, current = self.head()
+        with storage_errors("updating HEAD", "HEAD is unchanged"), self._update_lock():
+            found = self._get(HEAD)
+            target, current = self._parse_head(None if found is None else self._text(HEAD, found[0]))
             if target is not None or current != old:
                 raise RefConflictError(f"HEAD moved: expected detached at {old}")
-            remove_stale_temporaries(self.root / HEAD)
-            write_atomic(self.root / HEAD, f"{new}\n".encode(), sync_dir=False)
+            version = found[1] if found is not None else None
+            self._publish(HEAD, version, f"{new}\n".encode(), lambda: f"HEAD moved: expected detached at {old}")
             with self._after_move(f"HEAD now names {new[:12]}", new):
-                fsync_dir(self.root)
+                self.backend.sync(HEAD)
                 self._log(HEAD, old, new, message)
 
     def init_head(self, branch: str) -> None:
-        write_atomic(self.root / HEAD, f"{_SYMREF_PREFIX}{check_ref_name(branch)}\n".encode())
+        self.backend.put(HEAD, f"{_SYMREF_PREFIX}{check_ref_name(branch)}\n".encode())
 
     def _head_id_or_none(self) -> str | None:
         try:
@@ -457,10 +527,8 @@ class RefStore:
 
     # ---- reflog -------------------------------------------------------------
     def _log(self, name: str, old: str | None, new: str | None, message: str) -> None:
-        path = self.root / "logs" / name
-        path.parent.mkdir(parents=True, exist_ok=True)
         line = {"old": old, "new": new, "time_ns": time.time_ns(), "message": message}
-        append_durable(path, (json.dumps(line, sort_keys=True) + "\n").encode())
+        self.journal.add(f"logs/{name}", (json.dumps(line, sort_keys=True) + "\n").encode())
 
     def reflog(self, name: str, *, damaged: list[str] | None = None) -> list[ReflogEntry]:
         """Moves of ``name``, newest first. A line that cannot be parsed (a torn
@@ -468,7 +536,7 @@ class RefStore:
         torn ones are warned about, or listed in ``damaged`` when given."""
         if name != HEAD:
             check_ref_name(name)
-        entries, bad = self._read_reflog(self.root / "logs" / name)
+        entries, bad = self._read_reflog(f"logs/{name}")
         if bad:
             problems = [f"logs/{name} line {n}: not a reflog entry" for n, _ in bad]
             if damaged is not None:
@@ -477,14 +545,12 @@ class RefStore:
                 warnings.warn(DamageWarning(f"skipped {len(bad)} damaged line(s) in logs/{name}"), stacklevel=2)
         return entries[::-1]
 
-    @staticmethod
-    def _read_reflog(path: Path) -> tuple[list[ReflogEntry], list[tuple[int, bytes]]]:
+    def _read_reflog(self, log: str) -> tuple[list[ReflogEntry], list[tuple[int, bytes]]]:
         """(entries oldest first, [(line number, raw line)] that did not parse),
         lines torn by a crashed append excepted from the latter."""
-        lines = read_log_lines(path)
         entries: list[ReflogEntry] = []
         bad: list[tuple[int, bytes]] = []
-        for number, line in enumerate(lines, 1):
+        for number, line in enumerate(self.journal.lines(log), 1):
             entry = _parse_reflog_line(line)
             if entry is not None:
                 entries.append(entry)
@@ -495,33 +561,24 @@ class RefStore:
     def damaged_logs(self) -> list[str]:
         """Every reflog line that does not parse (torn last lines excepted), for fsck."""
         out: list[str] = []
-        logs = self.root / "logs"
-        for dirpath, _dirs, files in os.walk(logs):
-            for fname in sorted(files):
-                path = Path(dirpath, fname)
-                _, bad = self._read_reflog(path)
-                rel = path.relative_to(self.root).as_posix()
-                out.extend(f"{rel} line {n}: not a reflog entry" for n, _ in bad)
+        for log in self.journal.logs("logs/"):
+            _, bad = self._read_reflog(log)
+            out.extend(f"{log} line {n}: not a reflog entry" for n, _ in bad)
         return sorted(out)
 
     def iter_reflog_ids(self, since_ns: int = 0) -> Iterator[str]:
         """Every id a reflog entry at or after ``since_ns`` mentions (gc keeps them).
         A line that does not parse cannot say how old it is, so every id-shaped
         string in it counts: damage never lets gc drop what the line protected."""
-        logs = self.root / "logs"
-        if not logs.is_dir():
-            return
-        for dirpath, _dirs, files in os.walk(logs):
-            for fname in files:
-                lines = read_log_lines(Path(dirpath, fname))
-                for line in lines:
-                    entry = _parse_reflog_line(line)
-                    if entry is None:
-                        for match in _HEX_ID.findall(line):
-                            yield match.decode()
-                        continue
-                    if entry.time_ns < since_ns:
-                        continue
-                    for value in (entry.old, entry.new):
-                        if value:
-                            yield value
+        for log in self.journal.logs("logs/"):
+            for line in self.journal.lines(log):
+                entry = _parse_reflog_line(line)
+                if entry is None:
+                    for match in _HEX_ID.findall(line):
+                        yield match.decode()
+                    continue
+                if entry.time_ns < since_ns:
+                    continue
+                for value in (entry.old, entry.new):
+                    if value:
+                        yield value

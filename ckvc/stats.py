@@ -9,7 +9,6 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ckvc.codecs import CODEC_NAMES
-from ckvc.storage.packs import list_packs
 
 if TYPE_CHECKING:
     from ckvc.repo import Repo
@@ -129,7 +128,8 @@ def disk_usage(repo: Repo) -> DiskUsage:
         usage.per_commit.append(CommitUsage(cid, message, logical, unique))
     usage.by_key = sorted(keys.values(), key=lambda k: -k.stored_bytes)
     usage.by_codec = codec_usage(repo, refcount)
-    for name in list_packs(repo.store.pack_dir):
+    for name in repo.store.packs():
         usage.pack_count += 1
-        usage.pack_bytes += (repo.store.pack_dir / name).stat().st_size
+        info = repo.store.pack_info(name)
+        usage.pack_bytes += info.size if info is not None else 0
     return usage

@@ -163,9 +163,9 @@ def test_ctrl_c_in_cli_commit_says_whether_it_landed(
     )
     assert repo.refs.read("refs/heads/main") == first
     monkeypatch.setattr(os, "writev", real_writev)
-    import ckvc.refs
+    import ckvc.journal
 
-    monkeypatch.setattr(ckvc.refs, "append_durable", interrupt)  # the reflog append, after the move
+    monkeypatch.setattr(ckvc.journal.Journal, "add", interrupt)  # the reflog append, after the move
     result = run(repo.path, "commit", str(ckpt), "-m", "two")
     moved = repo.refs.read("refs/heads/main")
     assert moved is not None and moved != first
@@ -174,12 +174,12 @@ def test_ctrl_c_in_cli_commit_says_whether_it_landed(
 
 
 def test_interrupt_in_the_python_api_records_the_outcome(repo: ckvc.Repo, monkeypatch: pytest.MonkeyPatch) -> None:
-    import ckvc.refs
+    import ckvc.journal
 
     def interrupt(*args: Any) -> Any:
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(ckvc.refs, "append_durable", interrupt)
+    monkeypatch.setattr(ckvc.journal.Journal, "add", interrupt)  # the reflog append, after the move
     with pytest.raises(InterruptedOperationError) as info:
         repo.commit(state(1), "one")
     assert info.value.landed and info.value.result == repo.refs.read("refs/heads/main")
