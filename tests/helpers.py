@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import blake3
 import torch
 
 
@@ -28,3 +29,28 @@ def assert_state_equal(a: Any, b: Any, path: str = "") -> None:
             assert_state_equal(x, y, f"{path}.{i}")
     else:
         assert a == b, path
+
+
+def describe_state(value: Any, path: str = "", out: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A state flattened to ``path -> description`` that JSON can hold: tensors by
+    dtype, shape and the BLAKE3 of their bytes, containers by type and keys, other
+    values by type and repr (exact for ints, floats, str, bytes and torch types).
+    Equal descriptions mean bit-identical states (tests/data/old_repository.json)."""
+    out = {} if out is None else out
+    if isinstance(value, torch.Tensor):
+        out[path] = {
+            "dtype": str(value.dtype).removeprefix("torch."),
+            "shape": list(value.shape),
+            "blake3": blake3.blake3(tensor_bytes(value)).hexdigest(),
+        }
+    elif isinstance(value, dict):
+        out[path] = {"type": type(value).__name__, "keys": [repr(k) for k in value]}
+        for key, item in value.items():
+            describe_state(item, f"{path}/{key}", out)
+    elif isinstance(value, (list, tuple)):
+        out[path] = {"type": type(value).__name__, "len": len(value)}
+        for i, item in enumerate(value):
+            describe_state(item, f"{path}/{i}", out)
+    else:
+        out[path] = {"type": type(value).__name__, "repr": repr(value)}
+    return out
