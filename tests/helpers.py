@@ -1,12 +1,38 @@
-"""Shared test helpers: compare states by their raw bytes, never by values
-(so NaN payloads and -0.0 count)."""
+"""Shared test helpers (plain functions; the fixtures are in conftest.py): compare
+states by their raw bytes, never by values (so NaN payloads and -0.0 count), make
+small states, run the CLI in this process."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import blake3
 import torch
+from click.testing import CliRunner, Result
+
+from ckvc.cli import cli
+
+
+def run(repo_dir: Path, *args: str) -> Result:
+    """``ckvc -C repo_dir ARGS...`` through click's CliRunner; exceptions propagate."""
+    return CliRunner().invoke(cli, ["-C", str(repo_dir), *args], catch_exceptions=False)
+
+
+def files_of(root: Path) -> dict[str, bytes]:
+    """Every file under ``root`` by relative path, but LMDB's lock file (it changes
+    on every open; it is not repository content)."""
+    return {
+        str(p.relative_to(root)): p.read_bytes()
+        for p in sorted(root.rglob("*"))
+        if p.is_file() and not p.name.endswith("lock.mdb")
+    }
+
+
+def random_state(seed: int, shape: tuple[int, ...] = (16, 16)) -> dict[str, Any]:
+    """A small state: one float32 tensor of ``shape`` drawn from ``seed``, and the seed."""
+    g = torch.Generator().manual_seed(seed)
+    return {"w": torch.randn(*shape, generator=g), "step": seed}
 
 
 def tensor_bytes(t: torch.Tensor) -> bytes:
