@@ -3,6 +3,7 @@ CLI runner) live in helpers.py, importable from module-level code as well."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,3 +19,13 @@ def repo(tmp_path: Path) -> Iterator[ckvc.Repo]:
     r = ckvc.Repo.init(tmp_path / "r", chunk_size=64 << 10)
     yield r
     r.close()
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests marked ``slow`` (soak runs) run only with CKVC_SOAK=1."""
+    if os.environ.get("CKVC_SOAK") == "1":
+        return
+    skip = pytest.mark.skip(reason="soak test: run with CKVC_SOAK=1")
+    for item in items:
+        if "slow" in item.keywords:
+            item.add_marker(skip)
