@@ -1,5 +1,5 @@
 """A hypothesis state machine of commit / branch / tag / switch / checkout / delete
-branch / retain / gc against a plain model: which commits exist and what each holds,
+branch / abandoned detached work / retain / gc against a plain model: which commits exist and what each holds,
 their parents, the branches, tags and HEAD, which commits retention pruned. After
 every step the repository agrees with the model: refs and HEAD, the prune log, every
 commit that exists loads bit-exact (a pruned one refuses), every commit gc collected
