@@ -37,7 +37,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("codecs",),
     ("state",),
     ("storage",),
-    ("refs", "pruned", "config"),
+    ("refs", "pruned", "config", "journal"),
     ("executor",),
     ("core",),
     ("graph",),
