@@ -231,7 +231,7 @@ class _Reader(ast.NodeVisitor):
 @dataclass
 class Structure:
     edges: list[Edge]
-    private: list[str]
+    private: list[tuple[str, str, int]]  # (finding, module, line)
 
 
 def read_package(root: Path, package: str) -> Structure:
@@ -245,22 +245,23 @@ def read_package(root: Path, package: str) -> Structure:
     for reader in readers:
         for attr in reader.defined:
             private_defs.setdefault(attr, set()).add(reader.name)
-    private: list[str] = []
+    private: list[tuple[str, str, int]] = []
     for reader in readers:
-        private += [f"private: {reader.name} {what}" for what, _ in reader.private]
-        for base, attr, _ in reader.attrs:
+        private += [(f"private: {reader.name} {what}", reader.name, line) for what, line in reader.private]
+        for base, attr, line in reader.attrs:
             head = base.split(".")[0]
             bound = reader.aliases.get(head)
             if bound is not None:  # mod._x / ckvc.a._x: the chain names a module
                 target = ".".join([bound, *base.split(".")[1:]])
                 if module_exists(target, modules, root, package):
                     if target != reader.name and target not in EXTENSION_MODULES:
-                        private.append(f"private: {reader.name} uses {target}.{attr}")
+                        private.append((f"private: {reader.name} uses {target}.{attr}", reader.name, line))
                     continue
             owners = private_defs.get(attr, set()) - {reader.name}
             if owners and attr not in reader.defined and head not in ("self", "cls", *reader.foreign):
-                private.append(f"private: {reader.name} uses {base}.{attr} ({', '.join(sorted(owners))} defines it)")
-    return Structure([e for r in readers for e in r.edges], sorted(set(private)))
+                finding = f"private: {reader.name} uses {base}.{attr} ({', '.join(sorted(owners))} defines it)"
+                private.append((finding, reader.name, line))
+    return Structure([e for r in readers for e in r.edges], private)
 
 
 def layer_of(module: str, package: str, layers: Sequence[Sequence[str]]) -> int | None:
@@ -315,31 +316,45 @@ def cycles(edges: Iterable[Edge]) -> list[list[str]]:
     return sorted(found)
 
 
-def violations(root: Path, package: str, layers: Sequence[Sequence[str]]) -> set[str]:
-    """Every breach of the rules in this file's docstring, one line each."""
+def violations(root: Path, package: str, layers: Sequence[Sequence[str]]) -> dict[str, set[str]]:
+    """Every breach of the rules in this file's docstring, one line each, with
+    where it happens (``module:line``; a cycle's edges)."""
     structure = read_package(root, package)
-    found = set(structure.private)
+    found: dict[str, set[str]] = {}
+    for finding, module, line in structure.private:
+        found.setdefault(finding, set()).add(f"{module}:{line}")
     for module in discover(root, package):
         if layer_of(module, package, layers) is None:
-            found.add(f"unplaced: {module} is in no layer (add it to LAYERS)")
+            found[f"unplaced: {module} is in no layer (add it to LAYERS)"] = set()
     for e in structure.edges:
         source, target = layer_of(e.source, package, layers), layer_of(e.target, package, layers)
         if source is not None and target is not None and target > source:
-            found.add(f"layer: {e.source} -> {e.target}")
-    found |= {"cycle: " + " <-> ".join(c) for c in cycles(structure.edges)}
+            found.setdefault(f"layer: {e.source} -> {e.target}", set()).add(f"{e.source}:{e.line}")
+    for component in cycles(structure.edges):
+        members = set(component)
+        found["cycle: " + " <-> ".join(component)] = {
+            f"{e.source}:{e.line} -> {e.target}"
+            for e in structure.edges
+            if e.source != e.target and {e.source, e.target} <= members
+        }
     return found
+
+
+def report(found: dict[str, set[str]], names: Iterable[str]) -> str:
+    return "\n".join(f"{name}\n    at {', '.join(sorted(found.get(name, ())))}" for name in sorted(names))
 
 
 # ---- the real package ---------------------------------------------------------------
 
 
 def test_ckvc_keeps_its_layers() -> None:
-    new = violations(ROOT, "ckvc", LAYERS) - KNOWN_VIOLATIONS
-    assert not new, "\n".join(sorted(new))
+    found = violations(ROOT, "ckvc", LAYERS)
+    new = set(found) - KNOWN_VIOLATIONS
+    assert not new, report(found, new)
 
 
 def test_known_violations_are_current() -> None:
-    stale = KNOWN_VIOLATIONS - violations(ROOT, "ckvc", LAYERS)
+    stale = KNOWN_VIOLATIONS - set(violations(ROOT, "ckvc", LAYERS))
     assert not stale, "fixed, remove from KNOWN_VIOLATIONS:\n" + "\n".join(sorted(stale))
 
 
@@ -384,7 +399,7 @@ def test_checker_accepts_a_clean_package(tmp_path: Path) -> None:
             "high.py": "import pkg.low\nfrom . import low as lo\n\ndef f():\n    return lo.base.helper()\n",
         },
     )
-    assert violations(pkg, "pkg", (("base",), ("low",), ("high", ""))) == set()
+    assert violations(pkg, "pkg", (("base",), ("low",), ("high", ""))) == {}
 
 
 def test_checker_reports_exactly_a_deliberate_back_import(tmp_path: Path) -> None:
@@ -397,7 +412,7 @@ def test_checker_reports_exactly_a_deliberate_back_import(tmp_path: Path) -> Non
             "high.py": "Y = 2\n",
         },
     )
-    assert violations(pkg, "pkg", SYNTHETIC_LAYERS) == {"layer: pkg.low -> pkg.high"}
+    assert violations(pkg, "pkg", SYNTHETIC_LAYERS) == {"layer: pkg.low -> pkg.high": {"pkg.low:4"}}
 
 
 def test_checker_counts_type_checking_imports(tmp_path: Path) -> None:
@@ -408,7 +423,7 @@ def test_checker_counts_type_checking_imports(tmp_path: Path) -> None:
             "high.py": "import pkg.low\n",
         },
     )
-    assert violations(pkg, "pkg", SYNTHETIC_LAYERS) == {
+    assert set(violations(pkg, "pkg", SYNTHETIC_LAYERS)) == {
         "layer: pkg.low -> pkg.high",
         "cycle: pkg.high <-> pkg.low",
     }
@@ -426,7 +441,7 @@ def test_checker_reports_private_names_across_modules(tmp_path: Path) -> None:
             "high.py": "class Own:\n    def _mine(self):\n        return 1\n\ndef g(o):\n    return o._mine()\n",
         },
     )
-    assert violations(pkg, "pkg", SYNTHETIC_LAYERS) == {
+    assert set(violations(pkg, "pkg", SYNTHETIC_LAYERS)) == {
         "private: pkg.low imports pkg.base._SECRET",
         "private: pkg.low uses pkg.base._SECRET",
         "private: pkg.low uses thing._hidden (pkg.base defines it)",
@@ -435,7 +450,7 @@ def test_checker_reports_private_names_across_modules(tmp_path: Path) -> None:
 
 def test_checker_reports_same_layer_cycles_and_unplaced_modules(tmp_path: Path) -> None:
     pkg = make_package(tmp_path, {"low.py": "import pkg.other\n", "other.py": "from pkg import low\n"})
-    assert violations(pkg, "pkg", SYNTHETIC_LAYERS) == {
+    assert set(violations(pkg, "pkg", SYNTHETIC_LAYERS)) == {
         "unplaced: pkg.other is in no layer (add it to LAYERS)",
         "cycle: pkg.low <-> pkg.other",
     }
