@@ -1,11 +1,38 @@
-"""Shared test helpers: compare states by their raw bytes, never by values
-(so NaN payloads and -0.0 count)."""
+"""Shared test helpers (plain functions; the fixtures are in conftest.py): compare
+states by their raw bytes, never by values (so NaN payloads and -0.0 count), make
+small states, run the CLI in this process."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
+import blake3
 import torch
+from click.testing import CliRunner, Result
+
+from ckvc.cli import cli
+
+
+def run(repo_dir: Path, *args: str) -> Result:
+    """``ckvc -C repo_dir ARGS...`` through click's CliRunner; exceptions propagate."""
+    return CliRunner().invoke(cli, ["-C", str(repo_dir), *args], catch_exceptions=False)
+
+
+def files_of(root: Path) -> dict[str, bytes]:
+    """Every file under ``root`` by relative path, but LMDB's lock file (it changes
+    on every open; it is not repository content)."""
+    return {
+        str(p.relative_to(root)): p.read_bytes()
+        for p in sorted(root.rglob("*"))
+        if p.is_file() and not p.name.endswith("lock.mdb")
+    }
+
+
+def random_state(seed: int, shape: tuple[int, ...] = (16, 16)) -> dict[str, Any]:
+    """A small state: one float32 tensor of ``shape`` drawn from ``seed``, and the seed."""
+    g = torch.Generator().manual_seed(seed)
+    return {"w": torch.randn(*shape, generator=g), "step": seed}
 
 
 def tensor_bytes(t: torch.Tensor) -> bytes:
@@ -28,3 +55,28 @@ def assert_state_equal(a: Any, b: Any, path: str = "") -> None:
             assert_state_equal(x, y, f"{path}.{i}")
     else:
         assert a == b, path
+
+
+def describe_state(value: Any, path: str = "", out: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A state flattened to ``path -> description`` that JSON can hold: tensors by
+    dtype, shape and the BLAKE3 of their bytes, containers by type and keys, other
+    values by type and repr (exact for ints, floats, str, bytes and torch types).
+    Equal descriptions mean bit-identical states (tests/data/old_repository.json)."""
+    out = {} if out is None else out
+    if isinstance(value, torch.Tensor):
+        out[path] = {
+            "dtype": str(value.dtype).removeprefix("torch."),
+            "shape": list(value.shape),
+            "blake3": blake3.blake3(tensor_bytes(value)).hexdigest(),
+        }
+    elif isinstance(value, dict):
+        out[path] = {"type": type(value).__name__, "keys": [repr(k) for k in value]}
+        for key, item in value.items():
+            describe_state(item, f"{path}/{key}", out)
+    elif isinstance(value, (list, tuple)):
+        out[path] = {"type": type(value).__name__, "len": len(value)}
+        for i, item in enumerate(value):
+            describe_state(item, f"{path}/{i}", out)
+    else:
+        out[path] = {"type": type(value).__name__, "repr": repr(value)}
+    return out

@@ -8,22 +8,11 @@ from pathlib import Path
 import pytest
 import safetensors.torch
 import torch
-from click.testing import CliRunner, Result
+from click.testing import CliRunner
+from helpers import files_of, run
 
 import ckvc
 from ckvc.cli import cli
-
-
-def run(repo_dir: Path, *args: str) -> Result:
-    return CliRunner().invoke(cli, ["-C", str(repo_dir), *args], catch_exceptions=False)
-
-
-def files_of(root: Path) -> dict[str, bytes]:
-    return {
-        str(p.relative_to(root)): p.read_bytes()
-        for p in sorted(root.rglob("*"))
-        if p.is_file() and not p.name.endswith("lock.mdb")
-    }
 
 
 @pytest.fixture

@@ -7,14 +7,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from click.testing import CliRunner, Result
+from helpers import run
 
 import ckvc
-from ckvc.cli import cli
-
-
-def run(repo_dir: Path, *args: str) -> Result:
-    return CliRunner().invoke(cli, ["-C", str(repo_dir), *args], catch_exceptions=False)
 
 
 @pytest.fixture

@@ -9,17 +9,16 @@ import os
 import subprocess
 import sys
 import textwrap
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import lmdb
 import pytest
 import torch
-from click.testing import CliRunner, Result
+from helpers import random_state as state
+from helpers import run
 
 import ckvc
-from ckvc.cli import cli
 from ckvc.errors import (
     CkvcError,
     InterruptedOperationError,
@@ -33,22 +32,6 @@ from ckvc.errors import (
     storage_error,
     storage_errors,
 )
-
-
-def state(seed: int) -> dict[str, Any]:
-    g = torch.Generator().manual_seed(seed)
-    return {"w": torch.randn(16, 16, generator=g), "step": seed}
-
-
-@pytest.fixture
-def repo(tmp_path: Path) -> Iterator[ckvc.Repo]:
-    r = ckvc.Repo.init(tmp_path / "r", chunk_size=64 << 10)
-    yield r
-    r.close()
-
-
-def run(repo_dir: Path, *args: str) -> Result:
-    return CliRunner().invoke(cli, ["-C", str(repo_dir), *args], catch_exceptions=False)
 
 
 @pytest.mark.parametrize(

@@ -20,9 +20,8 @@ import numpy as np
 import pytest
 import safetensors.torch
 import torch
-from click.testing import CliRunner, Result
+from helpers import run
 
-from ckvc.cli import cli
 from ckvc.errors import CorruptObjectError, InvalidInputError
 from ckvc.files import (
     LinkOutsideTreeError,
@@ -36,10 +35,6 @@ from ckvc.repo import Repo
 from ckvc.state import StoredFile
 
 Tree = dict[str, tuple[Any, ...]]
-
-
-def run(repo_dir: Path, *args: str) -> Result:
-    return CliRunner().invoke(cli, ["-C", str(repo_dir), *args], catch_exceptions=False)
 
 
 def tree_of(root: Path) -> Tree:

@@ -13,16 +13,11 @@ from pathlib import Path
 import pytest
 import safetensors.torch
 import torch
-from click.testing import CliRunner, Result
+from helpers import run
 
 import ckvc
-from ckvc.cli import cli
 from ckvc.objects import Commit, pack_canonical
 from ckvc.repo import is_rng_path
-
-
-def run(repo_dir: Path, *args: str) -> Result:
-    return CliRunner().invoke(cli, ["-C", str(repo_dir), *args], catch_exceptions=False)
 
 
 @pytest.fixture

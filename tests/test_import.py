@@ -18,8 +18,8 @@ from typing import Any
 
 import pytest
 import torch
-from click.testing import CliRunner, Result
-from helpers import assert_state_equal
+from click.testing import CliRunner
+from helpers import assert_state_equal, files_of, run
 
 import ckvc
 from ckvc.cli import cli
@@ -28,18 +28,6 @@ from ckvc.files import read_checkpoint
 from ckvc.importer import BYTES_KEY, HASH_KEY, SOURCE_KEY, ImportConflictError, content_hash, import_checkpoints
 
 BASE_TIME_NS = 1_700_000_000 * 10**9
-
-
-def run(repo_dir: Path, *args: str) -> Result:
-    return CliRunner().invoke(cli, ["-C", str(repo_dir), *args], catch_exceptions=False)
-
-
-def files_of(root: Path) -> dict[str, bytes]:
-    return {
-        str(p.relative_to(root)): p.read_bytes()
-        for p in sorted(root.rglob("*"))
-        if p.is_file() and not p.name.endswith("lock.mdb")
-    }
 
 
 def training_states(n: int, seed: int = 0) -> list[dict[str, Any]]:

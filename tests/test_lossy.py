@@ -4,7 +4,6 @@ errors, shown by log and show, exact where it must be, verifiable like any chunk
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -18,13 +17,6 @@ from ckvc.codecs import QUANT
 from ckvc.codecs.lossy import dequantize_into, quantize
 from ckvc.errors import CorruptObjectError
 from ckvc.retention import RetentionPolicy
-
-
-@pytest.fixture
-def repo(tmp_path: Path) -> Iterator[ckvc.Repo]:
-    r = ckvc.Repo.init(tmp_path / "r", chunk_size=64 << 10)
-    yield r
-    r.close()
 
 
 def train_state(epoch: int, seed: int = 0) -> dict[str, object]:

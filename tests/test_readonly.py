@@ -17,11 +17,9 @@ from typing import Any
 
 import pytest
 import torch
-from click.testing import CliRunner, Result
-from helpers import assert_state_equal
+from helpers import assert_state_equal, run
 
 import ckvc
-from ckvc.cli import cli
 from ckvc.errors import ReadOnlyRepositoryError
 from ckvc.retention import RetentionPolicy
 
@@ -69,10 +67,6 @@ def ro_mount(tmp_path: Path) -> Iterator[tuple[Path, Path]]:
         yield src, dst
     finally:
         subprocess.run(["umount", str(dst)], check=False, capture_output=True)
-
-
-def run(repo_dir: Path, *args: str) -> Result:
-    return CliRunner().invoke(cli, ["-C", str(repo_dir), *args], catch_exceptions=False)
 
 
 def test_a_read_only_bind_mount_is_fully_readable(ro_mount: tuple[Path, Path], tmp_path: Path) -> None:

@@ -234,7 +234,7 @@ def _print_version(ctx: click.Context, _param: click.Parameter, value: bool) -> 
 
     from ckvc.codecs import planes  # numpy: loaded only when asked
 
-    native = "built" if planes._native is not None else "not built, numpy fallback 3-10x slower"
+    native = "built" if planes.native() is not None else "not built, numpy fallback 3-10x slower"
     click.echo(f"{ctx.find_root().info_name} {version('ckvc')} (native codec loops: {native})")
     ctx.exit()
 

@@ -12,17 +12,24 @@ Two transforms (docs/FORMAT.md, "delta payload"):
 - ``xor``: bytewise XOR, for data without a numeric layout.
 
 Bytes past the last whole element (odd sizes) are always XORed.
+
+A delta record (codec 3) is a five-byte head (transform, width, chain depth,
+age, inner codec) and the residual stored with the inner codec.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import struct
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from ckvc.codecs import planes
-from ckvc.codecs.planes import Buffer, as_u8, scratch
+from ckvc.codecs.base import BYTEGROUP, DELTA, RAW, SPARSE, ZSTD
+from ckvc.codecs.planes import SUPPORTED_WIDTHS, add_residual_planes, as_u8, decode_plane_set, join_planes, scratch
+from ckvc.codecs.registry import RecordCodec, decode_chunk_into, register
 from ckvc.errors import CorruptObjectError
+from ckvc.ids import Buffer
 
 XOR = 1
 SUB = 2
@@ -40,8 +47,9 @@ def residual(data: Buffer, base: Buffer, transform: int, width: int, out: np.nda
         return np.bitwise_xor(new, old, out=out)
     n = len(new) // width * width
     np.bitwise_xor(new[n:], old[n:], out=out[n:])
-    if planes._native is not None:
-        planes._native.zigzag_residual(new, old, width, out[:n])
+    native = planes.native()
+    if native is not None:
+        native.zigzag_residual(new, old, width, out[:n])
         return out
     diff = new[:n].view(_UINT[width]) - old[:n].view(_UINT[width])  # wraps
     signed = diff.view(_INT[width])
@@ -61,8 +69,9 @@ def apply_residual(out: np.ndarray, base: Buffer | np.ndarray, transform: int, w
         raise CorruptObjectError(f"unknown delta transform {transform} (width {width})")
     n = len(out) // width * width
     np.bitwise_xor(out[n:], old[n:], out=out[n:])
-    if planes._native is not None:
-        planes._native.apply_zigzag(out[:n], old[:n], width)
+    native = planes.native()
+    if native is not None:
+        native.apply_zigzag(out[:n], old[:n], width)
         return
     zigzag = out[:n].view(_UINT[width])
     sign = scratch(100, len(zigzag), _UINT[width])
@@ -71,3 +80,60 @@ def apply_residual(out: np.ndarray, base: Buffer | np.ndarray, transform: int, w
     zigzag >>= 1
     zigzag ^= sign
     zigzag += old[:n].view(_UINT[width])  # wraps
+
+
+class DeltaHeader(NamedTuple):
+    transform: int  # SUB or XOR
+    width: int  # element width of the SUB transform (1 for XOR)
+    depth: int  # links to decode down to a chunk stored whole (>= 1)
+    age: int  # commits since the base was written (1..255; saturates)
+    inner: int  # the codec of the residual
+
+
+DELTA_HEAD = struct.Struct("<BBBBB")
+DELTA_HEAD_SIZE = DELTA_HEAD.size
+DELTA_INNER_CODECS = (RAW, ZSTD, BYTEGROUP, SPARSE)
+MAX_CHAIN_DEPTH = 255  # one byte; ckvc writes depth 1 (deltas against keyframes, docs/DESIGN.md)
+MAX_AGE = 255
+
+
+def delta_header(payload: Buffer) -> DeltaHeader:
+    """The head of a delta payload, checked."""
+    if len(payload) < DELTA_HEAD.size:
+        raise CorruptObjectError("delta payload truncated")
+    head = DeltaHeader(*DELTA_HEAD.unpack_from(payload, 0))
+    valid = (head.transform == XOR and head.width == 1) or (head.transform == SUB and head.width in SUPPORTED_WIDTHS)
+    if not valid or head.inner not in DELTA_INNER_CODECS or head.depth < 1 or head.age < 1:
+        raise CorruptObjectError(f"delta header invalid: {head}")
+    return head
+
+
+def apply_delta(payload: Buffer, out: np.ndarray, base: np.ndarray | None) -> None:
+    """Decode a delta record's payload into ``out`` given its base's plain bytes,
+    or with ``base`` None, turn ``out``, which holds the base, into the chunk in
+    place (a checkout decodes the keyframe straight into the destination)."""
+    head = delta_header(payload)
+    inner = memoryview(payload)[DELTA_HEAD.size :]
+    old = out if base is None else base
+    # Where the residual cannot be added while decoding, it needs a buffer of its
+    # own when out holds the base.
+    diff = scratch(4, len(out), np.uint8) if base is None else out
+    if head.inner == BYTEGROUP and head.transform == SUB:
+        decoded = decode_plane_set(inner, len(out))
+        if add_residual_planes(decoded, old, out, head.width):
+            return
+        join_planes(*decoded, diff)
+    else:
+        decode_chunk_into(head.inner, inner, diff)
+    apply_residual(diff, old, head.transform, head.width)
+    if diff is not out:
+        out[:] = diff
+
+
+def decode_delta_into(payload: Buffer, out: np.ndarray, base: Buffer | np.ndarray | None = None) -> None:
+    if base is None or len(base) != len(out):
+        raise CorruptObjectError("delta record without a base of its size")
+    apply_delta(payload, out, as_u8(base))
+
+
+register(RecordCodec(DELTA, "delta", decode_delta_into, whole=False))

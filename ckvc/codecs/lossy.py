@@ -31,8 +31,11 @@ import numpy as np
 if TYPE_CHECKING:
     import torch  # imported where used: reading a store must not import torch (fast CLI)
 
-from ckvc.codecs.planes import Buffer, as_u8, zstd_decode, zstd_plane_encode
+from ckvc.codecs.base import QUANT
+from ckvc.codecs.planes import as_u8, zstd_decode, zstd_plane_encode
+from ckvc.codecs.registry import RecordCodec, register
 from ckvc.errors import CorruptObjectError
+from ckvc.ids import Buffer
 
 SIGNED = 1
 SQRT = 2
@@ -228,3 +231,7 @@ def dequantize_into(payload: Buffer, out: np.ndarray, base: Buffer | np.ndarray 
         raise CorruptObjectError("quantized code out of range")
     base_t = _as_float32(base, head.dtype) if base is not None else None
     out[:] = _reconstruct(head, scales, codes, base_t)
+
+
+# Its plain bytes are a reconstruction, exact only given its base: never a keyframe.
+register(RecordCodec(QUANT, "quant", dequantize_into, whole=False))

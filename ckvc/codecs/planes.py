@@ -26,19 +26,19 @@ from __future__ import annotations
 import struct
 import sys
 import threading
+from types import ModuleType
 from typing import Any, NamedTuple
 
 import numpy as np
 import zstandard
 
 from ckvc.errors import CorruptObjectError
+from ckvc.ids import Buffer
 
 try:
     from ckvc import _native
 except ImportError:  # installed without a C compiler: the numpy loops below give the same bytes, slower
     _native = None  # type: ignore[assignment]
-
-Buffer = bytes | bytearray | memoryview
 
 PLANE_RAW = 0
 PLANE_ZSTD = 1
@@ -93,6 +93,12 @@ def _decompressor() -> zstandard.ZstdDecompressor:
     if d is None:
         d = _local.decompressor = zstandard.ZstdDecompressor()
     return d
+
+
+def native() -> ModuleType | None:
+    """The C loops (ckvc._native), or None when they did not build. Looked up on
+    each call, so a test that sets ``planes._native = None`` covers the fallbacks."""
+    return _native
 
 
 def as_u8(data: Buffer | np.ndarray) -> np.ndarray:

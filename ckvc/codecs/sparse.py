@@ -16,17 +16,19 @@ import struct
 
 import numpy as np
 
+from ckvc.codecs.base import SPARSE
 from ckvc.codecs.planes import (
     FLAG_SIGN_SWAP,
     SUPPORTED_WIDTHS,
-    Buffer,
     as_u8,
     decode_planes_into,
     encode_planes,
     zstd_decode,
     zstd_plane_encode,
 )
+from ckvc.codecs.registry import RecordCodec, register
 from ckvc.errors import CorruptObjectError
+from ckvc.ids import Buffer
 
 _HEAD = struct.Struct("<BBQQII")
 SPARSE_WIDTHS = (1, *SUPPORTED_WIDTHS)
@@ -62,7 +64,7 @@ def encode_sparse(data: Buffer, width: int, sign_swap: bool) -> bytes:
     return b"".join([head, mask, packed_values, raw[n * width :].tobytes()])
 
 
-def decode_sparse_into(payload: Buffer, out: np.ndarray) -> None:
+def decode_sparse_into(payload: Buffer, out: np.ndarray, base: Buffer | np.ndarray | None = None) -> None:
     view = memoryview(payload)
     if len(view) < _HEAD.size:
         raise CorruptObjectError("sparse payload truncated")
@@ -94,3 +96,6 @@ def decode_sparse_into(payload: Buffer, out: np.ndarray) -> None:
     elements[:] = 0
     elements[bits] = _elements(decoded, width)
     out[n * width :] = as_u8(tail)
+
+
+register(RecordCodec(SPARSE, "sparse", decode_sparse_into, whole=True))
