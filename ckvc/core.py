@@ -12,17 +12,26 @@ is one more constructor; :meth:`Repository.open_local` and
 from __future__ import annotations
 
 import copy
+import getpass
 import os
 import shutil
+import socket
 import uuid
 import warnings
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Concatenate, Generic, ParamSpec, Protocol, TypeVar, overload
 
 from ckvc.codecs import Codec, make_codec
-from ckvc.config import RepoConfig
-from ckvc.errors import CkvcError, CorruptObjectError, DurabilityWarning, InvalidInputError, NotARepositoryError
+from ckvc.config import CODECS_VERSION, RepoConfig
+from ckvc.errors import (
+    CkvcError,
+    CorruptObjectError,
+    DurabilityWarning,
+    InvalidInputError,
+    NotARepositoryError,
+    UnsupportedFormatError,
+)
 from ckvc.executor import Executor
 from ckvc.ids import ObjectType
 from ckvc.objects import Commit, Snapshot, Tag
@@ -37,6 +46,29 @@ LOCK_FILES = ("gc.lock", "gc-intent.lock", "gc-run.lock", "refs.lock", "pruned.l
 
 # done bytes, total bytes
 ProgressCallback = Callable[[int, int], None]
+
+
+def default_author() -> str:
+    """Who commits: $CKVC_AUTHOR, else user@host."""
+    name = os.environ.get("CKVC_AUTHOR")
+    if name:
+        return name
+    try:
+        user = getpass.getuser()
+    except Exception:
+        user = "unknown"
+    return f"{user}@{socket.gethostname()}"
+
+
+def check_utf8(what: str, *values: Any) -> None:
+    """Text must encode as UTF-8: a str holding lone surrogates (undecodable bytes
+    from a command line or file name) cannot be stored."""
+    for value in values:
+        if isinstance(value, str):
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError:
+                raise InvalidInputError(f"{what} is not valid UTF-8 text: {value!r}") from None
 
 
 def find_repo_root(start: str | os.PathLike[str]) -> Path:
@@ -155,6 +187,24 @@ class Repository:
         if restored:
             warnings.warn(DurabilityWarning(f"restored {restored} reflog entries lost to failed writes"), stacklevel=4)
 
+    @property
+    def local_path(self) -> Path:
+        """``path``, where only a local repository will do (InvalidInputError otherwise)."""
+        if self.path is None:
+            raise InvalidInputError("this repository has no local directory")
+        return self.path
+
+    @property
+    def local_dir(self) -> Path:
+        """``dir``, where only a local repository will do (InvalidInputError otherwise)."""
+        if self.dir is None:
+            raise InvalidInputError("this repository has no local directory")
+        return self.dir
+
+    @property
+    def threads(self) -> int:
+        return self.executor.threads
+
     def close(self) -> None:
         self.executor.close()
         self.store.close()
@@ -209,6 +259,40 @@ class Repository:
         if codec_changed:
             self.codec = make_codec(str(config.codec["name"]), config.codec.get("level"))
 
+    def set_config(self, **values: Any) -> RepoConfig:
+        """Change settings: reflog_expiry_s, gc_grace_s, repack_threshold (lifecycle),
+        keyframe_interval (int) and codec ({"name": "auto"|"zstd"|"raw", "level": n}).
+        Choosing a version-2 codec upgrades a version 1 repository's format (older
+        ckvc then refuses it, rather than misreading it)."""
+        numbers = {"reflog_expiry_s", "gc_grace_s", "repack_threshold"}
+        unknown = set(values) - numbers - {"keyframe_interval", "codec"}
+        if unknown:
+            settable = sorted(numbers | {"keyframe_interval", "codec"})
+            raise InvalidInputError(f"unknown or read-only setting(s): {sorted(unknown)}; settable: {settable}")
+        self.require_writable("changing the config")
+        config = self.stored_config()
+        for key, value in values.items():
+            if key == "codec":
+                if not isinstance(value, Mapping) or not isinstance(value.get("name"), str):
+                    raise InvalidInputError(f"codec must be a mapping with a name, got {value!r}")
+                config.codec = dict(value)
+                if config.codec["name"] not in ("raw", "zstd"):
+                    config.format_version = max(config.format_version, CODECS_VERSION)
+            elif key == "keyframe_interval":
+                if isinstance(value, bool) or not isinstance(value, int):
+                    raise InvalidInputError(f"keyframe_interval must be an integer, got {value!r}")
+                config.keyframe_interval = value
+            else:
+                if isinstance(value, bool) or not isinstance(value, (int, float)):
+                    raise InvalidInputError(f"{key} must be a number, got {value!r}")
+                setattr(config, key, float(value))
+        try:
+            config.validate()
+        except (ValueError, UnsupportedFormatError) as exc:
+            raise InvalidInputError(str(exc)) from None
+        self.save_config(config)
+        return config
+
     def upgrade_format(self, version: int) -> None:
         """Raise the repository's format version to ``version`` before writing what
         older versions lack, so an older ckvc refuses the repository up front instead
@@ -218,3 +302,58 @@ class Repository:
         config = self.stored_config()
         config.format_version = max(config.format_version, version)
         self.save_config(config)
+
+
+# ---- binding the core's functions to a facade -----------------------------------
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+class HasCore(Protocol):
+    core: Repository
+
+
+class OnCore(Generic[P, R]):
+    """A function of a Repository as a method of a facade holding one (``.core``),
+    docstring and types included: ``repo.log(...)`` is ``graph.log(repo.core, ...)``."""
+
+    def __init__(self, fn: Callable[Concatenate[Repository, P], R]) -> None:
+        self.fn = fn
+        self.__doc__ = fn.__doc__
+
+    @overload
+    def __get__(self, instance: None, owner: type[Any]) -> OnCore[P, R]: ...
+
+    @overload
+    def __get__(self, instance: HasCore, owner: type[Any] | None = None) -> Callable[P, R]: ...
+
+    def __get__(self, instance: HasCore | None, owner: type[Any] | None = None) -> OnCore[P, R] | Callable[P, R]:
+        if instance is None:
+            return self
+        fn, core = self.fn, instance.core
+
+        def bound(*args: P.args, **kwargs: P.kwargs) -> R:
+            return fn(core, *args, **kwargs)
+
+        bound.__doc__ = fn.__doc__
+        return bound
+
+
+class Part(Generic[R]):
+    """One of the parts of a facade's Repository (``.core``), as an attribute."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    @overload
+    def __get__(self, instance: None, owner: type[Any]) -> Part[R]: ...
+
+    @overload
+    def __get__(self, instance: HasCore, owner: type[Any] | None = None) -> R: ...
+
+    def __get__(self, instance: HasCore | None, owner: type[Any] | None = None) -> Part[R] | R:
+        if instance is None:
+            return self
+        value: R = getattr(instance.core, self.name)
+        return value

@@ -1,6 +1,7 @@
 """The commit graph over a Repository: revisions (ids, prefixes, refs, ``~n``,
 ``^n``), reachability (ref tips, walks), history (log, topological log, best and
-rank by a metric) and the checks every read makes (pruned, pickles)."""
+rank by a metric), the checks every read makes (pruned, pickles), and moving
+refs by name (branches, tags, HEAD)."""
 
 from __future__ import annotations
 
@@ -9,11 +10,12 @@ import difflib
 import heapq
 import math
 import re
+import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from ckvc.core import Repository
+from ckvc.core import Repository, check_utf8, default_author
 from ckvc.errors import (
     CkvcError,
     CorruptObjectError,
@@ -21,12 +23,14 @@ from ckvc.errors import (
     InvalidRevisionError,
     ObjectNotFoundError,
     PrunedCommitError,
+    RefConflictError,
     RefNotFoundError,
     UnsafeContentError,
+    storage_errors,
 )
 from ckvc.ids import ObjectType, is_full_hex_id
-from ckvc.objects import Commit
-from ckvc.refs import BRANCH_PREFIX, HEAD, TAG_PREFIX, check_ref_name
+from ckvc.objects import Commit, Tag
+from ckvc.refs import BRANCH_PREFIX, HEAD, TAG_PREFIX, ReflogEntry, branch_ref, check_ref_name, tag_ref
 
 MIN_PREFIX = 4
 _SUFFIX = re.compile(r"(~(\d*)|\^(\d*))")
@@ -371,3 +375,111 @@ def best(
         where = "any branch or tag" if all else repr(rev)
         raise InvalidInputError(f"no commit reachable from {where} has metric {metric!r}{hint}")
     return ranked[0]
+
+
+# ---- moving refs by name --------------------------------------------------------
+
+
+def create_branch(core: Repository, name: str, rev: str = "HEAD") -> str:
+    """Create branch ``name`` at ``rev``; RefConflictError if it exists."""
+    full = branch_ref(name)
+    with core.store.pin():  # the commit may be one gc is about to collect
+        commit_id = resolve(core, rev)
+        if core.refs.read(full) is not None:
+            raise RefConflictError(f"branch {name!r} already exists")
+        try:
+            core.refs.set_if_equals(full, None, commit_id, f"branch: created from {rev}")
+        except RefConflictError:
+            raise RefConflictError(f"branch {name!r} already exists") from None  # created meanwhile
+    return commit_id
+
+
+def delete_branch(core: Repository, name: str) -> str:
+    """Delete branch ``name`` (not the one HEAD is on); returns the commit it named."""
+    full = branch_ref(name)
+    current = core.refs.read(full)
+    if current is None:
+        raise RefNotFoundError(f"branch {name!r} not found{ref_hint(core, name, tags=False)}")
+    target, _ = core.refs.head()
+    if target == full:
+        raise InvalidInputError(f"cannot delete branch {name!r}: HEAD is on it")
+    core.refs.delete_if_equals(full, current, "branch: deleted")
+    return current
+
+
+def create_tag(core: Repository, name: str, rev: str = "HEAD", message: str | None = None) -> str:
+    """Create a tag: annotated (a tag object) when ``message`` is given,
+    lightweight otherwise. Returns what the tag ref points at."""
+    full = tag_ref(name)
+    with core.store.pin():
+        commit_id = resolve(core, rev)
+        target = commit_id
+        if core.refs.read(full) is not None:
+            raise RefConflictError(f"tag {name!r} already exists")
+        if message is not None:
+            tag = Tag(commit_id, name, default_author(), time.time_ns(), message)
+            check_utf8("tag message", message)
+            with storage_errors(f"writing tag {name}", "no tag was created"), core.store.writer(core.codec) as writer:
+                target = writer.put(ObjectType.TAG, tag.encode()).hex()
+                writer.commit()
+        try:
+            core.refs.set_if_equals(full, None, target, f"tag: {name}")
+        except RefConflictError:
+            raise RefConflictError(f"tag {name!r} already exists") from None
+    return target
+
+
+def delete_tag(core: Repository, name: str) -> str:
+    """Delete tag ``name``; returns what it pointed at."""
+    full = tag_ref(name)
+    current = core.refs.read(full)
+    if current is None:
+        raise RefNotFoundError(f"tag {name!r} not found{ref_hint(core, name, branches=False)}")
+    core.refs.delete_if_equals(full, current, "tag: deleted")
+    return current
+
+
+def tag_object(core: Repository, name: str) -> Tag | None:
+    """The annotated tag ``name`` (its message, tagger, time); None for a
+    lightweight tag. RefNotFoundError when there is no such tag."""
+    oid = core.refs.read(tag_ref(name))
+    if oid is None:
+        raise RefNotFoundError(f"tag {name!r} not found{ref_hint(core, name, branches=False)}")
+    if core.store.stat(bytes.fromhex(oid)).kind != ObjectType.TAG:
+        return None
+    return core.read_tag(oid)
+
+
+def reflog(core: Repository, ref: str = "HEAD") -> list[ReflogEntry]:
+    """The moves of ``ref`` (HEAD, a branch or tag name, or a full ref), oldest first."""
+    full = ref if ref == HEAD or ref.startswith("refs/") else branch_named(core, ref) or TAG_PREFIX + ref
+    entries = core.refs.reflog(full)
+    if not entries and full != HEAD and core.refs.read(full) is None:
+        raise RefNotFoundError(f"no branch or tag {ref!r}{ref_hint(core, ref)}")
+    return entries
+
+
+def move_head(core: Repository, rev: str, commit_id: str) -> None:
+    """HEAD onto the branch ``rev`` names, or detached at ``commit_id``.
+    ``HEAD`` itself leaves HEAD where it is (git checkout HEAD moves nothing)."""
+    if rev == "HEAD":
+        return
+    full_branch = branch_named(core, rev)
+    message = f"checkout: moving to {rev}"
+    if full_branch is not None:
+        core.refs.set_head(branch=full_branch, message=message)
+    else:
+        core.refs.set_head(detached=commit_id, message=message)
+
+
+def switch(core: Repository, rev: str, *, new_branch: str | None = None) -> str:
+    """Move HEAD to ``rev`` without loading it (see ``Repo.switch``). Returns the commit id."""
+    with core.store.pin():  # HEAD may name a commit only a reflog keeps: gc must see the move
+        commit_id = resolve(core, rev)
+        check_not_pruned(core, commit_id)
+        if new_branch is not None:
+            create_branch(core, new_branch, commit_id)
+            core.refs.set_head(branch=branch_ref(new_branch), message=f"checkout: moving to {new_branch}")
+        else:
+            move_head(core, rev, commit_id)
+    return commit_id

@@ -13,12 +13,13 @@ from __future__ import annotations
 import math
 import re
 import time
+import warnings
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ckvc import graph
 from ckvc.core import Repository
-from ckvc.errors import InvalidInputError
+from ckvc.errors import CkvcError, DurabilityWarning, InterruptedOperationError, InvalidInputError
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|m|h|d|w)?\s*$")
 _UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
@@ -214,6 +215,14 @@ def stored_policy(repo: Repository) -> RetentionPolicy | None:
     return RetentionPolicy.from_config(raw) if raw else None
 
 
+def store_policy(repo: Repository, policy: RetentionPolicy | None) -> None:
+    """Store ``policy`` in the repository config (None removes it)."""
+    repo.require_writable("storing the retention policy")
+    config = repo.stored_config()
+    config.retention = policy.to_config() if policy is not None else None
+    repo.save_config(config)
+
+
 def retain(repo: Repository, policy: RetentionPolicy | None = None, *, dry_run: bool = False) -> RetentionPlan:
     """Apply ``policy`` (default: the stored one): plan, then (unless ``dry_run``)
     record every released commit as pruned. Returns the plan."""
@@ -226,3 +235,18 @@ def retain(repo: Repository, policy: RetentionPolicy | None = None, *, dry_run: 
     if not dry_run:
         apply_retention(repo, plan)
     return plan
+
+
+def retain_after_commit(repo: Repository, policy: RetentionPolicy, commit_id: str) -> None:
+    """Apply ``policy`` once commit ``commit_id`` has landed: the commit stands
+    whatever happens here (an interrupt says so; a failure is a warning)."""
+    try:
+        retain(repo, policy)
+    except KeyboardInterrupt:
+        raise InterruptedOperationError(
+            f"interrupted during retention after commit {commit_id[:12]} landed", landed=True, result=commit_id
+        ) from None
+    except CkvcError as exc:
+        warnings.warn(
+            DurabilityWarning(f"commit {commit_id[:12]} landed, but the retention policy failed: {exc}"), stacklevel=4
+        )

@@ -15,10 +15,8 @@ from __future__ import annotations
 
 import atexit
 import dataclasses
-import getpass
 import math
 import os
-import socket
 import sys
 import time
 import warnings
@@ -34,9 +32,9 @@ from ckvc.chunking import chunk_spans
 from ckvc.codecs import DELTA, QUANT, DeltaBase, layout_for
 from ckvc.codecs.lossy import MODES as LOSSY_MODES
 from ckvc.codecs.lossy import quantize
-from ckvc.codecs.policy import ChunkPolicy, DeltaBackoff, LossySpec
+from ckvc.codecs.policy import ChunkPolicy, DeltaBackoff, LossySpec, lossy_patterns
 from ckvc.config import CODECS_VERSION, FILES_VERSION
-from ckvc.core import ProgressCallback, Repository
+from ckvc.core import ProgressCallback, Repository, check_utf8, default_author
 from ckvc.errors import (
     CkvcError,
     CorruptObjectError,
@@ -96,28 +94,6 @@ class WriteReport:
             commit, self.logical_bytes, self.chunks, self.new_chunks, self.new_chunk_raw_bytes,
             self.new_chunk_stored_bytes, stored_bytes, seconds,
         )  # fmt: skip
-
-
-def default_author() -> str:
-    name = os.environ.get("CKVC_AUTHOR")
-    if name:
-        return name
-    try:
-        user = getpass.getuser()
-    except Exception:
-        user = "unknown"
-    return f"{user}@{socket.gethostname()}"
-
-
-def check_utf8(what: str, *values: Any) -> None:
-    """Text must encode as UTF-8: a str holding lone surrogates (undecodable bytes
-    from a command line or file name) cannot be stored."""
-    for value in values:
-        if isinstance(value, str):
-            try:
-                value.encode("utf-8")
-            except UnicodeEncodeError:
-                raise InvalidInputError(f"{what} is not valid UTF-8 text: {value!r}") from None
 
 
 @dataclass(frozen=True)
@@ -184,9 +160,11 @@ def stage(
     metadata: Mapping[str, Any] | None = None,
 ) -> Staged:
     """Encode ``state`` (GPU tensors to pinned host memory with ``pin_memory``) and
-    raise the format version first if the commit needs a newer one."""
+    raise the format version first if the commit needs a newer one. A bad
+    ``lossy`` spec fails first, before any work."""
     from ckvc import state as state_mod
 
+    lossy_patterns(lossy)
     tree, pending, pickled, has_files = state_mod.encode_state(state, allow_pickle=allow_pickle, pin_memory=pin_memory)
     if has_files or any(not isinstance(v, str) for v in (metadata or {}).values()):
         core.upgrade_format(FILES_VERSION)
