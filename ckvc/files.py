@@ -522,6 +522,7 @@ def export_commit(
     it, with the prefix removed from their names, as one file. ``allow_pickle``: as
     for ``Repo.load`` (a commit holding pickled values is refused without it)."""
     from ckvc import state as state_mod
+    from ckvc.view import read_blobs
 
     if prefix is not None:
         flat = repo.load(rev, map_location="cpu", prefix=prefix, progress=progress, allow_pickle=allow_pickle)
@@ -530,7 +531,7 @@ def export_commit(
     snapshot = repo.read_snapshot(commit)
     # The checks load makes, before anything is allocated or read.
     parsed = state_mod.parse_snapshot(snapshot, commit.id, allow_pickle=allow_pickle, files=True)
-    bases = repo._read_blobs(commit, snapshot.blobs, progress)
+    bases = read_blobs(repo.core, commit, snapshot.blobs, progress)
     state = state_mod.build_state(parsed, bases.__getitem__, map_location="cpu")
     return write_checkpoint(state, out, commit.metadata, format=format, progress=progress)
 

@@ -32,13 +32,14 @@ import uuid
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from ckvc import graph
 from ckvc.errors import CkvcError, CorruptObjectError, ObjectNotFoundError, after_landing, storage_errors
 from ckvc.storage.backend import Backend
 from ckvc.storage.object_store import RETIRED_PREFIX, RETIRED_SUFFIX, ObjectStore
 from ckvc.storage.packs import PACK_DIR, TMP_SUFFIX, PackWriter, RecordInfo, pack_key, parse_record
 
 if TYPE_CHECKING:
-    from ckvc.repo import Repo
+    from ckvc.core import Repository
 
 TRASH_SUFFIX = ".trash"
 CRITICAL_SECTION_TIMEOUT_S = 600.0
@@ -123,10 +124,10 @@ class GcReport:
         }
 
 
-def _tips(repo: Repo, reflog_expiry_s: float) -> tuple[list[str], list[str]]:
+def _tips(repo: Repository, reflog_expiry_s: float) -> tuple[list[str], list[str]]:
     """(commits refs and HEAD name, commits recent reflog entries name)."""
     damaged: list[str] = []
-    ref_tips = list(dict.fromkeys(repo.ref_tips(include_reflogs=False, damaged=damaged).values()))
+    ref_tips = list(dict.fromkeys(graph.ref_tips(repo, include_reflogs=False, damaged=damaged).values()))
     if damaged:
         raise CorruptObjectError(f"gc refuses to run with damaged refs ({damaged[0]}); run `ckvc fsck`")
     # A stray file under refs/ (an invalid name such as main.lock) is no ref, but
@@ -136,7 +137,7 @@ def _tips(repo: Repo, reflog_expiry_s: float) -> tuple[list[str], list[str]]:
     return ref_tips, list(dict.fromkeys(repo.refs.iter_reflog_ids(since_ns=since)))
 
 
-def mark(repo: Repo, live: set[bytes], visited: set[str], *, reflog_expiry_s: float) -> set[bytes]:
+def mark(repo: Repository, live: set[bytes], visited: set[str], *, reflog_expiry_s: float) -> set[bytes]:
     """Add to ``live`` every object reachable from the refs and recent reflog
     entries: commit and tag objects always, snapshots and chunks of unpruned
     commits. Commits in ``visited`` are not walked again (incremental re-mark).
@@ -165,8 +166,8 @@ def mark(repo: Repo, live: set[bytes], visited: set[str], *, reflog_expiry_s: fl
     # Refs first, strictly; then what only reflogs reach, where a commit an
     # earlier gc removed (its entry had expired then) is simply gone.
     walks = itertools.chain(
-        ((reached, True) for reached in repo.walk(ref_tips, visited)),
-        ((reached, False) for reached in repo.walk(reflog_tips, visited)),
+        ((reached, True) for reached in graph.walk(repo, ref_tips, visited)),
+        ((reached, False) for reached in graph.walk(repo, reflog_tips, visited)),
     )
     for reached, strict in walks:
         if reached.error is not None:
@@ -190,7 +191,7 @@ def mark(repo: Repo, live: set[bytes], visited: set[str], *, reflog_expiry_s: fl
     return added
 
 
-def plan_gc(repo: Repo, *, grace_s: float, repack_threshold: float, reflog_expiry_s: float) -> GcPlan:
+def plan_gc(repo: Repository, *, grace_s: float, repack_threshold: float, reflog_expiry_s: float) -> GcPlan:
     """Decide what to delete and repack. Writes nothing."""
     store = repo.store
     store.refresh()  # every sealed pack indexed: a live object always has an index entry
@@ -276,7 +277,7 @@ def _purge(store: ObjectStore) -> None:
     backend.sync(f"{PACK_DIR}/")
 
 
-def _copy_live(repo: Repo, plan: GcPlan) -> tuple[list[tuple[str, list[RecordInfo]]], set[bytes], set[str]]:
+def _copy_live(repo: Repository, plan: GcPlan) -> tuple[list[tuple[str, list[RecordInfo]]], set[bytes], set[str]]:
     """Copy the live records of packs to repack into new sealed packs, verifying
     each. Returns (new packs, copied ids, packs whose copy failed)."""
     store = repo.store
@@ -314,7 +315,7 @@ def _copy_live(repo: Repo, plan: GcPlan) -> tuple[list[tuple[str, list[RecordInf
     return new_packs, copied, failed
 
 
-def execute_gc(repo: Repo, plan: GcPlan, *, reflog_expiry_s: float) -> GcReport:
+def execute_gc(repo: Repository, plan: GcPlan, *, reflog_expiry_s: float) -> GcReport:
     started = time.perf_counter()
     store = repo.store
     report = GcReport(plan)

@@ -40,7 +40,8 @@ from ckvc.objects import Blob, Commit, Snapshot
 from ckvc.state import MapLocation, TensorInfo
 
 if TYPE_CHECKING:
-    from ckvc.repo import ProgressCallback, Repo, TensorSummary
+    from ckvc.core import ProgressCallback, Repository
+    from ckvc.inspect import TensorSummary
 
 # How many names an error message lists before it says "and N more".
 _MAX_NAMED = 8
@@ -98,7 +99,7 @@ def _scratch(read: _Read) -> np.ndarray:
 PREFETCH_WINDOWS = 2  # how far ahead of the reads in flight chunks are announced to the kernel
 
 
-def _read_batch(repo: Repo, commit: Commit, batch: Sequence[tuple[_Read, memoryview]]) -> None:
+def _read_batch(repo: Repository, commit: Commit, batch: Sequence[tuple[_Read, memoryview]]) -> None:
     """Decode and verify one batch of reads (on a pool thread); errors name the tensor."""
     for read, out in batch:
         try:
@@ -109,7 +110,7 @@ def _read_batch(repo: Repo, commit: Commit, batch: Sequence[tuple[_Read, memoryv
             raise ObjectNotFoundError(f"{exc} (tensor {read.blob.path!r}, commit {commit.id})") from None
 
 
-def _run_reads(repo: Repo, commit: Commit, reads: Sequence[_Read], progress: _Progress) -> None:
+def _run_reads(repo: Repository, commit: Commit, reads: Sequence[_Read], progress: _Progress) -> None:
     """Decode and verify ``reads`` on the repository's pool, a bounded window of
     tasks in flight (so scratch memory stays a few chunks)."""
     window = 4 * (os.cpu_count() or 2)
@@ -145,7 +146,7 @@ def _run_reads(repo: Repo, commit: Commit, reads: Sequence[_Read], progress: _Pr
                     out = scratch.data.cast("B")
                 scratches.append(scratch)
                 targets.append((read, out))
-            in_flight.append((batch, repo._submit(_read_batch, repo, commit, targets), scratches))
+            in_flight.append((batch, repo.executor.submit(_read_batch, repo, commit, targets), scratches))
             if len(in_flight) >= window:
                 finish_oldest()
         while in_flight:
@@ -159,11 +160,30 @@ def _run_reads(repo: Repo, commit: Commit, reads: Sequence[_Read], progress: _Pr
 
 
 def read_chunks(
-    repo: Repo, commit: Commit, reads: Sequence[tuple[Blob, bytes, memoryview]], progress: ProgressCallback | None
+    repo: Repository, commit: Commit, reads: Sequence[tuple[Blob, bytes, memoryview]], progress: ProgressCallback | None
 ) -> None:
     """Decode and verify whole chunks straight into their destinations (Repo.load)."""
     plan = [_Read(blob, oid, len(out), into=out) for blob, oid, out in reads]
     _run_reads(repo, commit, plan, _Progress(progress, sum(r.size for r in plan)))
+
+
+def read_blobs(
+    repo: Repository, commit: Commit, blobs: Sequence[Blob], progress: ProgressCallback | None = None
+) -> list[torch.Tensor | np.ndarray]:
+    """Allocate every blob and fill it with its chunks, decoded and verified on
+    the pool. Chunks of all blobs are in flight together (a bounded window), so
+    small tensors load in parallel too."""
+    for blob in blobs:
+        check_chunk_sizes(repo, commit, blob)  # before anything is allocated
+    bases: list[torch.Tensor | np.ndarray] = []
+    reads: list[tuple[Blob, bytes, memoryview]] = []
+    for blob in blobs:
+        spans = _spans(blob, commit)
+        base, view = state_mod.allocate_blob(blob.dtype, blob.nbytes)
+        bases.append(base)
+        reads.extend((blob, oid, view[a:b]) for oid, (a, b) in zip(blob.chunks, spans, strict=True))
+    read_chunks(repo, commit, reads, progress)
+    return bases
 
 
 def _spans(blob: Blob, commit: Commit) -> list[tuple[int, int]]:
@@ -173,7 +193,7 @@ def _spans(blob: Blob, commit: Commit) -> list[tuple[int, int]]:
     return spans
 
 
-def check_chunk_sizes(repo: Repo, commit: Commit, blob: Blob, chunks: Iterable[int] | None = None) -> None:
+def check_chunk_sizes(repo: Repository, commit: Commit, blob: Blob, chunks: Iterable[int] | None = None) -> None:
     """Each chunk's size as the index records it against its span, before any
     buffer is allocated for the blob: a crafted blob table cannot make a read
     allocate what its chunks do not hold. One index lookup per chunk (fsck makes
@@ -215,7 +235,7 @@ class _TensorLoader:
     cover the elements asked for, and builds the tensors. Tensors of one blob
     share its buffer, so tied weights and views come back sharing storage."""
 
-    def __init__(self, repo: Repo, commit: Commit, snapshot: Snapshot, map_location: MapLocation) -> None:
+    def __init__(self, repo: Repository, commit: Commit, snapshot: Snapshot, map_location: MapLocation) -> None:
         self.repo = repo
         self.commit = commit
         self.snapshot = snapshot
@@ -330,17 +350,19 @@ def _fill_tree(node: Any, loader: _TensorLoader) -> Any:
 # ---- opening a commit ---------------------------------------------------------
 
 
-def _open(repo: Repo, rev: str, allow_pickle: bool) -> tuple[Commit, Snapshot, Any]:
+def _open(repo: Repository, rev: str, allow_pickle: bool) -> tuple[Commit, Snapshot, Any]:
     """The commit, its snapshot and its value tree (tensors as TensorInfo), with
     the same refusals as ``Repo.load``: pruned commits, and pickles unless allowed."""
-    commit = repo.readable_commit(rev, allow_pickle=allow_pickle)
+    from ckvc.graph import readable_commit
+
+    commit = readable_commit(repo, rev, allow_pickle=allow_pickle)
     snapshot = repo.read_snapshot(commit)
     root = state_mod.parse_snapshot(snapshot, commit.id, allow_pickle=allow_pickle).build()
     return commit, snapshot, root
 
 
 def open_view(
-    repo: Repo,
+    repo: Repository,
     rev: str,
     map_location: MapLocation = None,
     *,
@@ -367,7 +389,7 @@ class CommitView(Mapping[str, "torch.Tensor | np.ndarray"]):
 
     def __init__(
         self,
-        repo: Repo,
+        repo: Repository,
         commit: Commit,
         snapshot: Snapshot,
         root: Any,
@@ -394,9 +416,9 @@ class CommitView(Mapping[str, "torch.Tensor | np.ndarray"]):
 
     def info(self, path: str) -> TensorSummary:
         """dtype, shape, nbytes and kind of the tensor at ``path``, without reading it."""
-        from ckvc.repo import Repo
+        from ckvc.inspect import tensor_summary
 
-        return Repo._summary(path, self._tensor_info(path), self._snapshot)
+        return tensor_summary(path, self._tensor_info(path), self._snapshot)
 
     def _tensor_info(self, path: str) -> TensorInfo:
         info = self._tensors.get(path)
@@ -685,7 +707,7 @@ def _fill_reads(fill: _Fill, commit: Commit) -> list[tuple[_Read | None, _Fill]]
 
 
 def load_into(
-    repo: Repo,
+    repo: Repository,
     rev: str,
     *,
     model: torch.nn.Module | None,

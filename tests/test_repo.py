@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -12,7 +13,10 @@ import pytest
 import torch
 
 import ckvc
+from ckvc import graph
 from ckvc.codecs import DeltaBase, TensorCodec, ZstdCodec, layout_for
+from ckvc.core import Repository
+from ckvc.executor import Executor
 from ckvc.ids import ObjectType, object_id
 from ckvc.objects import Commit
 from ckvc.storage.packs import RECORD_HEADER_SIZE
@@ -387,3 +391,40 @@ def test_format_version_rises_only_for_what_needs_it(tmp_path: Path, what: str, 
     assert json.loads(config_path.read_text())["format_version"] == version_after
     with ckvc.Repo.open(tmp_path) as repo:
         assert repo.fsck().ok
+
+
+# ---- the facade over a composed core (issue 14) --------------------------------
+
+
+def test_instance_open_is_the_view_with_a_deprecation_warning(repo: ckvc.Repo) -> None:
+    first = repo.commit({"w": torch.arange(4.0)})
+    repo.commit({"w": torch.zeros(4)})
+    with pytest.warns(DeprecationWarning, match=r"repo\.view\(rev\)"):
+        view = repo.open(first)
+    assert isinstance(view, ckvc.CommitView) and view.commit.id == first
+    assert view.load(["w"])["w"].tolist() == [0.0, 1.0, 2.0, 3.0]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # neither the class's open nor view warns
+        assert repo.view().load(["w"])["w"].tolist() == [0.0] * 4
+        with ckvc.Repo.open(repo.path) as again:
+            assert again.resolve("HEAD~1") == first
+
+
+def test_a_repo_is_a_facade_over_the_parts_it_is_given(repo: ckvc.Repo) -> None:
+    first = repo.commit(small_state(1), message="one")
+    repo.close()
+    opened = Repository.open_local(repo.path, threads=1)
+    core = Repository(
+        config=opened.config, store=opened.store, refs=opened.refs, prune_log=opened.prune_log,
+        executor=Executor(1), path=opened.path, dir=opened.dir,
+    )  # fmt: skip
+    with ckvc.Repo(core) as facade:
+        assert facade.store is core.store and facade.refs is core.refs and facade.threads == 1
+        assert (facade.path, facade.dir) == (repo.path, repo.dir)
+        second = facade.commit(small_state(2), message="two")
+        assert [c.id for c in facade.log()] == [second, first] == [c.id for c in graph.log(core)]
+        assert facade.read_commit(second).parents == (first,)
+        assert not facade.executor.started  # threads=1: every chunk was hashed and encoded inline
+        loaded = facade.load(first)
+        assert loaded["step"] == 1 and torch.equal(loaded["model"]["w0"], small_state(1)["model"]["w0"])
+        assert ckvc.Repo.log.__doc__ == graph.log.__doc__  # the bound functions keep their docs
