@@ -9,7 +9,7 @@ import os
 import shutil
 import threading
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -517,6 +517,13 @@ class ObjectStore:
     def writer(self, codec: Codec, max_pack_size: int = DEFAULT_MAX_PACK_SIZE) -> ObjectWriter:
         sweep_dead_temporaries(self.pack_dir)  # what killed or failed writers left
         return ObjectWriter(self, codec, max_pack_size)
+
+    def read_many_into(self, items: Sequence[tuple[bytes, memoryview]]) -> None:
+        """Read several chunks, each straight into its buffer (exactly its size), as
+        read_into does. Minimal version: one read per chunk (neighbouring records
+        are not coalesced yet)."""
+        for oid, out in items:
+            self.read_into(oid, out)
 
 
 class ObjectWriter:
