@@ -20,7 +20,8 @@ _LAZY: dict[str, str] = {
     **dict.fromkeys(("Commit", "Tag"), "ckvc.objects"),
     **dict.fromkeys(("CommitInfo", "CommitStats", "Repo", "StateDiff", "TensorChange", "TensorSummary"), "ckvc.repo"),
     **dict.fromkeys(("rng_state", "set_rng_state"), "ckvc.state"),  # these import torch
-    **dict.fromkeys(("CommitView", "IncompatibleKeys"), "ckvc.view"),  # so does this
+    "CommitView": "ckvc.view",  # so do these
+    "IncompatibleKeys": "ckvc.integrations.torch_nn",
 }
 
 if TYPE_CHECKING:
@@ -48,10 +49,11 @@ if TYPE_CHECKING:
         UnsupportedFormatError,
         UnsupportedTypeError,
     )
+    from ckvc.integrations.torch_nn import IncompatibleKeys
     from ckvc.objects import Commit, Tag
     from ckvc.repo import CommitInfo, CommitStats, Repo, StateDiff, TensorChange, TensorSummary
     from ckvc.state import rng_state, set_rng_state
-    from ckvc.view import CommitView, IncompatibleKeys
+    from ckvc.view import CommitView
 
 
 def __getattr__(name: str) -> Any:

@@ -521,17 +521,13 @@ def export_commit(
     kind, else the suffix of ``out``. ``prefix`` ("model."): only the leaves under
     it, with the prefix removed from their names, as one file. ``allow_pickle``: as
     for ``Repo.load`` (a commit holding pickled values is refused without it)."""
-    from ckvc import state as state_mod
+    from ckvc import read
 
     if prefix is not None:
         flat = repo.load(rev, map_location="cpu", prefix=prefix, progress=progress, allow_pickle=allow_pickle)
         return write_checkpoint({k[len(prefix) :]: v for k, v in flat.items()}, out, format=format)
     commit = repo.readable_commit(rev, allow_pickle=allow_pickle)
-    snapshot = repo.read_snapshot(commit)
-    # The checks load makes, before anything is allocated or read.
-    parsed = state_mod.parse_snapshot(snapshot, commit.id, allow_pickle=allow_pickle, files=True)
-    bases = repo._read_blobs(commit, snapshot.blobs, progress)
-    state = state_mod.build_state(parsed, bases.__getitem__, map_location="cpu")
+    state = read.load_state(repo, commit, map_location="cpu", allow_pickle=allow_pickle, progress=progress, files=True)
     return write_checkpoint(state, out, commit.metadata, format=format, progress=progress)
 
 

@@ -53,6 +53,7 @@ from ckvc.errors import (
     storage_error,
     storage_errors,
 )
+from ckvc.executor import Executor
 from ckvc.ids import ObjectType, is_full_hex_id, object_id
 from ckvc.objects import Blob, Commit, Snapshot, Tag, validate_metadata, validate_metrics
 from ckvc.pruned import PruneLog, PruneRecord
@@ -67,9 +68,10 @@ if TYPE_CHECKING:
     import torch
 
     from ckvc.gc import GcReport
+    from ckvc.integrations.torch_nn import IncompatibleKeys
     from ckvc.retention import RetentionPlan, RetentionPolicy
     from ckvc.state import MapLocation, PendingBlob, TensorInfo
-    from ckvc.view import CommitView, IncompatibleKeys
+    from ckvc.view import CommitView
 
 REPO_DIR = ".ckvc"
 MIN_PREFIX = 4
@@ -331,6 +333,7 @@ class Repo:
             self._repair_on_open()
         self._codec = make_codec(str(self.config.codec["name"]), self.config.codec.get("level"))
         self._pool: ThreadPoolExecutor | None = None
+        self.executor = Executor(self.threads)  # reads (ckvc.read)
         self._commit_thread: ThreadPoolExecutor | None = None
         self._pending: list[Future[str]] = []
         self.last_commit_stats: CommitStats | None = None
@@ -435,6 +438,7 @@ class Repo:
             if self._pool is not None:
                 self._pool.shutdown(wait=True)
                 self._pool = None
+            self.executor.close()
             self.store.close()
 
     def wait(self) -> None:
@@ -1014,19 +1018,18 @@ class Repo:
         and/or ``prefix`` ("model."): only those leaves, as a flat dict by path,
         reading only the chunks they cover. UnknownKeyError (a KeyError) for a
         key the commit does not hold."""
-        if keys is not None or prefix is not None:
-            from ckvc.view import open_view
-
-            view = open_view(self, rev, map_location, allow_pickle=allow_pickle, progress=progress)
-            return view.load(keys, prefix=prefix)
-        from ckvc import state as state_mod
+        from ckvc import read
 
         commit = self.readable_commit(rev, allow_pickle=allow_pickle)
-        snapshot = self.read_snapshot(commit)
-        # fsck's structure checks, before anything is allocated or read.
-        parsed = state_mod.parse_snapshot(snapshot, commit.id, allow_pickle=allow_pickle)
-        bases = self._read_blobs(commit, snapshot.blobs, progress)
-        return state_mod.build_state(parsed, bases.__getitem__, map_location=map_location)
+        return read.load_state(
+            self,
+            commit,
+            map_location=map_location,
+            allow_pickle=allow_pickle,
+            progress=progress,
+            keys=keys,
+            prefix=prefix,
+        )
 
     def view(
         self,
@@ -1040,9 +1043,10 @@ class Repo:
         Opening it reads the snapshot only; ``view[path]`` reads and verifies only
         that tensor's chunks. ``view.info(path)``, ``view.non_tensors``, ``view.commit``,
         ``view.load(keys, prefix=...)``. Pruned commits and pickles as in ``load``."""
-        from ckvc.view import open_view
+        from ckvc.view import CommitView
 
-        return open_view(self, rev, map_location, allow_pickle=allow_pickle, progress=progress)
+        commit = self.readable_commit(rev, allow_pickle=allow_pickle)
+        return CommitView(self, commit, map_location=map_location, allow_pickle=allow_pickle, progress=progress)
 
     def load_into(
         self,
@@ -1075,11 +1079,11 @@ class Repo:
         tensors are loaded first; the optimizer then follows its parameters).
         Verified as ``load`` is; a chunk found damaged while the model is being
         written leaves it partly written (CorruptObjectError)."""
-        from ckvc.view import load_into
+        from ckvc.integrations.torch_nn import load_into
 
         return load_into(
             self,
-            rev,
+            self.readable_commit(rev, allow_pickle=allow_pickle),
             model=model,
             optimizer=optimizer,
             scheduler=scheduler,
@@ -1095,25 +1099,9 @@ class Repo:
     def _read_blobs(
         self, commit: Commit, blobs: Sequence[Blob], progress: ProgressCallback | None = None
     ) -> list[torch.Tensor | np.ndarray]:
-        """Allocate every blob and fill it with its chunks, decoded and verified on
-        the pool. Chunks of all blobs are in flight together (a bounded window), so
-        small tensors load in parallel too."""
-        from ckvc import state as state_mod
-        from ckvc.view import check_chunk_sizes, read_chunks  # the one chunk reader (view.py imports this module)
+        from ckvc import read
 
-        for blob in blobs:
-            check_chunk_sizes(self, commit, blob)  # before anything is allocated
-        bases: list[torch.Tensor | np.ndarray] = []
-        reads: list[tuple[Blob, bytes, memoryview]] = []
-        for blob in blobs:
-            spans = list(chunk_spans(blob.nbytes, blob.chunk_size))
-            if len(spans) != len(blob.chunks):
-                raise CorruptObjectError("blob chunk list does not cover its size", commit=commit.id, tensor=blob.path)
-            base, view = state_mod.allocate_blob(blob.dtype, blob.nbytes)
-            bases.append(base)
-            reads.extend((blob, oid, view[a:b]) for oid, (a, b) in zip(blob.chunks, spans, strict=True))
-        read_chunks(self, commit, reads, progress)
-        return bases
+        return read.read_blobs(self, commit, blobs, progress)
 
     def checkout(
         self,

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import dataclasses
 import functools
 import importlib
 import math
@@ -874,24 +875,46 @@ def build_state(
     parsed: ParsedTree, load_blob: Callable[[int], torch.Tensor | np.ndarray], *, map_location: MapLocation = None
 ) -> Any:
     """The state of a parsed tree, its tensors made from the blobs ``load_blob`` returns."""
-    cpu_bases: dict[int, Any] = {}
-    placed: dict[tuple[int, str], Any] = {}
-    made: dict[TensorInfo, Any] = {}
+    return parsed.build(TensorMaker(lambda index: (load_blob(index), None), map_location))
 
-    def base_for(info: TensorInfo) -> Any:
+
+class TensorMaker:
+    """Tensors (or numpy arrays) of tensor nodes, made from their blobs' buffers as
+    loading makes them: each buffer asked for once, placed once per recorded
+    device (``map_location``), each node made once, so tensors that share a blob
+    come back sharing storage. ``base_of(blob)`` returns a flat CPU buffer and the
+    element of the blob it starts at, None when it holds the whole blob (offsets
+    stay as stored). Called with a TensorInfo; used by build_state and ckvc.read."""
+
+    def __init__(
+        self, base_of: Callable[[int], tuple[torch.Tensor | np.ndarray, int | None]], map_location: MapLocation
+    ) -> None:
+        self._base_of = base_of
+        self._map_location = map_location
+        self._bases: dict[int, tuple[Any, int | None]] = {}
+        self._placed: dict[tuple[int, str], Any] = {}
+        self._made: dict[TensorInfo, Any] = {}
+
+    def __call__(self, info: TensorInfo) -> Any:
+        made = self._made.get(info)
+        if made is not None:
+            return made
+        if info.blob not in self._bases:
+            self._bases[info.blob] = self._base_of(info.blob)
+        base, first = self._bases[info.blob]
         key = (info.blob, info.device)
-        if key not in placed:
-            if info.blob not in cpu_bases:
-                cpu_bases[info.blob] = load_blob(info.blob)
-            placed[key] = place(cpu_bases[info.blob], info.device, map_location)
-        return placed[key]
-
-    def on_tensor(info: TensorInfo) -> Any:
-        if info not in made:
-            made[info] = materialize(info, base_for(info))
-        return made[info]
-
-    return parsed.build(on_tensor)
+        if key not in self._placed:
+            self._placed[key] = place(base, info.device, self._map_location)
+        placed = self._placed[key]
+        local = info
+        if first is not None:  # a part of the blob: offsets relative to it
+            if info.stride is not None:
+                local = dataclasses.replace(info, offset=info.offset - first if info.numel else 0)
+            elif info.numel == 0:
+                placed = placed[:0]  # an empty tensor next to others in one blob (not written so, but harmless)
+        made = materialize(local, placed)
+        self._made[info] = made
+        return made
 
 
 def place(base: Any, recorded: str, map_location: MapLocation) -> Any:
