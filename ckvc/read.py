@@ -156,14 +156,14 @@ def plan(store: ObjectStore, reads: Iterable[ChunkRead]) -> list[PackReads]:
     """``reads`` grouped per pack (packs in the order their first read comes),
     each group sorted by offset, chunks the index does not know last: neighbouring
     records of a pack come one after the other, for the store to coalesce."""
+    reads = list(reads)
     groups: dict[str | None, list[tuple[int, ChunkRead]]] = {}
     unknown: list[tuple[int, ChunkRead]] = []
-    for read in reads:
-        where = store.index.location(read.oid)
-        if where is None:
+    for read, entry in zip(reads, store.index.get_many(r.oid for r in reads), strict=True):
+        if entry is None:
             unknown.append((0, read))
         else:
-            groups.setdefault(where[0], []).append((where[1], read))
+            groups.setdefault(entry.pack, []).append((entry.offset, read))
     if unknown:
         groups[None] = unknown
     return [PackReads(pack, [r for _, r in sorted(rs, key=lambda x: x[0])]) for pack, rs in groups.items()]
