@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import numpy as np
 
 from ckvc.errors import CkvcError, InvalidInputError, UnsupportedTypeError
-from ckvc.state import StoredFile, _is_utf8
+from ckvc.state import StoredFile, is_utf8
 
 if TYPE_CHECKING:
     import torch
@@ -178,7 +178,7 @@ def _walk(root: Path, follow_links: bool) -> dict[str, _Entry]:
         for name in names:
             path = directory / name
             rel = f"{rel_dir}/{name}" if rel_dir else name
-            if not _is_utf8(name):  # stored names are UTF-8 (FORMAT.md 10.7)
+            if not is_utf8(name):  # stored names are UTF-8 (FORMAT.md 10.7)
                 raise UnsupportedFileError(f"{os.fsencode(path)!r}: the file name is not valid UTF-8")
             st = os.lstat(path)
             if stat.S_ISLNK(st.st_mode):

@@ -186,7 +186,7 @@ def _caller_stacklevel() -> int:
     return level
 
 
-def _is_utf8(text: str) -> bool:
+def is_utf8(text: str) -> bool:
     """False for strings holding lone surrogates, which UTF-8 cannot encode."""
     try:
         text.encode("utf-8")
@@ -216,7 +216,7 @@ class _Encoder:
         if depth >= MAX_DEPTH and t in (list, tuple, dict, collections.OrderedDict):
             raise UnsupportedTypeError(path, f"the state nests containers deeper than {MAX_DEPTH} levels")
         if t is str:
-            return value if _is_utf8(value) else self._fallback(value, path, "string is not valid UTF-8")
+            return value if is_utf8(value) else self._fallback(value, path, "string is not valid UTF-8")
         if t is int:
             if _INT64_MIN <= value <= _UINT64_MAX:
                 return value
@@ -228,7 +228,7 @@ class _Encoder:
         if t is dict or t is collections.OrderedDict:
             encoded = {}
             for k, v in value.items():
-                if not ((type(k) is str and _is_utf8(k)) or (type(k) is int and _INT64_MIN <= k <= _UINT64_MAX)):
+                if not ((type(k) is str and is_utf8(k)) or (type(k) is int and _INT64_MIN <= k <= _UINT64_MAX)):
                     return self._fallback(value, path, f"dict key {k!r:.50} is not a UTF-8 str or a 64-bit int")
                 encoded[k] = self.encode(v, _join(path, k), depth + 1)
             return encoded if t is dict else _ODict(encoded)
