@@ -751,7 +751,9 @@ def _run_all(
         commit = repo.read_commit(repo.resolve(base_commit))
         snapshot = repo.read_snapshot(commit)
         info = state_mod.describe_state(snapshot.tree)[single]
-        return repo._load_tensor(commit, snapshot, info)
+        from ckvc.inspect import load_tensor
+
+        return load_tensor(repo.core, commit, snapshot, info)
 
     loaded = ckvc_single(0)
     assert torch.equal(loaded, state[single]), "ckvc single-tensor load returned different bytes"

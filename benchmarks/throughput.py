@@ -116,7 +116,9 @@ def single_tensor_loader(repo: ckvc.Repo, rev: str, name: str) -> tuple[Callable
         commit = repo.read_commit(repo.resolve(rev))
         snapshot = repo.read_snapshot(commit)
         info = state_mod.describe_state(snapshot.tree)[name]
-        return repo._load_tensor(commit, snapshot, info)
+        from ckvc.inspect import load_tensor
+
+        return load_tensor(repo.core, commit, snapshot, info)
 
     return internal, "INTERNAL path: resolve + read snapshot + describe_state + Repo._load_tensor (no public API)"
 

@@ -18,7 +18,9 @@ _ERRORS = (
 _LAZY: dict[str, str] = {
     **dict.fromkeys(_ERRORS, "ckvc.errors"),
     **dict.fromkeys(("Commit", "Tag"), "ckvc.objects"),
-    **dict.fromkeys(("CommitInfo", "CommitStats", "Repo", "StateDiff", "TensorChange", "TensorSummary"), "ckvc.repo"),
+    **dict.fromkeys(("CommitInfo", "StateDiff", "TensorChange", "TensorSummary"), "ckvc.inspect"),
+    "CommitStats": "ckvc.write",
+    "Repo": "ckvc.repo",
     **dict.fromkeys(("rng_state", "set_rng_state"), "ckvc.state"),  # these import torch
     "CommitView": "ckvc.view",  # so do these
     "IncompatibleKeys": "ckvc.integrations.torch_nn",
@@ -49,11 +51,13 @@ if TYPE_CHECKING:
         UnsupportedFormatError,
         UnsupportedTypeError,
     )
+    from ckvc.inspect import CommitInfo, StateDiff, TensorChange, TensorSummary
     from ckvc.integrations.torch_nn import IncompatibleKeys
     from ckvc.objects import Commit, Tag
-    from ckvc.repo import CommitInfo, CommitStats, Repo, StateDiff, TensorChange, TensorSummary
+    from ckvc.repo import Repo
     from ckvc.state import rng_state, set_rng_state
     from ckvc.view import CommitView
+    from ckvc.write import CommitStats
 
 
 def __getattr__(name: str) -> Any:

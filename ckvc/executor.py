@@ -60,6 +60,11 @@ class Executor:
                 pass
         return _run_inline(fn, *args)
 
+    @property
+    def started(self) -> bool:
+        """Whether a worker thread runs (never with ``threads=1``: all inline)."""
+        return self._pool is not None
+
     def window(self, depth: int | None = None) -> Window[Any]:
         """A bounded window over this executor; default depth keeps every worker
         busy while the calling thread does its ordered part (append, copy out)."""

@@ -527,7 +527,9 @@ def export_commit(
         flat = repo.load(rev, map_location="cpu", prefix=prefix, progress=progress, allow_pickle=allow_pickle)
         return write_checkpoint({k[len(prefix) :]: v for k, v in flat.items()}, out, format=format)
     commit = repo.readable_commit(rev, allow_pickle=allow_pickle)
-    state = read.load_state(repo, commit, map_location="cpu", allow_pickle=allow_pickle, progress=progress, files=True)
+    state = read.load_state(
+        repo.core, commit, map_location="cpu", allow_pickle=allow_pickle, progress=progress, files=True
+    )
     return write_checkpoint(state, out, commit.metadata, format=format, progress=progress)
 
 

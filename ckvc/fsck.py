@@ -3,19 +3,19 @@ refs, and that every commit a ref reaches has all its objects."""
 
 from __future__ import annotations
 
-import os
+import functools
 import random
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from ckvc import graph
 from ckvc import state as state_mod
 from ckvc.chunking import chunk_spans
+from ckvc.core import ProgressCallback, Repository
 from ckvc.errors import CkvcError, CorruptObjectError, InvalidInputError, ObjectNotFoundError
 from ckvc.ids import ObjectType
+from ckvc.storage.object_store import StoredObject
 from ckvc.storage.packs import TMP_SUFFIX, list_packs, pack_entries
-
-if TYPE_CHECKING:
-    from ckvc.repo import ProgressCallback, Repo
 
 # Problem kinds. "error" severity makes fsck fail; "warning" does not.
 MISSING_OBJECT = "missing-object"
@@ -70,7 +70,7 @@ LEVELS = ("refs", "metadata", "full")
 
 
 def run_fsck(
-    repo: Repo,
+    repo: Repository,
     *,
     rebuild_index: bool = False,
     level: str = "full",
@@ -132,18 +132,20 @@ def run_fsck(
                 return str(exc)
             return None
 
-        window = 4 * (os.cpu_count() or 2)
-        for i in range(0, len(entries), window):
-            batch = entries[i : i + window]
-            for stored, err in zip(batch, repo.pool.map(lambda s: check(s.oid), batch), strict=True):
-                report.objects_checked += 1
-                report.bytes_checked += stored.stored_size
-                done += stored.stored_size
-                if err is not None:
-                    kind = MISSING_OBJECT if "missing" in err or "not found" in err else BAD_CHECKSUM
-                    add(kind, stored.oid.hex(), err)
+        def record(stored: StoredObject, err: str | None) -> None:
+            nonlocal done
+            report.objects_checked += 1
+            report.bytes_checked += stored.stored_size
+            done += stored.stored_size
+            if err is not None:
+                kind = MISSING_OBJECT if "missing" in err or "not found" in err else BAD_CHECKSUM
+                add(kind, stored.oid.hex(), err)
             if progress is not None:
                 progress(done, total)
+
+        with repo.executor.window() as window:
+            for stored in entries:
+                window.submit(check, stored.oid, then=functools.partial(record, stored))
 
     def _check_chain(chunk: bytes, where: str) -> None:
         """A delta (or lossy residual) needs its base: present, and reachable too."""
@@ -163,7 +165,7 @@ def run_fsck(
     # 3. Refs and the commit graph; from "metadata" on, each unpruned commit's
     #    snapshot and the presence of every chunk it needs, delta bases included.
     damaged_refs: list[str] = []
-    tips = repo.ref_tips(include_reflogs=False, damaged=damaged_refs)
+    tips = graph.ref_tips(repo, include_reflogs=False, damaged=damaged_refs)
     for detail in damaged_refs:
         add(DAMAGED_REF, None, detail)
     # Skipped by every other command with a warning; listed here (gc keeps what they name).
@@ -178,7 +180,7 @@ def run_fsck(
             add(DANGLING_REF, oid, f"{label} points at missing object {oid}")
     pruned = repo.pruned()
     reachable: set[bytes] = set()
-    for reached in repo.walk(tips.values()):
+    for reached in graph.walk(repo, tips.values()):
         oid = reached.oid
         if isinstance(reached.error, ObjectNotFoundError):
             add(MISSING_OBJECT, oid, f"commit {oid} is missing: {reached.error}")

@@ -29,12 +29,13 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from ckvc import graph
 from ckvc.errors import CkvcError, CorruptObjectError, ObjectNotFoundError, after_landing, storage_errors
 from ckvc.storage.files import fsync_dir
 from ckvc.storage.packs import TMP_SUFFIX, PackWriter, RecordInfo, list_packs, pack_entries, parse_record
 
 if TYPE_CHECKING:
-    from ckvc.repo import Repo
+    from ckvc.core import Repository
 
 TRASH_SUFFIX = ".trash"
 CRITICAL_SECTION_TIMEOUT_S = 600.0
@@ -118,10 +119,10 @@ class GcReport:
         }
 
 
-def _tips(repo: Repo, reflog_expiry_s: float) -> tuple[list[str], list[str]]:
+def _tips(repo: Repository, reflog_expiry_s: float) -> tuple[list[str], list[str]]:
     """(commits refs and HEAD name, commits recent reflog entries name)."""
     damaged: list[str] = []
-    ref_tips = list(dict.fromkeys(repo.ref_tips(include_reflogs=False, damaged=damaged).values()))
+    ref_tips = list(dict.fromkeys(graph.ref_tips(repo, include_reflogs=False, damaged=damaged).values()))
     if damaged:
         raise CorruptObjectError(f"gc refuses to run with damaged refs ({damaged[0]}); run `ckvc fsck`")
     # A stray file under refs/ (an invalid name such as main.lock) is no ref, but
@@ -131,7 +132,7 @@ def _tips(repo: Repo, reflog_expiry_s: float) -> tuple[list[str], list[str]]:
     return ref_tips, list(dict.fromkeys(repo.refs.iter_reflog_ids(since_ns=since)))
 
 
-def mark(repo: Repo, live: set[bytes], visited: set[str], *, reflog_expiry_s: float) -> set[bytes]:
+def mark(repo: Repository, live: set[bytes], visited: set[str], *, reflog_expiry_s: float) -> set[bytes]:
     """Add to ``live`` every object reachable from the refs and recent reflog
     entries: commit and tag objects always, snapshots and chunks of unpruned
     commits. Commits in ``visited`` are not walked again (incremental re-mark).
@@ -160,8 +161,8 @@ def mark(repo: Repo, live: set[bytes], visited: set[str], *, reflog_expiry_s: fl
     # Refs first, strictly; then what only reflogs reach, where a commit an
     # earlier gc removed (its entry had expired then) is simply gone.
     walks = itertools.chain(
-        ((reached, True) for reached in repo.walk(ref_tips, visited)),
-        ((reached, False) for reached in repo.walk(reflog_tips, visited)),
+        ((reached, True) for reached in graph.walk(repo, ref_tips, visited)),
+        ((reached, False) for reached in graph.walk(repo, reflog_tips, visited)),
     )
     for reached, strict in walks:
         if reached.error is not None:
@@ -185,7 +186,7 @@ def mark(repo: Repo, live: set[bytes], visited: set[str], *, reflog_expiry_s: fl
     return added
 
 
-def plan_gc(repo: Repo, *, grace_s: float, repack_threshold: float, reflog_expiry_s: float) -> GcPlan:
+def plan_gc(repo: Repository, *, grace_s: float, repack_threshold: float, reflog_expiry_s: float) -> GcPlan:
     """Decide what to delete and repack. Writes nothing."""
     store = repo.store
     store.refresh()  # every sealed pack indexed: a live object always has an index entry
@@ -228,7 +229,7 @@ def plan_gc(repo: Repo, *, grace_s: float, repack_threshold: float, reflog_expir
     return plan
 
 
-def _copy_live(repo: Repo, plan: GcPlan) -> tuple[list[tuple[str, list[RecordInfo]]], set[bytes], set[str]]:
+def _copy_live(repo: Repository, plan: GcPlan) -> tuple[list[tuple[str, list[RecordInfo]]], set[bytes], set[str]]:
     """Copy the live records of packs to repack into new sealed packs, verifying
     each. Returns (new packs, copied ids, packs whose copy failed)."""
     store = repo.store
@@ -266,7 +267,7 @@ def _copy_live(repo: Repo, plan: GcPlan) -> tuple[list[tuple[str, list[RecordInf
     return new_packs, copied, failed
 
 
-def execute_gc(repo: Repo, plan: GcPlan, *, reflog_expiry_s: float) -> GcReport:
+def execute_gc(repo: Repository, plan: GcPlan, *, reflog_expiry_s: float) -> GcReport:
     started = time.perf_counter()
     store = repo.store
     report = GcReport(plan)

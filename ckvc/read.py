@@ -34,6 +34,7 @@ import torch
 
 from ckvc import state as state_mod
 from ckvc.chunking import chunk_spans, size_batches
+from ckvc.core import ProgressCallback
 from ckvc.errors import CorruptObjectError, InvalidInputError, ObjectNotFoundError, UnknownKeyError
 from ckvc.ids import ObjectType
 from ckvc.objects import Blob, Commit, Snapshot
@@ -43,7 +44,6 @@ if TYPE_CHECKING:
     from ckvc.executor import Executor
     from ckvc.storage.object_store import ObjectStore
 
-ProgressCallback = Callable[[int, int], None]  # (bytes done, bytes planned)
 
 # How far ahead of the reads in flight chunks are announced to the store, in windows.
 PREFETCH_WINDOWS = 2

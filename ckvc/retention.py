@@ -14,12 +14,11 @@ import math
 import re
 import time
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from ckvc import graph
+from ckvc.core import Repository
 from ckvc.errors import InvalidInputError
-
-if TYPE_CHECKING:
-    from ckvc.repo import Repo
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|m|h|d|w)?\s*$")
 _UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
@@ -141,11 +140,11 @@ class RetentionPlan:
         }
 
 
-def plan_retention(repo: Repo, policy: RetentionPolicy, *, now_ns: int | None = None) -> RetentionPlan:
+def plan_retention(repo: Repository, policy: RetentionPolicy, *, now_ns: int | None = None) -> RetentionPlan:
     """Decide which commits to keep and which to release. Reads only commit objects."""
     now_ns = time.time_ns() if now_ns is None else now_ns
     plan = RetentionPlan(policy)
-    branches = repo.branches()
+    branches = graph.branches(repo)
     covered = list(branches) if policy.branches is None else list(policy.branches)
     for name in covered:
         if name not in branches:
@@ -158,7 +157,7 @@ def plan_retention(repo: Repo, policy: RetentionPolicy, *, now_ns: int | None = 
 
     candidates: dict[str, None] = {}
     for name in covered:
-        history = repo.log(name, first_parent=True)  # tip first, root last
+        history = graph.log(repo, name, first_parent=True)  # tip first, root last
         for commit in history:
             candidates.setdefault(commit.id)
         if policy.keep_last:
@@ -182,14 +181,14 @@ def plan_retention(repo: Repo, policy: RetentionPolicy, *, now_ns: int | None = 
     # Always kept: branch heads, tags, HEAD, and whatever branches outside the policy reach.
     for name, commit_id in branches.items():
         keep(commit_id, f"head of branch {name}")
-    for name, commit_id in repo.tags().items():
+    for name, commit_id in graph.tags(repo).items():
         keep(commit_id, f"tag {name}")
-    _, head_id = repo.head()
+    _, head_id = graph.head(repo)
     if head_id:
         keep(head_id, "HEAD")
     uncovered = {name: branches[name] for name in set(branches) - set(covered)}
     if uncovered:
-        for commit in repo.iter_reachable_commits(uncovered):
+        for commit in graph.iter_reachable_commits(repo, uncovered):
             if commit.id in candidates:
                 keep(commit.id, "reachable from a branch the policy does not cover")
 
@@ -204,6 +203,26 @@ def plan_retention(repo: Repo, policy: RetentionPolicy, *, now_ns: int | None = 
     return plan
 
 
-def apply_retention(repo: Repo, plan: RetentionPlan) -> int:
+def apply_retention(repo: Repository, plan: RetentionPlan) -> int:
     """Record the plan's released commits as pruned. Returns how many were new."""
     return repo.prune_log.add(plan.released, plan.policy.describe())
+
+
+def stored_policy(repo: Repository) -> RetentionPolicy | None:
+    """The policy the repository config holds, if any."""
+    raw = repo.config.retention
+    return RetentionPolicy.from_config(raw) if raw else None
+
+
+def retain(repo: Repository, policy: RetentionPolicy | None = None, *, dry_run: bool = False) -> RetentionPlan:
+    """Apply ``policy`` (default: the stored one): plan, then (unless ``dry_run``)
+    record every released commit as pruned. Returns the plan."""
+    policy = policy or stored_policy(repo)
+    if policy is None:
+        raise InvalidInputError("no retention policy given or stored (ckvc retain --keep-last N ...)")
+    if not dry_run:
+        repo.require_writable("applying retention")
+    plan = plan_retention(repo, policy)
+    if not dry_run:
+        apply_retention(repo, plan)
+    return plan

@@ -25,7 +25,7 @@ from ckvc.read import ProgressCallback, ReadCore
 from ckvc.state import MapLocation, TensorInfo
 
 if TYPE_CHECKING:
-    from ckvc.repo import TensorSummary
+    from ckvc.inspect import TensorSummary
 
 
 def open_view(
@@ -84,9 +84,9 @@ class CommitView(Mapping[str, "torch.Tensor | np.ndarray"]):
 
     def info(self, path: str) -> TensorSummary:
         """dtype, shape, nbytes and kind of the tensor at ``path``, without reading it."""
-        from ckvc.repo import Repo
+        from ckvc.inspect import tensor_summary
 
-        return Repo._summary(path, self._tensor_info(path), self._snapshot)
+        return tensor_summary(path, self._tensor_info(path), self._snapshot)
 
     def _tensor_info(self, path: str) -> TensorInfo:
         info = self._tensors.get(path)

@@ -276,7 +276,7 @@ def test_object_revived_between_plan_and_execute_is_spared(repo: ckvc.Repo, how:
     x_pack = pack_of(repo, x)
 
     expiry = repo.config.reflog_expiry_s
-    plan = plan_gc(repo, grace_s=0, repack_threshold=repo.config.repack_threshold, reflog_expiry_s=expiry)
+    plan = plan_gc(repo.core, grace_s=0, repack_threshold=repo.config.repack_threshold, reflog_expiry_s=expiry)
     assert {p.name: p.action for p in plan.packs}[x_pack] == "delete"
 
     if how == "dedup":
@@ -292,7 +292,7 @@ def test_object_revived_between_plan_and_execute_is_spared(repo: ckvc.Repo, how:
         revived, revived_state = repo.branch("back", x), x_state
         assert revived == x
 
-    report = execute_gc(repo, plan, reflog_expiry_s=expiry)
+    report = execute_gc(repo.core, plan, reflog_expiry_s=expiry)
     assert report.kept_revived == [x_pack]
     assert report.packs_deleted == 0
     assert x_pack in list_packs(repo.dir / "packs")

@@ -199,7 +199,7 @@ def test_keep_within_uses_commit_times(repo: ckvc.Repo) -> None:
     assert times == sorted(times) and len(set(times)) == 6
     policy = RetentionPolicy(keep_within_s=5.0)
     # "now" placed so that the horizon falls exactly on commit 3: 3, 4, 5 are young enough.
-    plan = plan_retention(repo, policy, now_ns=times[3] + 5_000_000_000)
+    plan = plan_retention(repo.core, policy, now_ns=times[3] + 5_000_000_000)
     assert plan.kept == {
         ids[3]: ["keep-within 5s"],
         ids[4]: ["keep-within 5s"],
@@ -207,7 +207,7 @@ def test_keep_within_uses_commit_times(repo: ckvc.Repo) -> None:
     }
     assert plan.released == [ids[2], ids[1], ids[0]]
     # One nanosecond later commit 3 is too old.
-    later = plan_retention(repo, policy, now_ns=times[3] + 5_000_000_001)
+    later = plan_retention(repo.core, policy, now_ns=times[3] + 5_000_000_001)
     assert later.released == [ids[3], ids[2], ids[1], ids[0]]
 
     # Against the real clock: an hour keeps everything, a microsecond only the head.

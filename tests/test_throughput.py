@@ -61,12 +61,12 @@ def test_serial_and_parallel_commits_are_identical(tmp_path: Path, monkeypatch: 
     ids = [[r.commit(s, message=f"step {s['step']}") for s in states] for r in repos]
     serial, parallel = repos
     assert serial.threads == 1 and parallel.threads == (os.cpu_count() or 2)
-    assert serial._pool is None  # nothing ran on threads
+    assert not serial.executor.started  # nothing ran on threads
     assert ids[0] == ids[1]
     assert pack_records(serial) == pack_records(parallel)
     assert any(codec != 0 for _, _, codec, *_ in pack_records(serial))
     assert_state_equal(serial.load(), parallel.load())
-    assert serial._pool is None
+    assert not serial.executor.started
     for r in repos:
         r.close()
 

@@ -32,9 +32,9 @@ from ckvc.errors import CkvcError, InvalidInputError
 # tensors import ckvc.files / ckvc.state / torch in their own bodies;
 # tests/test_cli_startup.py checks this in a fresh interpreter.
 if TYPE_CHECKING:
+    from ckvc.inspect import CodecUsage, StateDiff, TensorChange, TensorSummary
     from ckvc.objects import Commit, Tag
-    from ckvc.repo import Repo, StateDiff, TensorChange, TensorSummary
-    from ckvc.stats import CodecUsage
+    from ckvc.repo import Repo
 
 FSCK_DAMAGE_EXIT = 1
 
@@ -271,7 +271,8 @@ def cli(ctx: click.Context, directory: str) -> None:
 def init(obj: Context, directory: str | None, chunk_size: int | None, default_branch: str, as_json: bool) -> None:
     """Create a repository in DIRECTORY (default: the current one). On an existing
     repository, like git: it is opened (checked) and left as it is, exit 0."""
-    from ckvc.repo import REPO_DIR, Repo
+    from ckvc.core import REPO_DIR
+    from ckvc.repo import Repo
 
     path = Path(obj.directory, directory) if directory else Path(obj.directory)
     existing = (path / REPO_DIR / "config.json").is_file()
@@ -546,7 +547,9 @@ def _tag_json(t: Tag) -> dict[str, Any]:
 
 def _annotated_tag(repo: Repo, rev: str) -> Tag | None:
     """The annotated tag REV names (resolve prefers a branch of the same name)."""
-    if repo._branch_named(rev) is not None or rev not in repo.tags():
+    from ckvc.graph import branch_named
+
+    if branch_named(repo.core, rev) is not None or rev not in repo.tags():
         return None
     return repo.tag_object(rev)
 
@@ -803,8 +806,10 @@ def switch(obj: Context, name: str, start: str | None, create: bool, as_json: bo
     else:
         if start is not None:
             raise InvalidInputError(f"a start point needs -c: ckvc switch -c {name} {start}")
-        if repo._branch_named(name) is None:
-            hint = repo._ref_hint(name, tags=False) or f"; create it with: ckvc switch -c {name}"
+        from ckvc.graph import branch_named, ref_hint
+
+        if branch_named(repo.core, name) is None:
+            hint = ref_hint(repo.core, name, tags=False) or f"; create it with: ckvc switch -c {name}"
             raise RefNotFoundError(f"no branch {name!r}{hint}")
         commit_id = repo.switch(name)
     if as_json:

@@ -1,0 +1,373 @@
+"""The commit graph over a Repository: revisions (ids, prefixes, refs, ``~n``,
+``^n``), reachability (ref tips, walks), history (log, topological log, best and
+rank by a metric) and the checks every read makes (pruned, pickles)."""
+
+from __future__ import annotations
+
+import collections
+import difflib
+import heapq
+import math
+import re
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from ckvc.core import Repository
+from ckvc.errors import (
+    CkvcError,
+    CorruptObjectError,
+    InvalidInputError,
+    InvalidRevisionError,
+    ObjectNotFoundError,
+    PrunedCommitError,
+    RefNotFoundError,
+    UnsafeContentError,
+)
+from ckvc.ids import ObjectType, is_full_hex_id
+from ckvc.objects import Commit
+from ckvc.refs import BRANCH_PREFIX, HEAD, TAG_PREFIX, check_ref_name
+
+MIN_PREFIX = 4
+_SUFFIX = re.compile(r"(~(\d*)|\^(\d*))")
+
+
+def did_you_mean(word: str, candidates: Iterable[str]) -> str:
+    """ "; did you mean 'main'?" when a candidate is close to ``word``, else ""."""
+    close = difflib.get_close_matches(word, list(candidates), n=3, cutoff=0.6)
+    if not close:
+        return ""
+    return "; did you mean " + " or ".join(repr(c) for c in close) + "?"
+
+
+# ---- refs by name ---------------------------------------------------------------
+
+
+def head(core: Repository) -> tuple[str | None, str | None]:
+    """(current branch name or None when detached, commit id or None when unborn)."""
+    target, commit_id = core.refs.head()
+    short = target[len(BRANCH_PREFIX) :] if target and target.startswith(BRANCH_PREFIX) else target
+    return short, commit_id
+
+
+def branches(core: Repository) -> dict[str, str]:
+    return {k[len(BRANCH_PREFIX) :]: v for k, v in core.refs.list_refs(BRANCH_PREFIX).items()}
+
+
+def tags(core: Repository) -> dict[str, str]:
+    """Tag name -> commit id (annotated tags peeled)."""
+    return {k[len(TAG_PREFIX) :]: peel(core, v) for k, v in core.refs.list_refs(TAG_PREFIX).items()}
+
+
+def branch_named(core: Repository, rev: str) -> str | None:
+    """The full branch ref ``rev`` names exactly, if it is a branch name."""
+    candidates = [rev] if rev.startswith(BRANCH_PREFIX) else [BRANCH_PREFIX + rev]
+    for full in candidates:
+        try:
+            check_ref_name(full)
+        except CkvcError:
+            return None
+        if core.refs.read(full) is not None:
+            return full
+    return None
+
+
+def ref_hint(core: Repository, name: str, *, branches: bool = True, tags: bool = True) -> str:
+    """A did-you-mean suffix for an unknown revision or ref, from branch and tag names."""
+    try:
+        names = [*(_branches(core) if branches else ()), *(_tags(core) if tags else ())]
+    except CkvcError:
+        return ""  # a damaged ref must not hide the original error
+    return did_you_mean(name, names)
+
+
+_branches, _tags = branches, tags  # ref_hint's keyword arguments shadow the names
+
+
+# ---- revisions ------------------------------------------------------------------
+
+
+def resolve(core: Repository, rev: str) -> str:
+    """The full commit id ``rev`` names: an id or unique id prefix, a branch,
+    a tag, HEAD, or any of those followed by ``~n``, ``^`` and ``^n``."""
+    if not isinstance(rev, str) or not rev:
+        raise InvalidRevisionError(f"invalid revision {rev!r}")
+    match = re.search(r"[~^]", rev)
+    base, suffix = (rev[: match.start()], rev[match.start() :]) if match else (rev, "")
+    commit_id = _resolve_base(core, rev, base)
+    pos = 0
+    while pos < len(suffix):
+        m = _SUFFIX.match(suffix, pos)
+        if m is None:
+            raise InvalidRevisionError(f"invalid revision {rev!r}: cannot parse {suffix[pos:]!r}")
+        pos = m.end()
+        if m.group(0).startswith("~"):
+            for _ in range(int(m.group(2) or 1)):
+                parents = core.read_commit(commit_id).parents
+                if not parents:
+                    raise InvalidRevisionError(f"revision {rev!r} goes past the root commit")
+                commit_id = parents[0]
+        else:
+            n = int(m.group(3) or 1)
+            if n == 0:
+                continue
+            parents = core.read_commit(commit_id).parents
+            if n > len(parents):
+                raise InvalidRevisionError(f"revision {rev!r}: commit {commit_id[:12]} has no parent {n}")
+            commit_id = parents[n - 1]
+    return commit_id
+
+
+def _resolve_base(core: Repository, rev: str, base: str) -> str:
+    if base == HEAD:
+        _, commit_id = core.refs.head()
+        if commit_id is None:
+            raise InvalidRevisionError(f"revision {rev!r}: HEAD has no commits yet")
+        return commit_id
+    if is_full_hex_id(base):
+        return _peel_checked(core, rev, base)
+    candidates = [base] if base.startswith("refs/") else [BRANCH_PREFIX + base, TAG_PREFIX + base, "refs/" + base]
+    for full in candidates:
+        try:
+            check_ref_name(full)
+        except CkvcError:
+            continue
+        value = core.refs.read(full)
+        if value is not None:
+            return _peel_checked(core, rev, value)
+    if len(base) >= MIN_PREFIX and re.fullmatch(r"[0-9a-f]+", base):
+        return _resolve_prefix(core, rev, base)
+    raise InvalidRevisionError(f"unknown revision {rev!r}{ref_hint(core, base)}")
+
+
+def _resolve_prefix(core: Repository, rev: str, prefix: str) -> str:
+    key = bytes.fromhex(prefix[: len(prefix) // 2 * 2])
+    matches: list[str] = []
+    for attempt in range(2):
+        matches = [
+            s.oid.hex()
+            for s in core.store.iter_stored(key)
+            if s.oid.hex().startswith(prefix) and s.kind in (ObjectType.COMMIT, ObjectType.TAG)
+        ]
+        if matches or attempt or not core.store.refresh():
+            break
+    if not matches:
+        raise InvalidRevisionError(f"unknown revision {rev!r}")
+    commits = {peel(core, m) for m in matches}
+    if len(commits) > 1:
+        raise InvalidRevisionError(f"ambiguous revision {rev!r}: matches {len(commits)} commits")
+    return commits.pop()
+
+
+def peel(core: Repository, oid: str) -> str:
+    """A tag object id -> its commit id; a commit id stays itself."""
+    kind = core.store.stat(bytes.fromhex(oid)).kind
+    if kind == ObjectType.TAG:
+        return core.read_tag(oid).target
+    return oid
+
+
+def _peel_checked(core: Repository, rev: str, oid: str) -> str:
+    try:
+        kind = core.store.stat(bytes.fromhex(oid)).kind
+    except ObjectNotFoundError:
+        raise InvalidRevisionError(f"unknown revision {rev!r}") from None
+    if kind == ObjectType.TAG:
+        return core.read_tag(oid).target
+    if kind != ObjectType.COMMIT:
+        raise InvalidRevisionError(f"revision {rev!r} names a {kind.name.lower()}, not a commit")
+    return oid
+
+
+# ---- what a read refuses --------------------------------------------------------
+
+
+def check_not_pruned(core: Repository, commit_id: str) -> None:
+    record = core.pruned().get(commit_id)
+    if record is not None:
+        raise PrunedCommitError(commit_id, record.policy, record.time_ns)
+
+
+def readable_commit(core: Repository, rev: str, *, allow_pickle: bool = False) -> Commit:
+    """The commit ``rev`` names, refused as every read refuses it: pruned
+    (PrunedCommitError), or holding pickles unless allowed (UnsafeContentError)."""
+    commit = core.read_commit(resolve(core, rev))
+    check_not_pruned(core, commit.id)
+    if commit.pickled and not allow_pickle:
+        raise UnsafeContentError(
+            f"commit {commit.id[:12]} holds pickled values, which can run code; "
+            "load with allow_pickle=True only if you trust it"
+        )
+    return commit
+
+
+# ---- reachability ---------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Reached:
+    """An object met by ``walk``: a commit, a tag object (``commit`` None), or
+    an object that could not be read (``error``)."""
+
+    oid: str
+    commit: Commit | None = None
+    error: ObjectNotFoundError | CorruptObjectError | None = None
+
+
+def ref_tips(core: Repository, *, include_reflogs: bool = True, damaged: list[str] | None = None) -> dict[str, str]:
+    """Every commit a ref, HEAD or (optionally) a reflog names: label -> commit id.
+    Damaged refs raise RefNotFoundError, or are listed in ``damaged`` when given."""
+    tips: dict[str, str] = dict(core.refs.list_refs(damaged=damaged))
+    try:
+        _, head_id = core.refs.head()
+        if head_id:
+            tips[HEAD] = head_id
+    except RefNotFoundError as exc:
+        if damaged is None:
+            raise
+        damaged.append(str(exc))
+    if include_reflogs:
+        for i, oid in enumerate(dict.fromkeys(core.refs.iter_reflog_ids())):
+            tips.setdefault(f"reflog:{i}", oid)
+    return tips
+
+
+def walk(core: Repository, tips: Iterable[str], visited: set[str] | None = None) -> Iterator[Reached]:
+    """Every commit and tag object reachable from ``tips``, once each (tags
+    peeled, all parents followed). An object that cannot be read is yielded
+    with its error and not followed: the caller decides whether that is fatal
+    (gc), a finding (fsck) or to be skipped. Ids in ``visited`` are not
+    walked; every id met is added to it."""
+    visited = set() if visited is None else visited
+    stack = list(tips)
+    while stack:
+        oid = stack.pop()
+        if oid in visited:
+            continue
+        visited.add(oid)
+        try:
+            if core.store.stat(bytes.fromhex(oid)).kind == ObjectType.TAG:
+                stack.append(core.read_tag(oid).target)
+                yield Reached(oid)
+                continue
+            commit = core.read_commit(oid)
+        except (ObjectNotFoundError, CorruptObjectError) as exc:
+            yield Reached(oid, error=exc)
+            continue
+        stack.extend(commit.parents)
+        yield Reached(oid, commit)
+
+
+def iter_reachable_commits(core: Repository, tips: Mapping[str, str]) -> Iterator[Commit]:
+    """Each readable commit reachable from ``tips`` once (tags peeled)."""
+    for reached in walk(core, tips.values()):
+        if reached.commit is not None:
+            yield reached.commit
+
+
+# ---- history --------------------------------------------------------------------
+
+
+def log(
+    core: Repository,
+    rev: str | Sequence[str] = "HEAD",
+    *,
+    limit: int | None = None,
+    first_parent: bool = False,
+    all: bool = False,
+) -> list[Commit]:
+    """Commits reachable from ``rev`` (a revision or a list of them), newest
+    first (by commit time); with ``first_parent``, the first-parent chain from
+    ``rev`` down to the root. ``all``: from every branch, tag and HEAD; the order
+    is then topological too (no commit before one of its children), as
+    ``log --graph`` needs."""
+    revs = [rev] if isinstance(rev, str) else list(rev)
+    if all:
+        revs = list(dict.fromkeys([*branches(core).values(), *tags(core).values(), *revs]))
+        _, head_id = head(core)
+        revs = [r for r in revs if r != "HEAD" or head_id is not None]
+    starts = list(dict.fromkeys(resolve(core, r) for r in revs))
+    if first_parent:  # the chain itself, whatever the commit times say
+        chain = [core.read_commit(starts[0])]
+        while chain[-1].parents and (limit is None or len(chain) < limit):
+            chain.append(core.read_commit(chain[-1].parents[0]))
+        return chain
+    if all or len(starts) > 1:
+        return topo_log(core, starts, limit)
+    seen = set(starts)
+    heap: list[tuple[int, int, Commit]] = []
+    counter = 0
+    for start in starts:
+        first = core.read_commit(start)
+        heapq.heappush(heap, (-first.time_ns, counter, first))
+        counter += 1
+    out: list[Commit] = []
+    while heap and (limit is None or len(out) < limit):
+        _, _, commit = heapq.heappop(heap)
+        out.append(commit)
+        for parent in commit.parents:
+            if parent not in seen:
+                seen.add(parent)
+                pc = core.read_commit(parent)
+                heapq.heappush(heap, (-pc.time_ns, counter, pc))
+                counter += 1
+    return out
+
+
+def topo_log(core: Repository, starts: Sequence[str], limit: int | None) -> list[Commit]:
+    """Every commit reachable from ``starts``, newest first, but never a parent
+    before all of its children (equal commit times, clock skew)."""
+    commits: dict[str, Commit] = {}
+    stack = list(starts)
+    while stack:
+        oid = stack.pop()
+        if oid not in commits:
+            commits[oid] = core.read_commit(oid)
+            stack.extend(commits[oid].parents)
+    waiting = collections.Counter(p for c in commits.values() for p in set(c.parents))
+    heap = [(-c.time_ns, i, c) for i, c in enumerate(commits.values()) if not waiting[c.id]]
+    heapq.heapify(heap)
+    order = {oid: i for i, oid in enumerate(commits)}
+    out: list[Commit] = []
+    while heap and (limit is None or len(out) < limit):
+        _, _, commit = heapq.heappop(heap)
+        out.append(commit)
+        for parent in set(commit.parents):
+            waiting[parent] -= 1
+            if not waiting[parent]:
+                pc = commits[parent]
+                heapq.heappush(heap, (-pc.time_ns, order[parent], pc))
+    return out
+
+
+def _finite(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def rank(
+    core: Repository, metric: str, mode: Literal["min", "max"] = "min", rev: str = "HEAD", *, all: bool = False
+) -> list[Commit]:
+    """The commits reachable from ``rev`` that have ``metric``, best first
+    (``mode`` as for ``best``), newest first among equals."""
+    commits = [c for c in log(core, rev, all=all) if _finite(c.metrics.get(metric))]
+    sign = 1 if mode == "min" else -1
+    # log is newest first and sorted() is stable: the newest wins ties
+    return sorted(commits, key=lambda c: sign * float(c.metrics[metric]))
+
+
+def best(
+    core: Repository, metric: str, mode: Literal["min", "max"] = "min", rev: str = "HEAD", *, all: bool = False
+) -> Commit:
+    """The commit reachable from ``rev`` (``all``: from any branch or tag) with the
+    lowest (``mode="min"``) or highest (``"max"``) value of ``metric``; the newest
+    among equals. Commits without the metric (or with NaN) are skipped;
+    InvalidInputError when none has it, naming the metrics there are."""
+    if mode not in ("min", "max"):
+        raise InvalidInputError(f"mode must be 'min' or 'max', got {mode!r}")
+    ranked = rank(core, metric, mode, rev, all=all)
+    if not ranked:
+        known = sorted({k for c in log(core, rev, all=all) for k in c.metrics})
+        hint = did_you_mean(metric, known) or (f"; metrics recorded: {', '.join(known)}" if known else "")
+        where = "any branch or tag" if all else repr(rev)
+        raise InvalidInputError(f"no commit reachable from {where} has metric {metric!r}{hint}")
+    return ranked[0]

@@ -1,0 +1,379 @@
+"""What a commit holds and what changed, without loading it (show, diff), and
+where the bytes go (du): logical vs stored bytes, dedup and compression, unique
+bytes per commit, breakdowns by top-level key and by codec. Results are
+dataclasses; the CLI renders them."""
+
+from __future__ import annotations
+
+import fnmatch
+import math
+import re
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from ckvc import graph
+from ckvc.codecs import CODEC_NAMES
+from ckvc.core import Repository
+from ckvc.objects import Commit, Snapshot
+from ckvc.storage.packs import list_packs
+
+if TYPE_CHECKING:
+    from ckvc.state import TensorInfo
+
+
+@dataclass
+class CommitUsage:
+    commit: str
+    message: str
+    logical_bytes: int
+    unique_stored_bytes: int  # chunks no other live commit uses: what pruning it would free
+    pruned: bool = False
+
+
+@dataclass
+class KeyUsage:
+    key: str  # top-level key of the state ("model", "optimizer", ...)
+    logical_bytes: int = 0  # over every live commit
+    unique_raw_bytes: int = 0  # distinct chunks first seen under this key
+    stored_bytes: int = 0  # their stored size
+
+
+@dataclass
+class CodecUsage:
+    """Distinct chunks stored with one codec: their plain and stored bytes."""
+
+    chunks: int = 0
+    raw_bytes: int = 0
+    stored_bytes: int = 0
+
+    @property
+    def ratio(self) -> float:
+        return self.stored_bytes / self.raw_bytes if self.raw_bytes else 1.0
+
+
+def codec_usage(repo: Repository, chunk_ids: Iterable[bytes]) -> dict[str, CodecUsage]:
+    """Stored bytes per codec over distinct chunks, largest first."""
+    usage: dict[str, CodecUsage] = {}
+    for oid in chunk_ids:
+        st = repo.store.stat(oid)
+        entry = usage.setdefault(CODEC_NAMES.get(st.codec, str(st.codec)), CodecUsage())
+        entry.chunks += 1
+        entry.raw_bytes += st.raw_size
+        entry.stored_bytes += st.stored_size
+    return dict(sorted(usage.items(), key=lambda kv: -kv[1].stored_bytes))
+
+
+@dataclass
+class DiskUsage:
+    commits: int = 0
+    pruned_commits: int = 0
+    logical_bytes: int = 0  # sum of every live (unpruned, reachable) commit's tensor bytes
+    unique_raw_bytes: int = 0  # distinct chunks, before compression
+    stored_chunk_bytes: int = 0  # distinct chunks as stored (compressed, with record headers)
+    pack_bytes: int = 0  # all pack files on disk, reachable or not
+    pack_count: int = 0
+    per_commit: list[CommitUsage] = field(default_factory=list)
+    by_key: list[KeyUsage] = field(default_factory=list)
+    by_codec: dict[str, CodecUsage] = field(default_factory=dict)
+
+    @property
+    def dedup_ratio(self) -> float:
+        return self.logical_bytes / self.unique_raw_bytes if self.unique_raw_bytes else 1.0
+
+    @property
+    def compression_ratio(self) -> float:
+        return self.unique_raw_bytes / self.stored_chunk_bytes if self.stored_chunk_bytes else 1.0
+
+    @property
+    def total_ratio(self) -> float:
+        return self.logical_bytes / self.pack_bytes if self.pack_bytes else 1.0
+
+    def to_json(self) -> dict[str, Any]:
+        out = asdict(self)
+        out.update(dedup_ratio=self.dedup_ratio, compression_ratio=self.compression_ratio, total_ratio=self.total_ratio)
+        for name, codec in self.by_codec.items():
+            out["by_codec"][name]["ratio"] = codec.ratio
+        return out
+
+
+def disk_usage(repo: Repository) -> DiskUsage:
+    """Logical vs stored bytes, dedup and compression ratios, unique bytes per commit."""
+    usage = DiskUsage()
+    pruned = repo.pruned()
+    per_commit_chunks: list[tuple[str, str, int, set[bytes]]] = []
+    refcount: Counter[bytes] = Counter()
+    first_key: dict[bytes, str] = {}
+    keys: dict[str, KeyUsage] = {}
+    for commit in graph.iter_reachable_commits(repo, graph.ref_tips(repo, include_reflogs=False)):
+        if commit.id in pruned:
+            usage.pruned_commits += 1
+            usage.per_commit.append(CommitUsage(commit.id, commit.message, 0, 0, pruned=True))
+            continue
+        snapshot = repo.read_snapshot(commit)
+        chunks: set[bytes] = set()
+        for blob in snapshot.blobs:
+            key = blob.path.split(".", 1)[0]
+            keys.setdefault(key, KeyUsage(key)).logical_bytes += blob.nbytes
+            for oid in blob.chunks:
+                chunks.add(oid)
+                first_key.setdefault(oid, key)
+        logical = sum(blob.nbytes for blob in snapshot.blobs)
+        per_commit_chunks.append((commit.id, commit.message, logical, chunks))
+        refcount.update(chunks)
+        usage.commits += 1
+        usage.logical_bytes += logical
+    sizes: dict[bytes, int] = {}
+    for oid in refcount:
+        st = repo.store.stat(oid)
+        sizes[oid] = st.stored_size
+        usage.unique_raw_bytes += st.raw_size
+        usage.stored_chunk_bytes += st.stored_size
+        key_usage = keys[first_key[oid]]
+        key_usage.unique_raw_bytes += st.raw_size
+        key_usage.stored_bytes += st.stored_size
+    for cid, message, logical, chunks in per_commit_chunks:
+        unique = sum(sizes[o] for o in chunks if refcount[o] == 1)
+        usage.per_commit.append(CommitUsage(cid, message, logical, unique))
+    usage.by_key = sorted(keys.values(), key=lambda k: -k.stored_bytes)
+    usage.by_codec = codec_usage(repo, refcount)
+    for name in list_packs(repo.store.pack_dir):
+        usage.pack_count += 1
+        usage.pack_bytes += (repo.store.pack_dir / name).stat().st_size
+    return usage
+
+
+# ---- show -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TensorSummary:
+    path: str
+    dtype: str
+    shape: tuple[int, ...]
+    nbytes: int
+    kind: str  # "tensor", "parameter" or "numpy"
+
+
+@dataclass
+class CommitInfo:
+    commit: Commit
+    tensors: list[TensorSummary]
+    values: dict[str, Any]  # non-tensor leaves by path
+    logical_bytes: int
+    stored_bytes: int  # stored size of the chunks this commit uses (shared ones included)
+    by_codec: dict[str, CodecUsage] = field(default_factory=dict)  # over the same chunks
+    blobs: int = 0  # stored byte buffers (tensors sharing storage share one)
+
+
+def tensor_summary(path: str, info: TensorInfo, snapshot: Snapshot) -> TensorSummary:
+    """dtype, shape, size and kind of the tensor ``info`` describes, from the snapshot alone."""
+    from ckvc import state as state_mod
+
+    blob = snapshot.blobs[info.blob]
+    itemsize = state_mod.blob_itemsize(blob.dtype)
+    kind = {state_mod.KIND_TENSOR: "tensor", state_mod.KIND_PARAMETER: "parameter"}.get(info.kind, "numpy")
+    dtype = blob.dtype.removeprefix(state_mod.NUMPY_DTYPE_PREFIX)
+    return TensorSummary(path, dtype, info.shape, info.numel * itemsize, kind)
+
+
+def show(core: Repository, commit_id: str, *, tensors: bool = True) -> CommitInfo:
+    """The commit with its tensors (dtype, shape, size), non-tensor values and
+    stored sizes; reads no tensor data. ``tensors=False`` skips parsing the state
+    (empty ``tensors`` and ``values``; torch is not imported). Pruned commits are refused."""
+    commit = core.read_commit(commit_id)
+    graph.check_not_pruned(core, commit.id)
+    snapshot = core.read_snapshot(commit)
+    summaries: list[TensorSummary] = []
+    values: dict[str, Any] = {}
+    if tensors:
+        from ckvc import state as state_mod
+        from ckvc.state import TensorInfo
+
+        leaves = state_mod.flatten(state_mod.parse_snapshot(snapshot, commit.id, allow_pickle=None).build())
+        for path, leaf in leaves.items():
+            if isinstance(leaf, TensorInfo):
+                summaries.append(tensor_summary(path, leaf, snapshot))
+            else:
+                values[path] = leaf
+    used = {oid for b in snapshot.blobs for oid in b.chunks}
+    by_codec = codec_usage(core, used)
+    stored = sum(c.stored_bytes for c in by_codec.values())
+    logical = sum(b.nbytes for b in snapshot.blobs)
+    return CommitInfo(commit, summaries, values, logical, stored, by_codec, len(snapshot.blobs))
+
+
+# ---- diff -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TensorChange:
+    path: str
+    old: TensorSummary
+    new: TensorSummary
+    rel_l2: float | None  # ||new - old|| / ||old||; None when shapes or dtypes differ
+    max_abs: float | None
+
+
+@dataclass
+class StateDiff:
+    """What changed from commit ``a`` to ``b``. ``changed`` comes largest relative
+    change first (shape or dtype changes, which have none, before all others);
+    tensors and values under an RNG state (``is_rng_path``) are not listed one by
+    one but counted in ``rng_changed``, since they change on every step."""
+
+    a: str
+    b: str
+    added: list[str] = field(default_factory=list)
+    removed: list[str] = field(default_factory=list)
+    changed: list[TensorChange] = field(default_factory=list)
+    values_changed: list[tuple[str, Any, Any]] = field(default_factory=list)
+    metrics_changed: list[tuple[str, float | None, float | None]] = field(default_factory=list)
+    added_bytes: int = 0
+    removed_bytes: int = 0
+    changed_bytes: int = 0  # bytes of the changed tensors (new side)
+    unchanged: int = 0  # tensors identical in both
+    rng_changed: list[str] = field(default_factory=list)  # RNG-state leaves that differ
+
+
+_RNG_PART = re.compile(r"(?i)^(rng|rng_states?|random_states?|generator|rng_state(_\d+)?(\.pth)?)$")
+
+
+def is_rng_path(path: str) -> bool:
+    """Whether a state path lies under an RNG state (``ckvc.rng_state()`` saved as
+    "rng", Hugging Face's "rng_state.pth", a "generator"): noise, not training."""
+    return any(_RNG_PART.match(part) for part in re.split(r"[./]", path)) or "rng_state" in path
+
+
+def _matches(path: str, patterns: Sequence[str]) -> bool:
+    """``path`` is one of ``patterns``, lies under one ("model" covers "model.w"), or
+    matches one as a glob ("*.weight")."""
+    return any(path == p or path.startswith(p.rstrip(".") + ".") or fnmatch.fnmatchcase(path, p) for p in patterns)
+
+
+def diff(core: Repository, a: str, b: str, paths: Sequence[str] = (), *, data: bool = True) -> StateDiff:
+    """Tensors added, removed and changed from commit ``a`` to commit ``b`` (with
+    relative L2 change and max abs difference), changed non-tensor values and
+    metrics. ``paths``: only leaves equal to, under, or matching (glob) one of them.
+    ``data=False`` reads no tensor bytes (no rel_l2 / max_abs: ``--stat``)."""
+    from ckvc import state as state_mod
+    from ckvc.state import TensorInfo
+
+    ca, cb = core.read_commit(a), core.read_commit(b)
+    graph.check_not_pruned(core, ca.id)
+    graph.check_not_pruned(core, cb.id)
+    sa, sb = core.read_snapshot(ca), core.read_snapshot(cb)
+    la = state_mod.flatten(state_mod.parse_snapshot(sa, ca.id, allow_pickle=None).build())
+    lb = state_mod.flatten(state_mod.parse_snapshot(sb, cb.id, allow_pickle=None).build())
+    result = StateDiff(ca.id, cb.id)
+    if paths:
+        la = {p: v for p, v in la.items() if _matches(p, paths)}
+        lb = {p: v for p, v in lb.items() if _matches(p, paths)}
+    for name in sorted(set(ca.metrics) | set(cb.metrics)):
+        old, new = ca.metrics.get(name), cb.metrics.get(name)
+        if not _same_value(old, new):
+            result.metrics_changed.append((name, old, new))
+
+    def size(leaves: Mapping[str, Any], snapshot: Snapshot, path: str) -> int:
+        leaf = leaves[path]
+        return tensor_summary(path, leaf, snapshot).nbytes if isinstance(leaf, TensorInfo) else 0
+
+    # RNG states are counted apart, in rng_changed only
+    for path in lb:
+        if path not in la:
+            if is_rng_path(path):
+                result.rng_changed.append(path)
+            else:
+                result.added.append(path)
+                result.added_bytes += size(lb, sb, path)
+    for path in la:
+        if path not in lb:
+            if is_rng_path(path):
+                result.rng_changed.append(path)
+            else:
+                result.removed.append(path)
+                result.removed_bytes += size(la, sa, path)
+    for path in (p for p in la if p in lb):
+        va, vb = la[path], lb[path]
+        if isinstance(va, TensorInfo) and isinstance(vb, TensorInfo):
+            blob_a, blob_b = sa.blobs[va.blob], sb.blobs[vb.blob]
+            same_view = (va.shape, va.stride, va.offset, va.kind) == (vb.shape, vb.stride, vb.offset, vb.kind)
+            if same_view and (blob_a.dtype, blob_a.chunks) == (blob_b.dtype, blob_b.chunks):
+                result.unchanged += 1
+                continue
+            if is_rng_path(path):
+                result.rng_changed.append(path)
+                continue
+            result.changed_bytes += size(lb, sb, path)
+            if data:
+                result.changed.append(_tensor_change(core, path, ca, sa, va, cb, sb, vb))
+            else:
+                before, after = tensor_summary(path, va, sa), tensor_summary(path, vb, sb)
+                result.changed.append(TensorChange(path, before, after, None, None))
+        elif isinstance(va, TensorInfo) or isinstance(vb, TensorInfo) or not _same_value(va, vb):
+            if is_rng_path(path):
+                result.rng_changed.append(path)
+            else:
+                result.values_changed.append((path, _display_value(va), _display_value(vb)))
+    # largest relative change first; shape/dtype changes (no rel_l2) lead, as the biggest change of all
+    result.changed.sort(key=lambda c: -math.inf if c.rel_l2 is None else -c.rel_l2)
+    return result
+
+
+def load_tensor(core: Repository, commit: Commit, snapshot: Snapshot, info: TensorInfo) -> Any:
+    """One tensor of ``commit``, read and verified (its whole blob)."""
+    from ckvc import state as state_mod
+    from ckvc.read import read_blobs
+
+    (base,) = read_blobs(core, commit, [snapshot.blobs[info.blob]])
+    return state_mod.materialize(info, base)
+
+
+def _tensor_change(
+    core: Repository, path: str, ca: Commit, sa: Snapshot, va: TensorInfo, cb: Commit, sb: Snapshot, vb: TensorInfo
+) -> TensorChange:
+    import numpy as np
+    import torch
+
+    old, new = tensor_summary(path, va, sa), tensor_summary(path, vb, sb)
+    if old.shape != new.shape or old.dtype != new.dtype:
+        return TensorChange(path, old, new, None, None)
+    ta = load_tensor(core, ca, sa, va)
+    tb = load_tensor(core, cb, sb, vb)
+    if isinstance(ta, np.ndarray):
+        ta, tb = torch.from_numpy(np.asarray(ta)), torch.from_numpy(np.asarray(tb))
+    if not (
+        ta.dtype.is_floating_point
+        or ta.dtype.is_complex
+        or ta.dtype in (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8)
+    ):
+        return TensorChange(path, old, new, None, None)
+    xa, xb = (
+        ta.detach().to(torch.float64 if not ta.is_complex() else torch.complex128),
+        tb.detach().to(torch.float64 if not tb.is_complex() else torch.complex128),
+    )
+    delta = (xb - xa).abs()
+    norm_a = float(torch.linalg.vector_norm(xa)) if xa.numel() else 0.0
+    norm_d = float(torch.linalg.vector_norm(delta)) if delta.numel() else 0.0
+    rel = norm_d / norm_a if norm_a else (0.0 if norm_d == 0 else math.inf)
+    return TensorChange(path, old, new, rel, float(delta.max()) if delta.numel() else 0.0)
+
+
+def _same_value(a: Any, b: Any) -> bool:
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, float) and math.isnan(a) and math.isnan(b):
+        return True
+    try:
+        return bool(a == b)
+    except Exception:
+        return a is b
+
+
+def _display_value(v: Any) -> Any:
+    from ckvc.state import TensorInfo
+
+    if isinstance(v, TensorInfo):
+        return f"<tensor {list(v.shape)}>"
+    return v

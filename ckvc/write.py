@@ -1,0 +1,608 @@
+"""Writing a commit in two steps that may run in different processes:
+
+- :func:`write_blobs`: chunk, hash, skip what is stored, encode (deltas, lossy
+  modes: a :class:`~ckvc.codecs.policy.ChunkPolicy`), append to packs, seal. It
+  moves no ref; the blobs it returns are plain data (ids and sizes) another
+  process can pass on.
+- :func:`finish`: the snapshot and commit objects over every blob, then the
+  branch's compare-and-swap and its reflog entry, last (docs/FORMAT.md, write order).
+
+``Repo.commit`` is :func:`stage` (state -> tree and pending blobs), then these two
+over one pack writer; an error is mapped to its exact outcome by :func:`settle`.
+"""
+
+from __future__ import annotations
+
+import atexit
+import dataclasses
+import getpass
+import math
+import os
+import socket
+import sys
+import time
+import warnings
+import weakref
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import wait as futures_wait
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from ckvc.chunking import chunk_spans
+from ckvc.codecs import DELTA, QUANT, DeltaBase, layout_for
+from ckvc.codecs.lossy import MODES as LOSSY_MODES
+from ckvc.codecs.lossy import quantize
+from ckvc.codecs.policy import ChunkPolicy, DeltaBackoff, LossySpec
+from ckvc.config import CODECS_VERSION, FILES_VERSION
+from ckvc.core import ProgressCallback, Repository
+from ckvc.errors import (
+    CkvcError,
+    CorruptObjectError,
+    DurabilityWarning,
+    InterruptedOperationError,
+    InvalidInputError,
+    ObjectNotFoundError,
+    StorageError,
+    is_storage_exception,
+    storage_error,
+)
+from ckvc.ids import ObjectType, object_id
+from ckvc.objects import Blob, Commit, Snapshot, validate_metadata, validate_metrics
+from ckvc.storage.object_store import ObjectWriter
+
+if TYPE_CHECKING:
+    from ckvc.state import PendingBlob
+
+
+@dataclass
+class CommitStats:
+    """What one commit wrote: how much was new, and what it cost on disk."""
+
+    commit: str
+    logical_bytes: int = 0  # tensor bytes in the state
+    chunks: int = 0
+    new_chunks: int = 0
+    new_chunk_raw_bytes: int = 0
+    new_chunk_stored_bytes: int = 0
+    stored_bytes: int = 0  # everything appended to packs, metadata included
+    seconds: float = 0.0
+
+
+@dataclass
+class WriteReport:
+    """What :func:`write_blobs` measured: plain data, added up over calls
+    (:meth:`merge`). ``lossy``: per lossy tensor path, its mode and measured
+    errors, as the commit records them (``Commit.lossy``)."""
+
+    logical_bytes: int = 0
+    chunks: int = 0
+    new_chunks: int = 0
+    new_chunk_raw_bytes: int = 0
+    new_chunk_stored_bytes: int = 0
+    lossy: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    def merge(self, other: WriteReport) -> None:
+        for f in dataclasses.fields(self):
+            if f.name != "lossy":
+                setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
+        self.lossy.update(other.lossy)
+
+    def stats(self, commit: str, stored_bytes: int, seconds: float) -> CommitStats:
+        """The CommitStats of a commit made of these blobs; ``stored_bytes``: all it
+        appended, metadata included."""
+        return CommitStats(
+            commit, self.logical_bytes, self.chunks, self.new_chunks, self.new_chunk_raw_bytes,
+            self.new_chunk_stored_bytes, stored_bytes, seconds,
+        )  # fmt: skip
+
+
+def default_author() -> str:
+    name = os.environ.get("CKVC_AUTHOR")
+    if name:
+        return name
+    try:
+        user = getpass.getuser()
+    except Exception:
+        user = "unknown"
+    return f"{user}@{socket.gethostname()}"
+
+
+def check_utf8(what: str, *values: Any) -> None:
+    """Text must encode as UTF-8: a str holding lone surrogates (undecodable bytes
+    from a command line or file name) cannot be stored."""
+    for value in values:
+        if isinstance(value, str):
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError:
+                raise InvalidInputError(f"{what} is not valid UTF-8 text: {value!r}") from None
+
+
+@dataclass(frozen=True)
+class CommitRequest:
+    """Everything a commit records besides its blobs. ``tree``: the encoded value
+    tree (``stage``); ``merge``: further parents (full commit ids) after the
+    branch's commit; ``lossy``: ``WriteReport.lossy``; ``author`` (default
+    $CKVC_AUTHOR, else user@host) and ``time_ns`` (default now) make ids repeatable."""
+
+    tree: bytes = b""
+    message: str = ""
+    metrics: Mapping[str, float] = field(default_factory=dict)
+    metadata: Mapping[str, Any] = field(default_factory=dict)
+    pickled: bool = False
+    merge: tuple[str, ...] = ()
+    lossy: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    author: str | None = None
+    time_ns: int | None = None
+
+    @classmethod
+    def checked(
+        cls,
+        message: str = "",
+        metrics: Mapping[str, Any] | None = None,
+        metadata: Mapping[str, Any] | None = None,
+        *,
+        author: str | None = None,
+        time_ns: int | None = None,
+    ) -> CommitRequest:
+        """A request from user input, each field checked (InvalidInputError)."""
+        if not isinstance(message, str):
+            raise InvalidInputError("message must be a str")
+        check_utf8("message", message)
+        for key, value in (metadata or {}).items():
+            check_utf8("metadata", key, value)
+        try:
+            clean_metrics = validate_metrics(metrics)
+            clean_metadata = validate_metadata(metadata)
+        except ValueError as exc:
+            raise InvalidInputError(str(exc)) from None
+        if time_ns is not None and (isinstance(time_ns, bool) or not isinstance(time_ns, int) or time_ns < 0):
+            raise InvalidInputError(f"time_ns must be a non-negative int, got {time_ns!r}")
+        if author is not None:
+            check_utf8("author", author)
+        return cls(message=message, metrics=clean_metrics, metadata=clean_metadata, author=author, time_ns=time_ns)
+
+
+@dataclass
+class Staged:
+    """A state made ready to write: its tree and the bytes of its tensors."""
+
+    tree: bytes
+    pending: list[PendingBlob]
+    pickled: bool
+
+
+def stage(
+    core: Repository,
+    state: Any,
+    *,
+    allow_pickle: bool = False,
+    pin_memory: bool = False,
+    lossy: LossySpec = None,
+    metadata: Mapping[str, Any] | None = None,
+) -> Staged:
+    """Encode ``state`` (GPU tensors to pinned host memory with ``pin_memory``) and
+    raise the format version first if the commit needs a newer one."""
+    from ckvc import state as state_mod
+
+    tree, pending, pickled, has_files = state_mod.encode_state(state, allow_pickle=allow_pickle, pin_memory=pin_memory)
+    if has_files or any(not isinstance(v, str) for v in (metadata or {}).values()):
+        core.upgrade_format(FILES_VERSION)
+    elif lossy is not None:
+        core.upgrade_format(CODECS_VERSION)  # quantized records are a version-2 codec
+    return Staged(tree, pending, pickled)
+
+
+def owned(pending: Sequence[PendingBlob]) -> list[PendingBlob]:
+    """The blobs with private copies of their bytes, so the caller may change its
+    tensors at once; blobs already private (from a GPU, made contiguous) stay."""
+    from ckvc import state as state_mod
+
+    return [b if b.private else dataclasses.replace(b, **state_mod.private_copy(b.data), private=True) for b in pending]
+
+
+def chunk_policy(core: Repository, lossy: LossySpec = None, backoff: DeltaBackoff | None = None) -> ChunkPolicy:
+    """The repository's chunk policy as configured now."""
+    return ChunkPolicy(
+        chunk_size=core.config.chunk_size,
+        keyframe_interval=core.config.keyframe_interval,
+        uses_bases=core.codec.uses_bases,
+        lossy=lossy,
+        backoff=backoff if backoff is not None else DeltaBackoff(),
+    )
+
+
+@contextmanager
+def batch(core: Repository) -> Iterator[ObjectWriter]:
+    """A pack writer, under a pin that keeps gc from removing anything the batch
+    deduplicates against until the writer is done (and, in ``Repo.commit``, the
+    branch has moved: gc then sees the commit from the refs)."""
+    with core.store.pin(), core.store.writer(core.codec, core.config.max_pack_size) as writer:
+        yield writer
+
+
+# ---- write_blobs ----------------------------------------------------------------
+
+# What encoding one chunk produced: id, codec (-1: already stored), payload, the
+# base it uses, whether a delta base was offered at all, and for a quantized
+# chunk (max abs error, sum of squared errors, sum of squared values).
+_Encoded = tuple[bytes, int, Any, bytes | None, bool, tuple[float, float, float] | None]
+
+
+def delta_candidates(core: Repository, parent: str | None, policy: ChunkPolicy) -> dict[str, Blob]:
+    """The parent's blobs by tensor path: the default delta bases."""
+    if parent is None or not policy.uses_parent:
+        return {}
+    try:
+        snapshot = core.read_snapshot(core.read_commit(parent))
+    except (CorruptObjectError, ObjectNotFoundError):
+        return {}  # a damaged parent only costs the deltas; fsck reports it
+    by_path: dict[str, Blob] = {}
+    for blob in snapshot.blobs:
+        by_path.setdefault(blob.path, blob)
+    return by_path
+
+
+def delta_base(core: Repository, parent_chunk: bytes | None, policy: ChunkPolicy) -> DeltaBase | None:
+    """The keyframe a new chunk is stored against: the parent's chunk at the
+    same offset if that is stored whole, else the parent chunk's own base.
+    Every delta is then one link from a whole chunk, so a checkout decodes at
+    most two records per chunk (docs/DESIGN.md, "Delta bases"). None once the
+    keyframe is ``keyframe_interval`` commits old: the chunk becomes a keyframe."""
+    if parent_chunk is None:
+        return None
+    store = core.store
+    try:
+        keyframe, age = parent_chunk, 0
+        info = store.base_info(parent_chunk)
+        if not info.whole:
+            if info.base is None:
+                return None  # a lossy chunk without a keyframe: nothing exact to build on
+            keyframe, age = info.base, info.age
+        if policy.keyframe_due(age) or not store.base_info(keyframe).whole:
+            return None
+        return DeltaBase(keyframe, store.read(keyframe, ObjectType.CHUNK), 0, age)
+    except (CorruptObjectError, ObjectNotFoundError):
+        return None  # never build on a damaged base: store this chunk whole
+
+
+def _quantized(
+    core: Repository, view: memoryview, dtype: str, mode: str, parent_chunk: bytes | None, policy: ChunkPolicy
+) -> _Encoded | None:
+    """A quantized chunk, or None to store it exactly: a residual mode without
+    an exact keyframe to build on stores the chunk whole (it becomes one)."""
+    bits, residual = LOSSY_MODES[mode]
+    keyframe = delta_base(core, parent_chunk, policy) if residual else None
+    if residual and keyframe is None:
+        return None
+    result = quantize(view, dtype, bits, keyframe.plain if keyframe else None, keyframe.age + 1 if keyframe else 1)
+    if result is None:
+        return None  # non-finite values: kept exact
+    oid = object_id(ObjectType.CHUNK, result.plain.data)
+    error = (result.max_abs_error, result.sum_sq_error, result.sum_sq_value)
+    return oid, QUANT, result.payload, keyframe.oid if keyframe else None, False, error
+
+
+def write_blobs(
+    core: Repository,
+    pending: Sequence[PendingBlob],
+    *,
+    parent: str | None = None,
+    policy: ChunkPolicy | None = None,
+    writer: ObjectWriter | None = None,
+    report: WriteReport | None = None,
+    progress: ProgressCallback | None = None,
+) -> list[Blob]:
+    """Store ``pending``'s chunks; returns one Blob per pending blob, in order.
+    Chunks are hashed and encoded on the executor and appended in order on this
+    thread; a bounded window keeps memory at a few chunks. A chunk whose tensor
+    ``parent`` (a commit id) held with the same dtype and size may be stored as a
+    delta against the parent's chunk at the same offset. With ``writer`` the
+    records go into that batch and stay unsealed; without, this call seals and
+    indexes its own. ``report`` receives the counts and lossy errors."""
+    if writer is None:
+        with batch(core) as own:
+            blobs = write_blobs(
+                core, pending, parent=parent, policy=policy, writer=own, report=report, progress=progress
+            )
+            own.commit()
+        return blobs
+    policy = policy if policy is not None else chunk_policy(core)
+    report = report if report is not None else WriteReport()
+    parent_blobs = delta_candidates(core, parent, policy)
+
+    def work(view: memoryview, layout: Any, parent_chunk: bytes | None, dtype: str, mode: str | None) -> _Encoded:
+        if mode is not None:
+            quantized = _quantized(core, view, dtype, mode, parent_chunk, policy)
+            if quantized is not None:
+                return quantized if writer.wants(quantized[0]) else (quantized[0], -1, None, None, False, quantized[5])
+        oid = object_id(ObjectType.CHUNK, view)
+        if not writer.wants(oid):
+            return oid, -1, None, None, False, None
+        base = delta_base(core, parent_chunk, policy)
+        codec_id, payload = writer.encode(view, layout, base)
+        if base is None:
+            return oid, codec_id, payload, None, False, None
+        return oid, codec_id, payload, base.oid if codec_id == DELTA else None, True, None
+
+    total = sum(len(b.data) for b in pending)
+    done = 0
+    chunk_ids: list[list[bytes]] = [[] for _ in pending]
+    delta_tried = [False] * len(pending)
+    delta_won = [False] * len(pending)
+    modes = [policy.lossy_mode(b.path, b.dtype, len(b.data), b.itemsize) for b in pending]
+    errors: dict[int, tuple[float, float, float, int]] = {}
+
+    def append(blob_index: int, raw_size: int, encoded: _Encoded) -> None:
+        nonlocal done
+        oid, codec_id, payload, base_oid, offered, error = encoded
+        delta_tried[blob_index] |= offered
+        if error is not None:
+            max_abs, sq_err, sq_val, count = errors.get(blob_index, (0.0, 0.0, 0.0, 0))
+            errors[blob_index] = (max(max_abs, error[0]), sq_err + error[1], sq_val + error[2], count + raw_size)
+        chunk_ids[blob_index].append(oid)
+        delta_won[blob_index] |= codec_id == DELTA
+        report.chunks += 1
+        if payload is not None:
+            before = writer.bytes_written
+            if writer.add_encoded(ObjectType.CHUNK, oid, raw_size, codec_id, payload, base_oid):
+                report.new_chunks += 1
+                report.new_chunk_raw_bytes += raw_size
+                report.new_chunk_stored_bytes += writer.bytes_written - before
+        done += raw_size
+        if progress is not None:
+            progress(done, total)
+
+    # The window keeps every core busy while a pack is sealed (fsync); at 4 MiB
+    # chunks it bounds extra memory to a few tens of MiB.
+    with core.executor.window() as window:
+        for index, blob in enumerate(pending):
+            report.logical_bytes += len(blob.data)
+            chunk_size = policy.chunk_size_for(blob.itemsize)
+            layout = layout_for(blob.dtype)
+            mode = modes[index]
+            bases = policy.bases(blob.path, blob.dtype, len(blob.data), chunk_size, mode, parent_blobs.get(blob.path))
+            for i, (start, end) in enumerate(chunk_spans(len(blob.data), chunk_size)):
+                base_oid = policy.chunk_base(bases, i, end - start, mode)
+                then = lambda encoded, index=index, size=end - start: append(index, size, encoded)  # noqa: E731
+                window.submit(work, blob.data[start:end], layout, base_oid, blob.dtype, mode, then=then)
+    for index, blob in enumerate(pending):
+        if delta_tried[index]:
+            policy.backoff.record(blob.path, delta_won[index])
+    for index, (max_abs, sq_err, sq_val, nbytes) in sorted(errors.items()):
+        elements = nbytes // pending[index].itemsize
+        report.lossy[pending[index].path] = {
+            "codec": str(modes[index]),
+            "max_abs_error": max_abs,
+            "rms_error": math.sqrt(sq_err / elements) if elements else 0.0,
+            "rel_rms_error": math.sqrt(sq_err / sq_val) if sq_val else 0.0,
+        }
+    return [
+        Blob(b.path, b.dtype, len(b.data), policy.chunk_size_for(b.itemsize), tuple(ids))
+        for b, ids in zip(pending, chunk_ids, strict=True)
+    ]
+
+
+# ---- finish ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Head:
+    """Where a commit lands: the branch ref it moves (None: a detached HEAD) and
+    the commit that names now (its first parent, and what the swap expects)."""
+
+    target: str | None
+    parent: str | None
+
+    @property
+    def where(self) -> str:
+        return self.target or "HEAD"
+
+
+@dataclass
+class Outcome:
+    """What is known of a commit in progress, for :func:`settle`."""
+
+    head: Head | None = None
+    commit: str | None = None  # its id, once computed (it may or may not have landed)
+
+
+def read_head(core: Repository, outcome: Outcome | None = None) -> Head:
+    """Where a commit made now lands. Refuses to build on a branch that names a
+    missing object or a non-commit: the new commit's history would be broken."""
+    target, parent = core.refs.head()
+    head = Head(target, parent)
+    if outcome is not None:
+        outcome.head = head
+    if parent is not None:
+        try:
+            kind = core.store.stat(bytes.fromhex(parent)).kind
+        except ObjectNotFoundError:
+            raise ObjectNotFoundError(
+                f"{head.where} names commit {parent[:12]}, which is not in the repository: "
+                "nothing was committed; run `ckvc fsck`"
+            ) from None
+        if kind != ObjectType.COMMIT:
+            raise CorruptObjectError(
+                f"{head.where} names a {kind.name.lower()} object, not a commit: "
+                "nothing was committed; run `ckvc fsck`",
+                object_id=parent,
+            )
+    return head
+
+
+def finish(
+    core: Repository,
+    blobs: Sequence[Blob],
+    request: CommitRequest,
+    *,
+    head: Head | None = None,
+    writer: ObjectWriter | None = None,
+    outcome: Outcome | None = None,
+) -> str:
+    """Write the snapshot of ``blobs`` (in the tree's order) and the commit, make
+    them durable, then move the branch by compare-and-swap from ``head`` (default:
+    where HEAD is now) with its reflog entry. Returns the commit id. Without
+    ``writer`` this call uses (and seals) its own batch."""
+    if writer is None:
+        with batch(core) as own:
+            return finish(core, blobs, request, head=head or read_head(core, outcome), writer=own, outcome=outcome)
+    head = head or read_head(core, outcome)
+    snapshot_id = writer.put(ObjectType.SNAPSHOT, Snapshot(tuple(blobs), request.tree).encode())
+    parent = head.parent
+    commit = Commit(
+        tree=snapshot_id.hex(),
+        parents=tuple(dict.fromkeys(((parent,) if parent else ()) + tuple(request.merge))),
+        author=default_author() if request.author is None else request.author,
+        time_ns=time.time_ns() if request.time_ns is None else request.time_ns,
+        message=request.message,
+        metrics=dict(request.metrics),
+        metadata=dict(request.metadata),
+        pickled=request.pickled,
+        lossy={k: dict(v) for k, v in request.lossy.items()},
+    )
+    commit_id = writer.put(ObjectType.COMMIT, commit.encode()).hex()
+    if outcome is not None:
+        outcome.commit = commit_id
+    writer.commit()
+    reflog_message = f"commit: {request.message.splitlines()[0] if request.message else ''}".rstrip()
+    if head.target is not None:
+        core.refs.set_if_equals(head.target, parent, commit_id, reflog_message)
+    else:
+        assert parent is not None
+        core.refs.set_head_if_equals(parent, commit_id, reflog_message)
+    return commit_id
+
+
+def landed(core: Repository, head: Head | None, commit_id: str) -> bool:
+    """Whether the branch (or detached HEAD) names ``commit_id`` now."""
+    try:
+        target = head.target if head is not None else None
+        current = core.refs.read(target) if target is not None else core.refs.head()[1]
+    except (OSError, CkvcError):
+        return False
+    return current == commit_id
+
+
+def settle(core: Repository, outcome: Outcome, exc: BaseException) -> str:
+    """The exact outcome of a commit that ``exc`` interrupted (docs/GUIDE.md,
+    "Errors and exit codes"): raises a typed error saying the branch did not move,
+    or, once the commit has landed, warns that a later step failed and returns
+    its id (an interrupt then raises, saying the commit landed)."""
+    where = outcome.head.where if outcome.head is not None else "HEAD"
+    written = outcome.commit
+    if written is None or not landed(core, outcome.head, written):
+        unchanged = f"nothing was committed; {where} is unchanged"
+        if isinstance(exc, KeyboardInterrupt) and not isinstance(exc, CkvcError):
+            raise InterruptedOperationError(f"interrupted: {unchanged}") from None
+        if not isinstance(exc, CkvcError) and is_storage_exception(exc):
+            raise storage_error(exc, "writing the commit", unchanged) from exc
+        if isinstance(exc, StorageError):
+            raise exc.with_outcome(unchanged) from exc.__cause__
+        raise exc
+    if isinstance(exc, InterruptedOperationError):
+        raise exc
+    if isinstance(exc, KeyboardInterrupt):
+        raise InterruptedOperationError(
+            f"interrupted after commit {written[:12]} landed on {where}", landed=True, result=written
+        ) from None
+    if not isinstance(exc, Exception):
+        raise exc
+    warnings.warn(
+        DurabilityWarning(f"commit {written[:12]} landed on {where}, but a later step failed: {exc}"), stacklevel=4
+    )
+    return written
+
+
+# ---- background commits ---------------------------------------------------------
+
+
+class PendingCommit:
+    """A commit being written in the background (``Repo.commit(..., blocking=False)``)."""
+
+    def __init__(self, future: Future[str]) -> None:
+        self._future = future
+
+    def done(self) -> bool:
+        return self._future.done()
+
+    def result(self, timeout: float | None = None) -> str:
+        """The commit id once it is durable and the branch has moved; raises its error."""
+        self._future.ckvc_reported = True  # type: ignore[attr-defined]
+        return self._future.result(timeout)
+
+
+class BackgroundCommits:
+    """One repository's commits written in the background: on one thread, so they
+    land in order, each moving the branch from the last. ``label`` names the
+    repository in the message at exit."""
+
+    def __init__(self, label: str) -> None:
+        self.label = label
+        self._thread: ThreadPoolExecutor | None = None
+        self.pending: list[Future[str]] = []
+
+    def submit(self, fn: Callable[..., str], *args: Any) -> PendingCommit:
+        if self._thread is None:
+            self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ckvc-commit")
+            _WITH_BACKGROUND.add(self)
+        future = self._thread.submit(fn, *args)
+        self.pending.append(future)
+        return PendingCommit(future)
+
+    def wait(self) -> None:
+        """Wait for every pending commit; raise the first error not yet seen."""
+        futures_wait(self.pending)
+        self.raise_unseen()
+
+    def raise_unseen(self) -> None:
+        """Drop finished commits; raise the first failure nobody has seen."""
+        still, error = [], None
+        for future in self.pending:
+            if not future.done():
+                still.append(future)
+            elif future.exception() is not None and not getattr(future, "ckvc_reported", False):
+                future.ckvc_reported = True  # type: ignore[attr-defined]
+                error = error or future.exception()
+        self.pending = still
+        if error is not None:
+            raise error
+
+    def close(self) -> None:
+        """Finish pending commits (raising the first unseen error), then stop the thread."""
+        try:
+            self.wait()
+        finally:
+            if self._thread is not None:
+                self._thread.shutdown(wait=True)
+                self._thread = None
+            _WITH_BACKGROUND.discard(self)
+
+
+# Repositories with background commits: finished (or their failure reported) at
+# exit, never silently dropped.
+_WITH_BACKGROUND: weakref.WeakSet[BackgroundCommits] = weakref.WeakSet()
+
+
+@atexit.register
+def _finish_background_commits() -> None:
+    """Wait for background commits; if one failed and nobody saw its error, say so
+    and end the process with a non-zero status (the error's exit code), so a
+    script whose last checkpoint was lost does not exit 0."""
+    failed: BaseException | None = None
+    for commits in list(_WITH_BACKGROUND):
+        for future in commits.pending:
+            try:
+                future.result()
+            except BaseException as exc:
+                if getattr(future, "ckvc_reported", False):
+                    continue  # its caller already got this error
+                print(f"ckvc: a background commit in {commits.label} failed: {exc}", file=sys.stderr)
+                failed = failed or exc
+    if failed is not None:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        # SystemExit raised in an atexit handler does not change the status; this does.
+        os._exit(failed.exit_code if isinstance(failed, CkvcError) else 1)
