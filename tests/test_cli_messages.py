@@ -208,13 +208,13 @@ def test_checkout_output_with_a_damaged_head_writes_nothing(work: Path, head_byt
     """The move is refused before the export: no file appears next to a refusal
     (the torture suite's long run found out.pt written, then exit 9)."""
     (work / ".ckvc" / "HEAD").write_bytes(head_bytes)
-    r = CliRunner().invoke(cli, ["-C", str(work), "checkout", "v1", "-o", str(work / "out.pt")])
+    r = run(work, "checkout", "v1", "-o", str(work / "out.pt"))
     assert r.exit_code == exit_code, r.output
     assert not (work / "out.pt").exists()
 
 
 def test_checkout_output_onto_an_existing_branch_writes_nothing(work: Path) -> None:
-    r = CliRunner().invoke(cli, ["-C", str(work), "checkout", "v1", "-b", "exp", "-o", str(work / "out.pt")])
+    r = run(work, "checkout", "v1", "-b", "exp", "-o", str(work / "out.pt"))
     assert r.exit_code == 10 and "branch 'exp' already exists" in r.output, r.output
     assert not (work / "out.pt").exists()
     assert head(work)[0] == "main"
