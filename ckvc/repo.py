@@ -30,11 +30,10 @@ if TYPE_CHECKING:
     from ckvc.executor import Executor
     from ckvc.fsck import FsckReport
     from ckvc.gc import GcReport
-    from ckvc.inspect import DiskUsage
     from ckvc.integrations.torch_nn import IncompatibleKeys
     from ckvc.pruned import PruneLog
     from ckvc.refs import RefStore
-    from ckvc.retention import RetentionPlan, RetentionPolicy
+    from ckvc.retention import RetentionPolicy
     from ckvc.state import MapLocation, PendingBlob
     from ckvc.storage.object_store import ObjectStore
     from ckvc.view import CommitView

@@ -460,6 +460,9 @@ class MemoryIndex:
     def get(self, oid: bytes) -> IndexEntry | None:
         return self._objects.get(oid)
 
+    def get_many(self, oids: Iterable[bytes]) -> list[IndexEntry | None]:
+        return [self._objects.get(oid) for oid in oids]
+
     def has(self, oid: bytes) -> bool:
         return oid in self._objects
 
