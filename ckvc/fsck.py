@@ -12,7 +12,7 @@ from ckvc import graph
 from ckvc import state as state_mod
 from ckvc.chunking import chunk_spans
 from ckvc.core import ProgressCallback, Repository
-from ckvc.errors import CkvcError, CorruptObjectError, InvalidInputError, ObjectNotFoundError
+from ckvc.errors import CkvcError, CorruptObjectError, InvalidInputError, ObjectNotFoundError, UnsafeContentError
 from ckvc.ids import ObjectType
 from ckvc.storage.object_store import StoredObject
 from ckvc.storage.packs import TMP_SUFFIX
@@ -204,9 +204,13 @@ def run_fsck(
             add(BAD_CHECKSUM, commit.tree, str(exc))
             continue
         try:
-            state_mod.parse_snapshot(snapshot, oid, allow_pickle=None)  # never unpickles
+            # Never unpickles. A commit that does not declare pickles must hold none:
+            # load refuses such a tree (UnsafeContentError), so fsck calls it damage.
+            state_mod.parse_snapshot(snapshot, oid, allow_pickle=None if commit.pickled else False)
         except CorruptObjectError as exc:
             add(BAD_STATE, oid, str(exc))
+        except UnsafeContentError:
+            add(BAD_STATE, oid, f"commit {oid} holds pickled values but does not declare them")
         for blob in snapshot.blobs:
             for chunk, (start, end) in zip(blob.chunks, chunk_spans(blob.nbytes, blob.chunk_size), strict=True):
                 entry = store.index.get(chunk)

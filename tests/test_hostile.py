@@ -32,6 +32,7 @@ from ckvc.errors import (
     DamagedIndexError,
     InsufficientMemoryError,
     ReadOnlyRepositoryError,
+    UnsafeContentError,
     UnsupportedTypeError,
 )
 from ckvc.fsck import BAD_PACK, BAD_STATE
@@ -260,6 +261,24 @@ def test_fsck_reports_each_crafted_commit_that_load_refuses(
                 (problem,) = [p for p in errors if p.object_id == ids[case.name]]
                 assert ids[case.name] in problem.detail
                 assert case.path is None or repr(case.path) in problem.detail, problem.detail
+    finally:
+        repo.close()
+
+
+def test_fsck_reports_pickles_a_commit_does_not_declare(tmp_path: Path) -> None:
+    """A tree holding a pickle in a commit that does not say so: load refuses it
+    (never unpickled), and fsck calls the commit damaged, as it does whatever load
+    refuses (torture: crafted/tree pickle-ext)."""
+    repo = ckvc.Repo.init(tmp_path)
+    try:
+        tree = packb({"w": msgpack.ExtType(state_mod.EXT_PICKLE, b"cos\nsystem\n(S'true'\ntR.")})
+        cid = craft_commit(repo, "undeclared", tree, [])
+        with pytest.raises(UnsafeContentError):
+            repo.load("undeclared")
+        for level in ("metadata", "full"):
+            (problem,) = repo.fsck(level=level).problems
+            assert (problem.kind, problem.object_id, problem.severity) == (BAD_STATE, cid, "error")
+            assert problem.detail == f"commit {cid} holds pickled values but does not declare them"
     finally:
         repo.close()
 
