@@ -70,9 +70,10 @@ TEMP_SUFFIX = ".tmp"  # reserved: a sink's temporary; no key may end with it
 def check_key(key: str) -> str:
     """``key`` unchanged if it is a valid key: relative, '/'-separated, no empty,
     '.' or '..' component, no NUL, not a temporary's name. InvalidInputError
-    otherwise (a key built from hostile data must not escape the backend)."""
-    parts = key.split("/")
-    if not key or "\0" in key or any(p in ("", ".", "..") for p in parts) or key.endswith(TEMP_SUFFIX):
+    otherwise (a key built from hostile data must not escape the backend).
+    On every read: string tests only, no per-component loop."""
+    wrapped = f"/{key}/"
+    if not key or "//" in wrapped or "/./" in wrapped or "/../" in wrapped or "\0" in key or key.endswith(TEMP_SUFFIX):
         raise InvalidInputError(f"invalid storage key {key!r:.120}")
     return key
 

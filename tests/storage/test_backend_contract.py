@@ -202,7 +202,19 @@ def test_delete_is_idempotent(backend: Backend) -> None:
 
 
 def test_keys_that_escape_are_refused(backend: Backend) -> None:
-    for bad in ["", "/etc/passwd", "../x", "refs/../../x", "a//b", "a/./b", "x\0y", "packs/p.pack.tmp"]:
+    for bad in [
+        "",
+        "/etc/passwd",
+        "../x",
+        "refs/../../x",
+        "a//b",
+        "a/./b",
+        "x\0y",
+        "packs/p.pack.tmp",
+        ".",
+        "a/",
+        "a/..",
+    ]:
         with pytest.raises(InvalidInputError):
             backend.put(bad, b"x")
         with pytest.raises(InvalidInputError):
