@@ -322,7 +322,8 @@ class RefStore:
         """The moment the update takes effect. Under the lock: a replace (the
         temporaries of killed writers go first; any left is one's, as every writer
         holds the lock). Without it: compare_and_swap against ``version``, whose
-        loss is a RefConflictError with ``conflict()``'s message."""
+        loss is a RefConflictError with ``conflict()``'s message; a swap that
+        failed otherwise but left the key holding ``data`` has landed."""
         if self.locked:
             self.backend.remove_stale_puts(name)
             self.backend.replace(name, data)
@@ -331,6 +332,16 @@ class RefStore:
             self.backend.compare_and_swap(name, version, data)
         except RefConflictError:
             raise RefConflictError(conflict()) from None
+        except Exception:
+            # A remote swap whose answer was lost may have happened: the key says.
+            if not self._holds(name, data):
+                raise
+
+    def _holds(self, name: str, data: bytes) -> bool:
+        try:
+            return self.backend.get(name) == data
+        except Exception:
+            return False
 
     def _found(self, name: str) -> str:
         try:
