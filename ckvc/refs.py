@@ -55,6 +55,7 @@ from ckvc.ids import is_full_hex_id
 from ckvc.journal import Journal
 from ckvc.storage.backend import Backend, Version
 from ckvc.storage.files import looks_torn
+from ckvc.storage.local import backend_at
 
 HEAD = "HEAD"
 BRANCH_PREFIX = "refs/heads/"
@@ -165,11 +166,7 @@ class RefStore:
     local directory, as before)."""
 
     def __init__(self, backend: Backend | str | os.PathLike[str]) -> None:
-        if not isinstance(backend, Backend):
-            from ckvc.storage.local import LocalBackend
-
-            backend = LocalBackend(Path(backend))
-        self.backend = backend
+        self.backend = backend = backend_at(backend)
         # With OS locks an update is read-compare-write under refs.lock; without
         # them compare_and_swap on the ref's key is the whole protocol, and a
         # deleted ref is an empty tombstone so that deleting is conditional too.
