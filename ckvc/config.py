@@ -14,6 +14,7 @@ from ckvc.chunking import DEFAULT_CHUNK_SIZE, validate_chunk_size
 from ckvc.codecs import MAX_AGE, make_codec
 from ckvc.errors import CkvcError, InvalidConfigError, StorageError, UnsupportedFormatError, storage_errors
 from ckvc.storage.backend import Backend
+from ckvc.storage.local import backend_at
 from ckvc.storage.object_store import DEFAULT_MAX_PACK_SIZE
 
 FORMAT_VERSION = 3
@@ -85,14 +86,14 @@ class RepoConfig:
 
     def save(self, target: Backend | str | os.PathLike[str]) -> None:
         """Write the config atomically to a Backend or a ``.ckvc`` directory."""
-        backend = _backend(target)
+        backend = backend_at(target)
         with storage_errors("writing the config", "the config is unchanged"):
             backend.put(CONFIG_NAME, (json.dumps(asdict(self), indent=2, sort_keys=True) + "\n").encode())
 
     @classmethod
     def load(cls, source: Backend | str | os.PathLike[str]) -> RepoConfig:
         """Read and check the config of a Backend or a ``.ckvc`` directory."""
-        backend = _backend(source)
+        backend = backend_at(source)
         where = Path(source) / CONFIG_NAME if not isinstance(source, Backend) else CONFIG_NAME
         try:
             data = backend.get(CONFIG_NAME)
@@ -113,14 +114,6 @@ class RepoConfig:
             return cls(**{k: v for k, v in raw.items() if k in known}).validate()
         except (TypeError, ValueError) as exc:
             raise InvalidConfigError(f"bad config {where}: {exc}") from None
-
-
-def _backend(where: Backend | str | os.PathLike[str]) -> Backend:
-    if isinstance(where, Backend):
-        return where
-    from ckvc.storage.local import LocalBackend
-
-    return LocalBackend(Path(where))
 
 
 _NUMBER = (int, float)

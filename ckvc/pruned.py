@@ -28,6 +28,7 @@ from ckvc.ids import is_full_hex_id
 from ckvc.journal import Journal
 from ckvc.storage.backend import Backend
 from ckvc.storage.files import looks_torn
+from ckvc.storage.local import backend_at
 
 PRUNE_LOG = "pruned.jsonl"
 PRUNE_ENTRIES = "pruned"  # the log's name where each add is its own key
@@ -43,11 +44,7 @@ class PruneRecord:
 
 class PruneLog:
     def __init__(self, backend: Backend | str | os.PathLike[str]) -> None:
-        if not isinstance(backend, Backend):  # a .ckvc path: the local directory, as before
-            from ckvc.storage.local import LocalBackend
-
-            backend = LocalBackend(Path(backend))
-        self.backend = backend
+        self.backend = backend = backend_at(backend)  # a .ckvc path: the local directory, as before
         self.journal = Journal(backend)
         self.name = PRUNE_LOG if self.journal.appended else PRUNE_ENTRIES
 

@@ -55,6 +55,7 @@ from ckvc.ids import is_full_hex_id
 from ckvc.journal import Journal
 from ckvc.storage.backend import Backend, Version
 from ckvc.storage.files import looks_torn
+from ckvc.storage.local import backend_at
 
 HEAD = "HEAD"
 BRANCH_PREFIX = "refs/heads/"
@@ -165,11 +166,7 @@ class RefStore:
     local directory, as before)."""
 
     def __init__(self, backend: Backend | str | os.PathLike[str]) -> None:
-        if not isinstance(backend, Backend):
-            from ckvc.storage.local import LocalBackend
-
-            backend = LocalBackend(Path(backend))
-        self.backend = backend
+        self.backend = backend = backend_at(backend)
         # With OS locks an update is read-compare-write under refs.lock; without
         # them compare_and_swap on the ref's key is the whole protocol, and a
         # deleted ref is an empty tombstone so that deleting is conditional too.
@@ -322,7 +319,8 @@ class RefStore:
         """The moment the update takes effect. Under the lock: a replace (the
         temporaries of killed writers go first; any left is one's, as every writer
         holds the lock). Without it: compare_and_swap against ``version``, whose
-        loss is a RefConflictError with ``conflict()``'s message."""
+        loss is a RefConflictError with ``conflict()``'s message; a swap that
+        failed otherwise but left the key holding ``data`` has landed."""
         if self.locked:
             self.backend.remove_stale_puts(name)
             self.backend.replace(name, data)
@@ -331,6 +329,16 @@ class RefStore:
             self.backend.compare_and_swap(name, version, data)
         except RefConflictError:
             raise RefConflictError(conflict()) from None
+        except Exception:
+            # A remote swap whose answer was lost may have happened: the key says.
+            if not self._holds(name, data):
+                raise
+
+    def _holds(self, name: str, data: bytes) -> bool:
+        try:
+            return self.backend.get(name) == data
+        except Exception:
+            return False
 
     def _found(self, name: str) -> str:
         try:

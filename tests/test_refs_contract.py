@@ -18,10 +18,11 @@ from pathlib import Path
 
 import pytest
 
-from ckvc.errors import DamageWarning, InvalidRefNameError, RefConflictError, RefNotFoundError
+from ckvc.errors import DamageWarning, InvalidRefNameError, RefConflictError, RefNotFoundError, StorageError
+from ckvc.ids import Buffer
 from ckvc.pruned import PruneLog, PruneRecord
 from ckvc.refs import HEAD, REPAIR_MARKER, RefStore
-from ckvc.storage.backend import Backend, Version
+from ckvc.storage.backend import Backend, BackendError, Version
 from ckvc.storage.local import LocalBackend
 from ckvc.storage.memory import MemoryBackend
 
@@ -286,6 +287,34 @@ def test_a_swap_lost_between_read_and_write_never_overwrites(backend: Backend, r
     backend.get_versioned = real  # type: ignore[method-assign]
     assert refs.read(MAIN) == B
     assert moves(refs, MAIN) == [(None, B, "created by the other")]
+
+
+@pytest.mark.parametrize("lands", [False, True])
+def test_a_swap_whose_answer_is_lost_has_the_outcome_the_key_shows(lands: bool) -> None:
+    """A remote compare-and-swap that times out may or may not have happened:
+    the ref store reads the key back and reports what is there, never the error
+    of an update that took effect."""
+    backend = MemoryBackend(object_store_semantics=True)
+    refs = RefStore(backend)
+    refs.init_head(MAIN)
+    refs.set_if_equals(MAIN, None, A, "base")
+    real = backend.compare_and_swap
+
+    def timeout(key: str, expected: Version | None, data: Buffer) -> Version:
+        if lands:
+            real(key, expected, data)
+        raise BackendError(f"{key}: timed out", key=key, transient=True)
+
+    backend.compare_and_swap = timeout  # type: ignore[method-assign]
+    if lands:
+        refs.set_if_equals(MAIN, A, B, "landed")
+        assert refs.read(MAIN) == B
+        assert moves(refs, MAIN)[0] == (A, B, "landed")
+    else:
+        with pytest.raises(StorageError, match=rf"^{MAIN}: timed out: {MAIN} is unchanged$"):
+            refs.set_if_equals(MAIN, A, B, "lost")
+        assert refs.read(MAIN) == A
+        assert [m[2] for m in moves(refs, MAIN)] == ["base"]
 
 
 def _race_process(root: str, rounds: int, mine: str, start: object, out: object) -> None:

@@ -33,10 +33,18 @@ class BackendError(StorageError):
     """A backend operation failed on ``key``. ``transient``: worth retrying
     (timeouts, throttling, connection resets); permanent otherwise."""
 
-    def __init__(self, message: str, *, key: str | None = None, transient: bool = False) -> None:
-        super().__init__(message)
+    def __init__(
+        self, message: str, *, key: str | None = None, transient: bool = False, failure: str | None = None
+    ) -> None:
+        # The message is the failure, so that the operation around it
+        # (storage_errors) can add what it left done.
+        super().__init__(message, path=key, failure=message if failure is None else failure)
         self.key = key
         self.transient = transient
+
+    def with_outcome(self, outcome: str) -> BackendError:
+        failure = self.failure or str(self)
+        return BackendError(f"{failure}: {outcome}", key=self.key, transient=self.transient, failure=failure)
 
 
 @dataclass(frozen=True)

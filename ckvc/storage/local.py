@@ -457,3 +457,9 @@ class LocalBackend(Backend):
 
     def close(self) -> None:
         self.files.close()
+
+
+def backend_at(where: Backend | str | os.PathLike[str]) -> Backend:
+    """``where`` itself, or the LocalBackend of the directory it names: the call
+    forms that took a ``.ckvc`` path (RefStore, PruneLog, RepoConfig) keep working."""
+    return where if isinstance(where, Backend) else LocalBackend(Path(where))
