@@ -34,6 +34,10 @@ class RepositoryLockedError(CkvcError):
 class ObjectNotFoundError(CkvcError, KeyError):
     exit_code = 6
 
+    def __init__(self, *args: object, object_id: str | None = None) -> None:
+        super().__init__(*args)
+        self.object_id = object_id  # the missing object, where known (callers add commit/tensor context)
+
     def __str__(self) -> str:  # KeyError would quote the message
         return str(self.args[0]) if self.args else ""
 

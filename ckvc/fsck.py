@@ -15,7 +15,7 @@ from ckvc.core import ProgressCallback, Repository
 from ckvc.errors import CkvcError, CorruptObjectError, InvalidInputError, ObjectNotFoundError
 from ckvc.ids import ObjectType
 from ckvc.storage.object_store import StoredObject
-from ckvc.storage.packs import TMP_SUFFIX, list_packs, pack_entries
+from ckvc.storage.packs import TMP_SUFFIX
 
 # Problem kinds. "error" severity makes fsck fail; "warning" does not.
 MISSING_OBJECT = "missing-object"
@@ -103,18 +103,17 @@ def run_fsck(
 
     # 1. Packs: readable header and table of contents; every pack indexed.
     indexed = store.index.indexed_packs()
-    for name in list_packs(store.pack_dir):
+    for name in store.packs():
         report.packs_checked += 1
         try:
-            with store.reader.opened(name) as fd:
-                _, from_toc = pack_entries(fd, name)
+            _, from_toc = store.pack_entries(name)
             if not from_toc:
                 add(BAD_PACK, None, f"pack {name}: table of contents damaged (records recovered by scanning)")
         except CkvcError as exc:
             add(BAD_PACK, None, f"pack {name}: {exc}")
         if name not in indexed:
             add(UNINDEXED_PACK, None, f"pack {name} is not in the index", "warning")
-    for tmp in sorted(p.name for p in store.pack_dir.iterdir() if p.name.endswith(TMP_SUFFIX)):
+    for tmp in sorted(t.key.rpartition("/")[2] for t in store.temporaries() if t.key.endswith(TMP_SUFFIX)):
         add(UNFINISHED_PACK, None, f"{tmp}: being written, or left by a writer that died", "warning")
 
     # 2. Stored objects: read, decode, re-hash (all, or a random sample).

@@ -7,8 +7,11 @@ Plan and execute are separate. Execution has three steps:
 2. (exclusive gc lock: waits for in-flight writers, which hold it shared, and
    blocks new ones) re-mark from the refs as they are now, so anything a commit
    made or deduplicated against meanwhile stays; swap the index in one LMDB
-   transaction; rename the removed packs to ``*.trash``;
-3. (no lock) unlink the trash.
+   transaction; retire the removed packs: rename them to ``*.trash`` where the
+   backend renames, else write one record naming them (object stores);
+3. (no lock) delete the trash, or the packs the records name and then the records.
+
+Every file operation goes through the store's Backend.
 
 A crash anywhere leaves every reachable object readable: before the index
 transaction the old packs are untouched; after it the new copies are indexed
@@ -24,15 +27,16 @@ dropped those packs and the next gc removes what is left.
 from __future__ import annotations
 
 import itertools
-import os
 import time
+import uuid
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ckvc import graph
 from ckvc.errors import CkvcError, CorruptObjectError, ObjectNotFoundError, after_landing, storage_errors
-from ckvc.storage.files import fsync_dir
-from ckvc.storage.packs import TMP_SUFFIX, PackWriter, RecordInfo, list_packs, pack_entries, parse_record
+from ckvc.storage.backend import Backend
+from ckvc.storage.object_store import RETIRED_PREFIX, RETIRED_SUFFIX, ObjectStore
+from ckvc.storage.packs import PACK_DIR, TMP_SUFFIX, PackWriter, RecordInfo, pack_key, parse_record
 
 if TYPE_CHECKING:
     from ckvc.core import Repository
@@ -58,7 +62,8 @@ class GcPlan:
     live_objects: int = 0
     live_bytes: int = 0
     packs: list[PackPlan] = field(default_factory=list)
-    leftovers: list[str] = field(default_factory=list)  # *.trash and stale *.pack.tmp files
+    # *.trash, stale *.pack.tmp and (object stores) retirement records an earlier gc left
+    leftovers: list[str] = field(default_factory=list)
     leftover_bytes: int = 0
     live: set[bytes] = field(default_factory=set, repr=False)
     visited: set[str] = field(default_factory=set, repr=False)
@@ -194,12 +199,12 @@ def plan_gc(repo: Repository, *, grace_s: float, repack_threshold: float, reflog
     mark(repo, plan.live, plan.visited, reflog_expiry_s=reflog_expiry_s)
     plan.live_objects = len(plan.live)
     now = time.time()
-    for name in list_packs(store.pack_dir):
-        path = store.pack_dir / name
+    for name in store.packs():
         try:
-            stat = path.stat()
-            with store.reader.opened(name) as fd:
-                entries, _ = pack_entries(fd, name)
+            info = store.pack_info(name)
+            if info is None:
+                raise ObjectNotFoundError(f"pack {name} is missing")
+            entries, _ = store.pack_entries(name)
         except (CkvcError, OSError):
             plan.packs.append(PackPlan(name, 0, 0, "unreadable", [], []))
             continue
@@ -207,7 +212,7 @@ def plan_gc(repo: Repository, *, grace_s: float, repack_threshold: float, reflog
         live_bytes = sum(e.record_size for e in live)
         record_bytes = sum(e.record_size for e in entries)  # the live share ignores header, TOC and footer
         plan.live_bytes += live_bytes
-        if now - stat.st_mtime < grace_s:
+        if now - info.mtime < grace_s:
             action = "young"
         elif not live:
             action = "delete"
@@ -215,18 +220,61 @@ def plan_gc(repo: Repository, *, grace_s: float, repack_threshold: float, reflog
             action = "repack"
         else:
             action = "keep"
-        plan.packs.append(PackPlan(name, stat.st_size, live_bytes, action, entries, live))
-    for p in store.pack_dir.iterdir():
-        if not p.name.endswith((TMP_SUFFIX, TRASH_SUFFIX)):
-            continue
-        try:
-            stat = p.stat()
-        except FileNotFoundError:
-            continue  # a writer sealed (renamed) its pack meanwhile
-        if p.name.endswith(TRASH_SUFFIX) or now - stat.st_mtime >= grace_s:
-            plan.leftovers.append(p.name)
-            plan.leftover_bytes += stat.st_size
+        plan.packs.append(PackPlan(name, info.size, live_bytes, action, entries, live))
+    for tmp in store.temporaries():
+        if now - tmp.mtime >= grace_s:
+            plan.leftovers.append(tmp.key.rpartition("/")[2])
+            plan.leftover_bytes += tmp.size
+    for key, size in _retired_leftovers(store):
+        plan.leftovers.append(key.rpartition("/")[2])
+        plan.leftover_bytes += size
     return plan
+
+
+def _retired_leftovers(store: ObjectStore) -> list[tuple[str, int]]:
+    """(key, bytes it still holds) of what earlier gc runs retired and did not
+    finish deleting: trash files, or retirement records with the packs they name."""
+    backend = store.backend
+    if backend.capabilities.atomic_rename:
+        found = []
+        for key in backend.list(f"{PACK_DIR}/", recursive=False):
+            info = backend.stat(key) if key.endswith(TRASH_SUFFIX) else None
+            if info is not None:
+                found.append((key, info.size))
+        return found
+    named = store.retired_packs()
+    held = sum(info.size for info in (store.pack_info(n) for n in named) if info is not None)
+    records = store.retirement_records()
+    return [(key, held if i == 0 else 0) for i, key in enumerate(records)]
+
+
+def _retire(store: ObjectStore, names: list[str]) -> None:
+    """Take removed packs out of the listing at once, for deletion after the
+    critical section: a rename to trash, or on a backend that cannot rename, one
+    record naming them (pack enumeration skips what a record names)."""
+    backend = store.backend
+    if backend.capabilities.atomic_rename:
+        for name in names:
+            backend.rename(pack_key(name), pack_key(name + TRASH_SUFFIX))
+    elif names:
+        backend.put(pack_key(f"{RETIRED_PREFIX}{uuid.uuid4().hex}{RETIRED_SUFFIX}"), "\n".join(names).encode())
+
+
+def _purge(store: ObjectStore) -> None:
+    """Delete what retirement left: the trash, or the packs each record names and then the record."""
+    backend = store.backend
+    if backend.capabilities.atomic_rename:
+        for key in list(backend.list(f"{PACK_DIR}/", recursive=False)):
+            if key.endswith(TRASH_SUFFIX):
+                _unlink(backend, key)
+    else:
+        for record in store.retirement_records():
+            data = backend.get(record) or b""
+            for name in data.decode(errors="replace").split("\n"):
+                if name:
+                    _unlink(backend, pack_key(name))
+            _unlink(backend, record)
+    backend.sync(f"{PACK_DIR}/")
 
 
 def _copy_live(repo: Repository, plan: GcPlan) -> tuple[list[tuple[str, list[RecordInfo]]], set[bytes], set[str]]:
@@ -249,7 +297,7 @@ def _copy_live(repo: Repository, plan: GcPlan) -> tuple[list[tuple[str, list[Rec
                     failed.add(pack.name)  # never drop the only copy of a damaged object
                     continue
                 if writer is None:
-                    writer = PackWriter(store.pack_dir)
+                    writer = PackWriter(store.backend)
                 writer.append(record.oid, record.kind, record.codec, record.raw_size, record.payload, record.base)
                 copied.add(e.oid)
                 if writer.size >= repo.config.max_pack_size:
@@ -300,27 +348,22 @@ def execute_gc(repo: Repository, plan: GcPlan, *, reflog_expiry_s: float) -> GcR
                 report.packs_repacked += 1
         done = f"gc removed {len(removed)} packs from the index; the next gc deletes any file left behind"
         with after_landing(done):
-            for pack in removed:
-                os.rename(store.pack_dir / pack.name, store.pack_dir / (pack.name + TRASH_SUFFIX))
+            _retire(store, [pack.name for pack in removed])
             # No writer is in flight now, so temporary packs past the grace period are orphans.
             for name in plan.leftovers:
                 if name.endswith(TMP_SUFFIX):
-                    _unlink(store.pack_dir / name)
-            fsync_dir(store.pack_dir)
+                    store.backend.delete_temporary(pack_key(name))
+            store.backend.sync(f"{PACK_DIR}/")
         report.critical_section_s = time.perf_counter() - entered
     with after_landing(done):
-        report.bytes_freed -= sum(os.path.getsize(store.pack_dir / name) for name, _ in new_packs)
+        for name, _ in new_packs:
+            info = store.pack_info(name)
+            report.bytes_freed -= info.size if info is not None else 0
         report.bytes_freed += plan.leftover_bytes
-        for p in list(store.pack_dir.iterdir()):
-            if p.name.endswith(TRASH_SUFFIX):
-                _unlink(p)
-        fsync_dir(store.pack_dir)
+        _purge(store)
     report.seconds = time.perf_counter() - started
     return report
 
 
-def _unlink(path: os.PathLike[str]) -> None:
-    try:
-        os.unlink(path)
-    except FileNotFoundError:
-        pass
+def _unlink(backend: Backend, key: str) -> None:
+    backend.delete(key)

@@ -17,7 +17,6 @@ from ckvc import graph
 from ckvc.codecs import CODEC_NAMES
 from ckvc.core import Repository
 from ckvc.objects import Commit, Snapshot
-from ckvc.storage.packs import list_packs
 
 if TYPE_CHECKING:
     from ckvc.state import TensorInfo
@@ -138,9 +137,10 @@ def disk_usage(repo: Repository) -> DiskUsage:
         usage.per_commit.append(CommitUsage(cid, message, logical, unique))
     usage.by_key = sorted(keys.values(), key=lambda k: -k.stored_bytes)
     usage.by_codec = codec_usage(repo, refcount)
-    for name in list_packs(repo.store.pack_dir):
+    for name in repo.store.packs():
         usage.pack_count += 1
-        usage.pack_bytes += (repo.store.pack_dir / name).stat().st_size
+        info = repo.store.pack_info(name)
+        usage.pack_bytes += info.size if info is not None else 0
     return usage
 
 

@@ -21,7 +21,9 @@ import ckvc
 from ckvc.codecs import BYTEGROUP, RAW
 from ckvc.fsck import BAD_CHECKSUM, BAD_PACK, MISSING_OBJECT
 from ckvc.ids import ObjectType
-from ckvc.storage.packs import FOOTER, RECORD_HEADER_SIZE, RecordInfo, list_packs, read_toc
+from ckvc.storage.files import list_packs
+from ckvc.storage.local import LocalBackend
+from ckvc.storage.packs import FOOTER, RECORD_HEADER_SIZE, RecordInfo, read_toc
 
 CHUNK = 4096
 X_PATH = "model.layers.0.weight"
@@ -38,11 +40,7 @@ def pack_entries_of(repo: ckvc.Repo, oid: str) -> tuple[Path, list[RecordInfo]]:
     raw = bytes.fromhex(oid)
     for name in list_packs(repo.dir / "packs"):
         path = repo.dir / "packs" / name
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            toc = read_toc(fd, name)
-        finally:
-            os.close(fd)
+        toc = read_toc(LocalBackend(path.parent), name)
         assert toc is not None, f"{name} has no intact table of contents"
         if any(e.oid == raw for e in toc):
             return path, toc

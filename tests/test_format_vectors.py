@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import collections
 import json
-import os
 import re
 import struct
 import uuid
@@ -38,6 +37,7 @@ from ckvc.repo import Repo
 from ckvc.state import StoredFile, encode_state
 from ckvc.storage import packs
 from ckvc.storage.index import Index
+from ckvc.storage.local import LocalBackend
 
 FORMAT_MD = Path(__file__).resolve().parent.parent / "docs" / "FORMAT.md"
 
@@ -526,11 +526,12 @@ def test_pack(vec: Vector, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> N
 
     # The writer reproduces the document's bytes exactly, given the same UUID.
     monkeypatch.setattr(packs.uuid, "uuid4", lambda: uuid.UUID(vec.text("uuid")))
-    writer = packs.PackWriter(tmp_path)
+    backend = LocalBackend(tmp_path)
+    writer = packs.PackWriter(backend, "")
     for r in records:
         payload = bytes.fromhex(r["payload"])
         writer.append(bytes.fromhex(r["id"]), r["type"], r["codec"], r["raw_size"], payload)
-    path = writer.seal()
+    path = tmp_path / writer.seal()
     assert path.name == vec.text("name")
     assert path.read_bytes() == expected
     assert not list(tmp_path.glob("*.tmp"))
@@ -560,13 +561,9 @@ def test_pack(vec: Vector, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> N
     assert offset == toc_offset
 
     # The code's readers: through the TOC, and by scanning (the recovery path).
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        got, from_toc = packs.pack_entries(fd, path.name)
-        assert from_toc and _toc_json(got) == entries
-        assert _toc_json(list(packs.scan_records(fd))) == entries
-    finally:
-        os.close(fd)
+    got, from_toc = packs.pack_entries(backend, path.name)
+    assert from_toc and _toc_json(got) == entries
+    assert _toc_json(list(packs.scan_records(backend, path.name))) == entries
     for r, e in zip(records, entries, strict=True):
         rec = packs.parse_record(expected[e["offset"] : e["offset"] + e["record_size"]], e["record_size"])
         got_fields = (rec.oid.hex(), rec.kind, rec.codec, rec.raw_size, rec.base)
@@ -575,22 +572,14 @@ def test_pack(vec: Vector, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> N
     # A damaged TOC still yields every record by scanning.
     damaged = tmp_path / "damaged.pack"
     damaged.write_bytes(expected[:-5] + bytes([expected[-5] ^ 0xFF]) + expected[-4:])
-    fd = os.open(damaged, os.O_RDONLY)
-    try:
-        got, from_toc = packs.pack_entries(fd, damaged.name)
-        assert not from_toc and _toc_json(got) == entries
-    finally:
-        os.close(fd)
+    got, from_toc = packs.pack_entries(backend, damaged.name)
+    assert not from_toc and _toc_json(got) == entries
 
     # An unknown pack version is refused.
     future = tmp_path / "future.pack"
     future.write_bytes(expected[:8] + struct.pack("<I", 2) + expected[12:])
-    fd = os.open(future, os.O_RDONLY)
-    try:
-        with pytest.raises(UnsupportedFormatError):
-            packs.pack_entries(fd, future.name)
-    finally:
-        os.close(fd)
+    with pytest.raises(UnsupportedFormatError):
+        packs.pack_entries(backend, future.name)
 
 
 @pytest.mark.parametrize("vec", of_kind("index-value"))

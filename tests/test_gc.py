@@ -21,7 +21,9 @@ from ckvc.fsck import BAD_CHECKSUM, UNFINISHED_PACK, UNREFERENCED
 from ckvc.gc import execute_gc, plan_gc
 from ckvc.ids import ObjectType
 from ckvc.retention import RetentionPolicy
-from ckvc.storage.packs import FOOTER, PACK_HEADER, RECORD_HEADER_SIZE, TOC_ENTRY, TOC_HEADER, list_packs, read_toc
+from ckvc.storage.files import list_packs
+from ckvc.storage.local import LocalBackend
+from ckvc.storage.packs import FOOTER, PACK_HEADER, RECORD_HEADER_SIZE, TOC_ENTRY, TOC_HEADER, read_toc
 
 CHUNK = 4096
 CHUNKS_PER_STATE = 4
@@ -62,11 +64,7 @@ def pack_of(repo: ckvc.Repo, oid: str) -> str:
 
 
 def toc_of(repo: ckvc.Repo, name: str) -> list[Any]:
-    fd = os.open(repo.dir / "packs" / name, os.O_RDONLY)
-    try:
-        toc = read_toc(fd, name)
-    finally:
-        os.close(fd)
+    toc = read_toc(LocalBackend(repo.dir / "packs"), name)
     assert toc is not None
     return toc
 

@@ -21,7 +21,6 @@ import contextlib
 import json
 import multiprocessing
 import os
-import pathlib
 import random
 import resource
 import shutil
@@ -333,7 +332,7 @@ def _gc_victim(root: str, phase_path: str, started: Any, aim: str | None) -> Non
             base_writer = ckvc_gc.PackWriter
 
             class KillAfterSeal(base_writer):  # type: ignore[valid-type,misc]
-                def seal(self) -> Path:
+                def seal(self) -> str:
                     path = super().seal()
                     _kill_self()
                     return path
@@ -359,12 +358,12 @@ def _gc_victim(root: str, phase_path: str, started: Any, aim: str | None) -> Non
         elif aim == "trash-unlinked":
             unlink = ckvc_gc._unlink
 
-            def unlink_then_die(path: Any) -> None:
-                unlink(path)
+            def unlink_then_die(backend: Any, path: Any) -> None:
+                unlink(backend, path)
                 if str(path).endswith(ckvc_gc.TRASH_SUFFIX):
                     _kill_self()
 
-            ckvc_gc._unlink = unlink_then_die
+            ckvc_gc._unlink = unlink_then_die  # type: ignore[assignment]
         phase("plan")
         started.set()
         repo.gc(now=True)
@@ -489,15 +488,17 @@ def test_gc_copes_with_a_pack_sealed_while_it_plans(tmp_path: Path) -> None:
         oid = writer.put(ObjectType.CHUNK, b"in flight" * 100)  # now a *.pack.tmp exists
         sealed: list[str] = []
 
-        class SealsBeforeStat(pathlib.PosixPath):
-            def stat(self, *, follow_symlinks: bool = True) -> os.stat_result:
-                if self.name.endswith(".pack.tmp") and not sealed:
-                    sealed.append(self.name)
-                    writer.commit()  # the writer finishes: *.pack.tmp -> *.pack
-                return super().stat(follow_symlinks=follow_symlinks)
+        real_stat = os.stat
 
-        repo.store.pack_dir = SealsBeforeStat(repo.store.pack_dir)
-        repo.gc()  # the default grace period: any gc concurrent with a commit
+        def seals_before_stat(path: Any, *args: Any, **kwargs: Any) -> os.stat_result:
+            if str(path).endswith(".pack.tmp") and not sealed:
+                sealed.append(str(path))
+                writer.commit()  # the writer finishes: *.pack.tmp -> *.pack
+            return real_stat(path, *args, **kwargs)
+
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(os, "stat", seals_before_stat)
+            repo.gc()  # the default grace period: any gc concurrent with a commit
         assert sealed
         assert repo.store.has(oid)
         assert repo.fsck().ok

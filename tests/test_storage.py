@@ -15,6 +15,8 @@ import ckvc
 from ckvc.codecs import RawCodec, ZstdCodec, decoder_for, encode_smallest
 from ckvc.errors import CorruptObjectError, ObjectNotFoundError, UnsupportedFormatError
 from ckvc.ids import ObjectType, object_id
+from ckvc.storage.files import list_packs
+from ckvc.storage.local import LocalBackend, LocalSink
 from ckvc.storage.object_store import ObjectStore
 from ckvc.storage.packs import (
     FOOTER,
@@ -22,7 +24,6 @@ from ckvc.storage.packs import (
     RECORD_HEADER_SIZE,
     TMP_SUFFIX,
     PackWriter,
-    list_packs,
     pack_entries,
     read_toc,
     scan_records,
@@ -75,53 +76,38 @@ def test_toc_matches_scan_and_scan_recovers_damaged_footer(store: ObjectStore) -
     put_many(store, [os.urandom(100 + i) for i in range(20)])
     (name,) = list_packs(store.pack_dir)
     path = store.pack_dir / name
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        toc = read_toc(fd, name)
-        scanned = list(scan_records(fd))
-    finally:
-        os.close(fd)
+    packs = LocalBackend(store.pack_dir)
+    toc = read_toc(packs, name)
+    scanned = list(scan_records(packs, name))
     assert toc is not None and len(toc) == 20
     assert scanned == toc
     data = bytearray(path.read_bytes())
     data[-FOOTER.size] ^= 0xFF  # break the footer magic
     path.write_bytes(bytes(data))
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        entries, from_toc = pack_entries(fd, name)
-    finally:
-        os.close(fd)
+    entries, from_toc = pack_entries(LocalBackend(store.pack_dir), name)
     assert not from_toc and entries == toc
 
 
 def test_truncated_pack_scan_recovers_whole_records_only(tmp_path: Path) -> None:
-    writer = PackWriter(tmp_path)
+    writer = PackWriter(LocalBackend(tmp_path), "")
     infos = [writer.append(os.urandom(32), 1, 0, 100, os.urandom(100)) for _ in range(5)]
-    path = writer.seal()
+    path = tmp_path / writer.seal()
     data = path.read_bytes()
     cut = infos[3].offset + 50  # inside the fourth record
     path.write_bytes(data[:cut])
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        assert read_toc(fd, path.name) is None
-        assert list(scan_records(fd)) == infos[:3]
-    finally:
-        os.close(fd)
+    assert read_toc(LocalBackend(tmp_path), path.name) is None
+    assert list(scan_records(LocalBackend(tmp_path), path.name)) == infos[:3]
 
 
 def test_pack_with_unknown_version_is_refused(tmp_path: Path) -> None:
-    writer = PackWriter(tmp_path)
+    writer = PackWriter(LocalBackend(tmp_path), "")
     writer.append(os.urandom(32), 1, 0, 3, b"abc")
-    path = writer.seal()
+    path = tmp_path / writer.seal()
     data = bytearray(path.read_bytes())
     data[8:12] = (7).to_bytes(4, "little")
     path.write_bytes(bytes(data))
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        with pytest.raises(UnsupportedFormatError):
-            pack_entries(fd, path.name)
-    finally:
-        os.close(fd)
+    with pytest.raises(UnsupportedFormatError):
+        pack_entries(LocalBackend(tmp_path), path.name)
     assert PACK_HEADER.size == 32
 
 
@@ -208,18 +194,17 @@ def test_repo_works_after_index_directory_is_deleted(tmp_path: Path) -> None:
 
 
 def test_temporary_packs_of_dead_writers_are_swept_live_ones_kept(tmp_path: Path) -> None:
-    from ckvc.storage.packs import TMP_SUFFIX, PackWriter, sweep_dead_temporaries
-
     pack_dir = tmp_path / "packs"
     pack_dir.mkdir()
-    live = PackWriter(pack_dir)  # holds its lock
-    dead = PackWriter(pack_dir)
-    os.close(dead._fd)  # as a killed process's lock goes with its descriptor
-    dead._fd = -1
+    backend = LocalBackend(tmp_path)
+    live = PackWriter(backend)  # holds its lock
+    dead = PackWriter(backend)
+    assert isinstance(dead.sink, LocalSink)
+    dead.sink.release()  # as a killed process's lock goes with its descriptor
     (pack_dir / f"pack-{'0' * 32}{TMP_SUFFIX}").write_bytes(b"")  # created, no header yet: maybe live
-    removed = sweep_dead_temporaries(pack_dir)
-    assert removed == [dead._tmp_path.name]
-    assert live._tmp_path.exists() and not dead._tmp_path.exists()
+    removed = backend.sweep("packs/")
+    assert removed == [f"packs/{dead.name}.tmp"]
+    assert (pack_dir / f"{live.name}.tmp").exists() and not (pack_dir / f"{dead.name}.tmp").exists()
     assert (pack_dir / f"pack-{'0' * 32}{TMP_SUFFIX}").exists()
     live.append(b"\x01" * 32, 1, 0, 3, b"abc")
-    assert live.seal().exists()
+    assert (pack_dir / live.seal()).exists()

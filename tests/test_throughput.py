@@ -16,7 +16,8 @@ from helpers import assert_state_equal
 
 import ckvc
 from ckvc import state as state_mod
-from ckvc.storage.packs import list_packs, pack_entries, parse_record
+from ckvc.storage.files import list_packs
+from ckvc.storage.packs import parse_record
 
 CHUNK = 4096  # small chunks: every test tensor spans several
 
@@ -33,8 +34,7 @@ def repo(tmp_path: Path) -> Iterator[ckvc.Repo]:
 def pack_records(repo: ckvc.Repo) -> set[tuple[Any, ...]]:
     out = set()
     for name in list_packs(repo.dir / "packs"):
-        with repo.store.reader.opened(name) as fd:
-            entries, _ = pack_entries(fd, name)
+        entries, _ = repo.store.reader.entries(name)
         for e in entries:
             r = parse_record(repo.store.reader.read(name, e.offset, e.record_size), e.record_size)
             out.add((r.oid, r.kind, r.codec, r.raw_size, r.base, bytes(r.payload)))
@@ -172,8 +172,7 @@ def test_checkout_prefetches_every_chunk_it_reads(repo: ckvc.Repo, monkeypatch: 
 
 
 def _entries(repo: ckvc.Repo, name: str) -> list[Any]:
-    with repo.store.reader.opened(name) as fd:
-        return pack_entries(fd, name)[0]
+    return repo.store.reader.entries(name)[0]
 
 
 def test_prefetch_is_only_a_hint(repo: ckvc.Repo) -> None:

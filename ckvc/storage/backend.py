@@ -21,7 +21,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from ckvc.errors import StorageError
+from ckvc.errors import InvalidInputError, ObjectNotFoundError, StorageError
 from ckvc.ids import Buffer
 
 # An opaque token naming one content of a key, for compare-and-swap: a content
@@ -57,8 +57,30 @@ class Capabilities:
 class KeyInfo:
     key: str
     size: int
+    # Changes whenever the content does. Not always the token compare_and_swap
+    # takes (locally it is the file's identity, since a digest of a pack would
+    # read all of it): use get_versioned for that.
     version: Version
     mtime: float  # seconds since the epoch
+
+
+TEMP_SUFFIX = ".tmp"  # reserved: a sink's temporary; no key may end with it
+
+
+def check_key(key: str) -> str:
+    """``key`` unchanged if it is a valid key: relative, '/'-separated, no empty,
+    '.' or '..' component, no NUL, not a temporary's name. InvalidInputError
+    otherwise (a key built from hostile data must not escape the backend)."""
+    parts = key.split("/")
+    if not key or "\0" in key or any(p in ("", ".", "..") for p in parts) or key.endswith(TEMP_SUFFIX):
+        raise InvalidInputError(f"invalid storage key {key!r:.120}")
+    return key
+
+
+def describe_key(key: str) -> str:
+    """How messages name a key: "pack NAME" for packs (as they always have), else the key."""
+    folder, _, name = key.rpartition("/")
+    return f"pack {name}" if folder == "packs" else key
 
 
 class Sink(ABC):
@@ -69,6 +91,11 @@ class Sink(ABC):
 
     @abstractmethod
     def write(self, data: Buffer) -> None: ...
+
+    def writev(self, parts: Sequence[Buffer]) -> None:
+        """Write ``parts`` in order (locally one writev call)."""
+        for part in parts:
+            self.write(part)
 
     @property
     @abstractmethod
@@ -91,12 +118,27 @@ class Sink(ABC):
 
 class Backend(ABC):
     capabilities: Capabilities
+    readonly: bool = False  # this process may not write here (a read-only mount); the layers above refuse early
 
     # ---- reads ------------------------------------------------------------
     @abstractmethod
     def read_into(self, key: str, offset: int, out: memoryview) -> None:
         """Fill ``out`` with the bytes at ``offset``; ObjectNotFoundError for a
         missing key, CorruptObjectError when the key ends before ``out`` is full."""
+
+    def readv_into(self, key: str, offset: int, buffers: Sequence[memoryview]) -> None:
+        """Fill ``buffers`` in order from ``offset`` (locally one preadv): a record's
+        header into a small buffer and its payload straight into its destination."""
+        for buf in buffers:
+            self.read_into(key, offset, buf)
+            offset += len(buf)
+
+    def size(self, key: str) -> int:
+        """The key's size in bytes; ObjectNotFoundError when absent."""
+        info = self.stat(key)
+        if info is None:
+            raise ObjectNotFoundError(f"{describe_key(key)} is missing")
+        return info.size
 
     def read_ranges(self, key: str, ranges: Sequence[tuple[int, int]]) -> Iterator[tuple[int, memoryview]]:
         """(offset, bytes) for each (offset, size) in ``ranges``, in order. A backend
@@ -142,16 +184,37 @@ class Backend(ABC):
 
     @abstractmethod
     def delete(self, key: str) -> None:
-        """Remove the key; nothing happens if it is absent."""
+        """Remove the key; nothing happens if it is absent. Locally not durable
+        until :meth:`sync` of its folder (a delete lost in a crash leaves a file
+        that was going away anyway, and batches of deletes pay one fsync)."""
+
+    def rename(self, key: str, new_key: str) -> None:
+        """Atomically give ``key``'s bytes the name ``new_key``; only where
+        ``capabilities.atomic_rename`` (gc's rename to trash). Durable after :meth:`sync`."""
+        raise NotImplementedError(f"{type(self).__name__} cannot rename")
+
+    def sync(self, prefix: str) -> None:  # noqa: B027 (durable on return by default)
+        """Make earlier renames and deletes in the folder ``prefix`` durable (local: fsync the directory)."""
 
     # ---- listing ----------------------------------------------------------
     @abstractmethod
     def stat(self, key: str) -> KeyInfo | None: ...
 
     @abstractmethod
-    def list(self, prefix: str = "") -> Iterator[str]:
-        """Keys under ``prefix`` (a folder when it ends in '/'), in sorted order;
-        never the backend's own temporaries."""
+    def list(self, prefix: str = "", *, recursive: bool = True) -> Iterator[str]:
+        """Keys starting with ``prefix``, in sorted order; never the backend's own
+        temporaries. ``recursive=False``: only those directly in ``prefix``'s
+        folder (locally also a directory there, which then fails to read: the
+        caller reports it rather than missing it)."""
+
+    def temporaries(self, prefix: str = "") -> builtins.list[KeyInfo]:
+        """Unpublished sinks' temporaries directly in ``prefix``'s folder (live or
+        left by dead writers), for fsck and gc to report and reclaim; their
+        ``key`` is what :meth:`delete_temporary` takes."""
+        return []
+
+    def delete_temporary(self, key: str) -> None:  # noqa: B027 (no temporaries by default)
+        """Remove a temporary listed by :meth:`temporaries` (gc, when no writer can be live)."""
 
     # ---- coordination -----------------------------------------------------
     @abstractmethod
@@ -162,9 +225,93 @@ class Backend(ABC):
         RepositoryLockedError after ``timeout`` seconds. Local: flock, released when
         the process dies; object stores: a lease object with an expiry."""
 
-    def sweep(self) -> builtins.list[str]:
-        """Remove temporaries of writers that are gone; the names removed."""
+    def sweep(self, prefix: str = "") -> builtins.list[str]:
+        """Remove temporaries in ``prefix``'s folder whose writers are gone; their keys."""
         return []
+
+    def forget(self, key: str) -> None:  # noqa: B027 (nothing cached by default)
+        """Drop what is cached of ``key`` (an open descriptor): another process removed or replaced it."""
 
     def close(self) -> None:  # noqa: B027 (nothing to release by default)
         """Release cached handles; the backend may be used again afterwards."""
+
+
+class ForwardingBackend(Backend):
+    """Passes every call to ``inner``: the base of wrappers (retry, cache,
+    counting in tests), which override what they change."""
+
+    def __init__(self, inner: Backend) -> None:
+        self.inner = inner
+        self.capabilities = inner.capabilities
+        self.readonly = inner.readonly
+
+    def read_into(self, key: str, offset: int, out: memoryview) -> None:
+        self.inner.read_into(key, offset, out)
+
+    def readv_into(self, key: str, offset: int, buffers: Sequence[memoryview]) -> None:
+        self.inner.readv_into(key, offset, buffers)
+
+    def size(self, key: str) -> int:
+        return self.inner.size(key)
+
+    def read_ranges(self, key: str, ranges: Sequence[tuple[int, int]]) -> Iterator[tuple[int, memoryview]]:
+        return self.inner.read_ranges(key, ranges)
+
+    def get(self, key: str) -> bytes | None:
+        return self.inner.get(key)
+
+    def get_versioned(self, key: str) -> tuple[bytes, Version] | None:
+        return self.inner.get_versioned(key)
+
+    def prefetch(self, key: str, offset: int, size: int) -> None:
+        self.inner.prefetch(key, offset, size)
+
+    def open_sink(self, key: str) -> Sink:
+        return self.inner.open_sink(key)
+
+    def put(self, key: str, data: Buffer) -> None:
+        self.inner.put(key, data)
+
+    def put_if_absent(self, key: str, data: Buffer) -> bool:
+        return self.inner.put_if_absent(key, data)
+
+    def compare_and_swap(self, key: str, expected: Version | None, data: Buffer) -> Version:
+        return self.inner.compare_and_swap(key, expected, data)
+
+    def append(self, key: str, data: Buffer) -> None:
+        self.inner.append(key, data)
+
+    def delete(self, key: str) -> None:
+        self.inner.delete(key)
+
+    def rename(self, key: str, new_key: str) -> None:
+        self.inner.rename(key, new_key)
+
+    def sync(self, prefix: str) -> None:
+        self.inner.sync(prefix)
+
+    def stat(self, key: str) -> KeyInfo | None:
+        return self.inner.stat(key)
+
+    def list(self, prefix: str = "", *, recursive: bool = True) -> Iterator[str]:
+        return self.inner.list(prefix, recursive=recursive)
+
+    def temporaries(self, prefix: str = "") -> builtins.list[KeyInfo]:
+        return self.inner.temporaries(prefix)
+
+    def delete_temporary(self, key: str) -> None:
+        self.inner.delete_temporary(key)
+
+    def lock(
+        self, name: str, *, shared: bool = False, timeout: float = 30.0
+    ) -> contextlib.AbstractContextManager[None]:
+        return self.inner.lock(name, shared=shared, timeout=timeout)
+
+    def sweep(self, prefix: str = "") -> builtins.list[str]:
+        return self.inner.sweep(prefix)
+
+    def forget(self, key: str) -> None:
+        self.inner.forget(key)
+
+    def close(self) -> None:
+        self.inner.close()

@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from ckvc.errors import ReadOnlyRepositoryError, RepositoryLockedError
+from ckvc.storage.packs import is_pack_name
 
 # errno values that mean "this file system or file may not be written here".
 _NO_WRITE = (errno.EROFS, errno.EACCES, errno.EPERM)
@@ -177,3 +178,9 @@ def looks_torn(line: bytes) -> bool:
     the next append starts a new line after it. Such lines are expected leftovers,
     not damage."""
     return line.lstrip().startswith(b"{") and not line.rstrip().endswith(b"}")
+
+
+def list_packs(pack_dir: Path) -> list[str]:
+    """The sealed packs' names in a local pack directory (tools and tests; the
+    store itself enumerates packs through its Backend)."""
+    return sorted(p.name for p in pack_dir.iterdir() if is_pack_name(p.name))

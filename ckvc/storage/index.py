@@ -9,16 +9,19 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import struct
 import threading
-from collections.abc import Iterable, Iterator
+import uuid
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
 import lmdb
 
-from ckvc.errors import DamagedIndexError, ReadOnlyRepositoryError, StorageFullError, storage_error
+from ckvc.errors import DamagedIndexError, ReadOnlyRepositoryError, StorageFullError, StorageIOError, storage_error
 from ckvc.ids import ObjectType
+from ckvc.storage.files import fsync_dir
 from ckvc.storage.packs import RecordInfo
 
 # pack number, offset, record size, type, codec, raw size
@@ -401,3 +404,110 @@ class Index:
     def count(self) -> int:
         with self._txn(db=self._objects) as txn:
             return int(txn.stat(self._objects)["entries"])
+
+
+def rebuild_local_index(root: Path, index_dir: str, fill: Callable[[Index], None]) -> Index:
+    """Build a new LMDB index with ``fill`` beside the one at ``root/index_dir``,
+    which is never opened (it may be damaged: a truncated LMDB file is a SIGBUS
+    when mapped), rename it into place and open it. The caller holds off writers."""
+    target = root / index_dir
+    fresh = root / f"{index_dir}.rebuild-{uuid.uuid4().hex}"
+    aside = root / f"{index_dir}.old-{uuid.uuid4().hex}"
+    try:
+        new = Index(fresh)
+        try:
+            fill(new)
+        finally:
+            new.close()
+        if target.exists():
+            os.rename(target, aside)
+        os.rename(fresh, target)
+        fsync_dir(root)
+    except OSError as exc:
+        raise StorageIOError(f"cannot rebuild the index in {root}: {exc}", path=str(root)) from None
+    finally:
+        shutil.rmtree(fresh, ignore_errors=True)
+        shutil.rmtree(aside, ignore_errors=True)
+    return Index(target)
+
+
+class MemoryIndex:
+    """The index of a backend without local files (the memory twin, later a
+    remote without a cache directory): a dict with Index's interface."""
+
+    def __init__(self) -> None:
+        self.path = None
+        self.readonly = False
+        self._lock = threading.Lock()
+        self._objects: dict[bytes, IndexEntry] = {}
+        self._packs: dict[str, list[RecordInfo]] = {}
+
+    def close(self) -> None:
+        pass
+
+    def reopen_if_replaced(self) -> bool:
+        return False
+
+    def get(self, oid: bytes) -> IndexEntry | None:
+        return self._objects.get(oid)
+
+    def has(self, oid: bytes) -> bool:
+        return oid in self._objects
+
+    def sizes(self, oids: Iterable[bytes]) -> list[tuple[int, int] | None]:
+        out: list[tuple[int, int] | None] = []
+        for oid in oids:
+            e = self._objects.get(oid)
+            out.append(None if e is None else (e.kind, e.raw_size))
+        return out
+
+    def indexed_packs(self) -> set[str]:
+        with self._lock:
+            return set(self._packs)
+
+    def _put(self, name: str, e: RecordInfo) -> IndexEntry:
+        return IndexEntry(name, e.offset, e.record_size, e.kind, e.codec, e.raw_size)
+
+    def add_pack(self, name: str, entries: Iterable[RecordInfo]) -> None:
+        with self._lock:
+            if name in self._packs:
+                return
+            self._packs[name] = list(entries)
+            for e in self._packs[name]:
+                self._objects.setdefault(e.oid, self._put(name, e))
+
+    def swap_packs(
+        self, added: list[tuple[str, list[RecordInfo]]], removed: list[tuple[str, list[RecordInfo]]]
+    ) -> None:
+        with self._lock:
+            for name, entries in added:
+                self._packs.setdefault(name, list(entries))
+                for e in entries:
+                    self._objects[e.oid] = self._put(name, e)
+            for name, entries in removed:
+                if self._packs.pop(name, None) is None:
+                    continue
+                for e in entries:
+                    current = self._objects.get(e.oid)
+                    if current is not None and current.pack == name:
+                        del self._objects[e.oid]
+
+    def location(self, oid: bytes) -> tuple[str, int] | None:
+        entry = self.get(oid)
+        return None if entry is None else (entry.pack, entry.offset)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._objects.clear()
+            self._packs.clear()
+
+    def iter_entries(self, prefix: bytes = b"") -> Iterator[tuple[bytes, IndexEntry]]:
+        with self._lock:
+            items = sorted(((oid, e) for oid, e in self._objects.items() if oid.startswith(prefix)), key=lambda i: i[0])
+        yield from items
+
+    def count(self) -> int:
+        return len(self._objects)
+
+
+AnyIndex = Index | MemoryIndex

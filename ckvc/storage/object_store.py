@@ -1,68 +1,81 @@
-"""The object store: put objects into packs, find them through the index, and
-verify every byte read against its id."""
+"""The object store: put objects into packs on a Backend, find them through the
+index, and verify every byte read against its id. Writes are in object_writer.py;
+what stays here (a little over 600 lines) is the read path, whose single reads,
+delta chains and coalesced reads share their checks."""
 
 from __future__ import annotations
 
 import collections
 import contextlib
 import os
-import shutil
 import threading
-import uuid
-from collections.abc import Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import NamedTuple
 
 import numpy as np
 
 from ckvc.chunking import MAX_CHUNK_SIZE
 from ckvc.codecs import (
     CODEC_NAMES,
-    DELTA,
-    QUANT,
     RAW,
     WHOLE_CODECS,
     ZSTD,
     Buffer,
-    ChunkLayout,
     Codec,
-    DeltaBase,
     apply_delta,
     decode_chunk_into,
-    delta_header,
-    encode_smallest,
 )
-from ckvc.codecs.lossy import QUANT_HEAD_SIZE, quant_header
-from ckvc.errors import (
-    CorruptObjectError,
-    DamagedIndexError,
-    ObjectNotFoundError,
-    ReadOnlyRepositoryError,
-    StorageIOError,
-    UnsupportedFormatError,
+from ckvc.codecs.records import (
+    BASE_HEAD_SIZE,
+    WHOLE,
+    BaseInfo,
+    base_info,
+    base_to_decode,
+    check_base_link,
+    is_keyframe_delta,
 )
+from ckvc.errors import CorruptObjectError, DamagedIndexError, ObjectNotFoundError, ReadOnlyRepositoryError
 from ckvc.ids import ObjectType, object_id
-from ckvc.storage.files import file_lock, fsync_dir
-from ckvc.storage.index import Index, IndexEntry
+from ckvc.storage.backend import Backend, KeyInfo
+from ckvc.storage.index import AnyIndex, Index, IndexEntry, MemoryIndex, rebuild_local_index
+from ckvc.storage.local import LocalBackend
+from ckvc.storage.locks import GC_INTENT_LOCK, GC_LOCK, PIN_TIMEOUT_S, StoreLocks
+from ckvc.storage.object_writer import ObjectWriter
 from ckvc.storage.packs import (
+    PACK_DIR,
     RECORD_HEADER_SIZE,
     PackReader,
-    PackWriter,
     Record,
-    list_packs,
-    pack_entries,
+    RecordInfo,
+    is_pack_name,
+    pack_key,
     parse_record,
     parse_record_header,
-    sweep_dead_temporaries,
 )
+
+# Names other modules import from here.
+__all__ = ["GC_INTENT_LOCK", "GC_LOCK", "PIN_TIMEOUT_S", "BaseInfo", "ObjectStore", "ObjectWriter", "StoredObject"]
 
 DEFAULT_MAX_PACK_SIZE = 256 << 20
 INDEX_DIR = "index"
 # Decoded links of delta chains, so that consecutive checkouts (and chains that
 # share links) decode each base once. Bounded per thread: part of the memory budget.
 BASE_CACHE_BYTES = 32 << 20
+
+
+def _raw_direct(entry: IndexEntry, size: int) -> bool:
+    """A record stored raw whose payload is exactly the destination: read straight into it."""
+    return entry.codec == RAW and entry.record_size == RECORD_HEADER_SIZE + size
+
+
+def _parse_checked(raw: memoryview, oid: bytes, entry: IndexEntry, kind: ObjectType | None) -> Record:
+    """The record in ``raw``, which must be the object and the record its index entry names."""
+    record = parse_record(raw, entry.record_size)
+    _check_identity(record.oid, record.kind, oid, kind)
+    if (record.raw_size, record.codec, record.kind) != (entry.raw_size, entry.codec, entry.kind):
+        raise CorruptObjectError("record header does not match its index entry")
+    return record
 
 
 def _check_identity(record_oid: bytes, record_kind: int, oid: bytes, kind: ObjectType | None) -> None:
@@ -98,6 +111,30 @@ def _check_sizes(oid: bytes, entry: IndexEntry) -> None:
             f"{entry.raw_size} bytes of type {entry.kind}",
             object_id=oid.hex(),
         )
+
+
+# A run read in one request: at most this many records (two buffers each for
+# preadv, whose limit is 1024) and this much scratch for the records that are
+# not read straight into their destinations.
+MAX_RUN_RECORDS = 500
+MAX_RUN_SCRATCH = 64 << 20
+
+
+def _runs(reads: list[tuple[IndexEntry, bytes, np.ndarray]]) -> Iterator[list[tuple[IndexEntry, bytes, np.ndarray]]]:
+    """Split reads sorted by offset into runs of records that lie back to back."""
+    run: list[tuple[IndexEntry, bytes, np.ndarray]] = []
+    end = scratch = 0
+    for read in reads:
+        entry, _oid, out = read
+        cost = RECORD_HEADER_SIZE if _raw_direct(entry, len(out)) else entry.record_size
+        if run and (entry.offset != end or len(run) >= MAX_RUN_RECORDS or scratch + cost > MAX_RUN_SCRATCH):
+            yield run
+            run, scratch = [], 0
+        run.append(read)
+        end = entry.offset + entry.record_size
+        scratch += cost
+    if run:
+        yield run
 
 
 class _PlainCache:
@@ -146,16 +183,6 @@ class _PlainCache:
             spare[:] = [dropped]  # keep one to recycle; the rest go back to the allocator
 
 
-class BaseInfo(NamedTuple):
-    """A chunk's base (None: stored whole or lossy standalone), the age it records
-    (commits since its base was written), and whether it decodes on its own
-    without loss of meaning as a keyframe."""
-
-    base: bytes | None
-    age: int
-    whole: bool
-
-
 @dataclass(frozen=True, slots=True)
 class StoredObject:
     """What the index knows about one object, plus its pack location."""
@@ -168,76 +195,81 @@ class StoredObject:
     pack: str
 
 
-# Writers (commits, tags, index refreshes) hold a shared flock on this file while
-# they work; gc takes it exclusively for its short critical section. So gc never
-# removes an object that an in-flight writer deduplicated against, and a writer
-# never sees an index entry that gc is about to drop.
-GC_LOCK = "gc.lock"
-GC_INTENT_LOCK = "gc-intent.lock"
-PIN_TIMEOUT_S = 120.0
+# Retired packs on a backend without rename (object stores): gc writes a record
+# naming them before it deletes them, and pack enumeration skips every pack a
+# record names, so a pack being deleted is never indexed again
+# (docs/DESIGN.md, "Backends: local mechanisms on an object store").
+RETIRED_PREFIX = "retired-"
+RETIRED_SUFFIX = ".list"
 
 
 class ObjectStore:
-    def __init__(self, root: Path, *, readonly: bool | None = None) -> None:
-        """``readonly``: open the index read-only (None: when the index
-        directory, or the repository if it has none yet, is not writable)."""
-        self.root = root
-        self.pack_dir = root / "packs"
-        index_dir = root / INDEX_DIR
-        if readonly is None:
-            readonly = not os.access(index_dir if index_dir.exists() else root, os.W_OK)
-        self.readonly = readonly
+    """Objects in packs on a ``backend``, found through ``index`` (None: the LMDB
+    index beside a LocalBackend's directory, a MemoryIndex otherwise).
+
+    ``ObjectStore(path)`` (a ``.ckvc`` directory) is today's call: the same as
+    :meth:`open_local`."""
+
+    def __init__(self, backend: Backend | Path, index: AnyIndex | None = None, *, readonly: bool | None = None) -> None:
+        if isinstance(backend, (str, os.PathLike)):
+            backend, readonly = self._local(Path(backend), readonly)
+        self.backend = backend
+        self.readonly = backend.readonly if readonly is None else readonly
+        self.local_root: Path | None = backend.root if isinstance(backend, LocalBackend) else None
         # A damaged index does not stop the repository from opening: every use
         # raises DamagedIndexError naming the repair, and rebuild_index() replaces
         # it without touching it.
-        self._index: Index | None = None
+        self._index: AnyIndex | None = index
         self._index_error: DamagedIndexError | None = None
-        try:
-            self._index = Index(index_dir, readonly=readonly)
-        except DamagedIndexError as exc:
-            self._index_error = exc
-        self.reader = PackReader(self.pack_dir)
+        if index is None:
+            if self.local_root is not None:
+                try:
+                    self._index = Index(self.local_root / INDEX_DIR, readonly=self.readonly)
+                except DamagedIndexError as exc:
+                    self._index_error = exc
+            else:
+                self._index = MemoryIndex()
+        self.reader = PackReader(backend)
+        self.locks = StoreLocks(backend)
         self._refresh_lock = threading.Lock()
-        self._exclusive_held = False
-        self._pins = threading.local()  # this thread's pin, if it holds one
         self._base_cache = _PlainCache(BASE_CACHE_BYTES)
 
-    @contextlib.contextmanager
-    def pin(self, timeout: float = PIN_TIMEOUT_S) -> Iterator[None]:
-        """Shared lock held by writers: gc's sweep waits for them and they for it."""
-        # Re-entrant: a pinned writer may pin again (an index refresh on a lookup
-        # miss). Taking the intent lock again there would deadlock against a gc
-        # waiting for this very pin.
-        held: int = getattr(self._pins, "depth", 0)
-        if self._exclusive_held or held:
-            yield
-            return
-        # Passing through the intent lock first gives a waiting gc priority: flock
-        # would otherwise let a stream of overlapping writers starve it.
-        with file_lock(self.root / GC_INTENT_LOCK, shared=True, timeout=timeout):
-            pass
-        with file_lock(self.root / GC_LOCK, shared=True, timeout=timeout):
-            self._pins.depth = 1
-            try:
-                yield
-            finally:
-                self._pins.depth = 0
+    @staticmethod
+    def _local(root: Path, readonly: bool | None) -> tuple[LocalBackend, bool]:
+        index_dir = root / INDEX_DIR
+        if readonly is None:
+            readonly = not os.access(index_dir if index_dir.exists() else root, os.W_OK)
+        return LocalBackend(root, readonly=readonly), readonly
 
-    @contextlib.contextmanager
-    def exclusive(self, timeout: float) -> Iterator[None]:
-        """gc's critical section: no writer is in flight while it is held."""
-        with (
-            file_lock(self.root / GC_INTENT_LOCK, shared=False, timeout=timeout),
-            file_lock(self.root / GC_LOCK, shared=False, timeout=timeout),
-        ):
-            self._exclusive_held = True
-            try:
-                yield
-            finally:
-                self._exclusive_held = False
+    @classmethod
+    def open_local(cls, root: Path, *, readonly: bool | None = None) -> ObjectStore:
+        """The store of the ``.ckvc`` directory ``root``, its LMDB index beside it.
+        ``readonly``: open the index read-only (None: when the index directory, or
+        the repository if it has none yet, is not writable)."""
+        backend, readonly = cls._local(root, readonly)
+        return cls(backend, readonly=readonly)
 
     @property
-    def index(self) -> Index:
+    def root(self) -> Path:
+        """The ``.ckvc`` directory of a local store."""
+        if self.local_root is None:
+            raise AttributeError("a store on a non-local backend has no directory")
+        return self.local_root
+
+    @property
+    def pack_dir(self) -> Path:
+        return self.root / PACK_DIR
+
+    def pin(self, timeout: float = PIN_TIMEOUT_S) -> contextlib.AbstractContextManager[None]:
+        """Shared lock held by writers: gc's sweep waits for them and they for it."""
+        return self.locks.pin(timeout)
+
+    def exclusive(self, timeout: float) -> contextlib.AbstractContextManager[None]:
+        """gc's critical section: no writer is in flight while it is held."""
+        return self.locks.exclusive(timeout)
+
+    @property
+    def index(self) -> AnyIndex:
         if self._index is None:
             assert self._index_error is not None
             raise self._index_error
@@ -247,6 +279,40 @@ class ObjectStore:
         self.reader.close()
         if self._index is not None:
             self._index.close()
+
+    # ---- packs --------------------------------------------------------------
+    def packs(self) -> list[str]:
+        """Names of the sealed packs, sorted, without those a gc has retired."""
+        names = [key.rpartition("/")[2] for key in self.backend.list(f"{PACK_DIR}/", recursive=False)]
+        packs = [n for n in names if is_pack_name(n)]
+        retired = self.retired_packs()
+        return [n for n in packs if n not in retired] if retired else packs
+
+    def retirement_records(self) -> list[str]:
+        """Keys of gc's records of packs being deleted (object stores only)."""
+        if self.backend.capabilities.atomic_rename:
+            return []
+        return list(self.backend.list(f"{PACK_DIR}/{RETIRED_PREFIX}", recursive=False))
+
+    def retired_packs(self) -> set[str]:
+        names: set[str] = set()
+        for key in self.retirement_records():
+            data = self.backend.get(key)
+            if data is not None:
+                names.update(n for n in data.decode(errors="replace").split("\n") if is_pack_name(n))
+        return names
+
+    def pack_entries(self, name: str) -> tuple[list[RecordInfo], bool]:
+        """(entries, from_toc) of pack ``name``: its TOC, or what a scan recovers."""
+        return self.reader.entries(name)
+
+    def pack_info(self, name: str) -> KeyInfo | None:
+        """Size and modification time of pack ``name`` (None: it is gone)."""
+        return self.backend.stat(pack_key(name))
+
+    def temporaries(self) -> list[KeyInfo]:
+        """Packs being written, or left by writers that died."""
+        return self.backend.temporaries(f"{PACK_DIR}/")
 
     # ---- lookup -------------------------------------------------------------
     def has(self, oid: bytes) -> bool:
@@ -259,7 +325,7 @@ class ObjectStore:
         if entry is None and self.refresh():
             entry = self.index.get(oid)
         if entry is None:
-            raise ObjectNotFoundError(f"object {oid.hex()} not found")
+            raise ObjectNotFoundError(f"object {oid.hex()} not found", object_id=oid.hex())
         _check_sizes(oid, entry)
         return entry
 
@@ -274,55 +340,43 @@ class ObjectStore:
         with self._refresh_lock, self.pin():
             known = self.index.indexed_packs()
             added = 0
-            for name in list_packs(self.pack_dir):
+            for name in self.packs():
                 if name in known:
                     continue
                 try:
-                    with self.reader.opened(name) as fd:
-                        entries, _ = pack_entries(fd, name)
+                    entries, _ = self.reader.entries(name)
                 except (CorruptObjectError, ObjectNotFoundError):
                     continue  # damaged (fsck reports it) or removed by gc meanwhile
                 self.index.add_pack(name, entries)
                 added += 1
             return added
 
+    def _fill(self, index: AnyIndex) -> None:
+        for name in self.packs():
+            try:
+                entries, _ = self.reader.entries(name)
+            except (CorruptObjectError, ObjectNotFoundError):
+                continue  # damaged (fsck reports it)
+            index.add_pack(name, entries)
+
     def rebuild_index(self) -> int:
-        """Build a new index from the packs alone beside the old one, which is
+        """Build a new index from the packs alone, beside the old one, which is
         never opened (it may be damaged: a truncated LMDB file is a SIGBUS when
-        mapped), and rename it into place. Writers and gc are held off meanwhile;
+        mapped), and put it in its place. Writers and gc are held off meanwhile;
         other processes switch to the new index on their next write. Returns the
         object count."""
         if self.readonly:
-            raise ReadOnlyRepositoryError(f"cannot rebuild the index of a read-only repository {self.root}")
-        target = self.root / INDEX_DIR
-        fresh = self.root / f"{INDEX_DIR}.rebuild-{uuid.uuid4().hex}"
-        aside = self.root / f"{INDEX_DIR}.old-{uuid.uuid4().hex}"
+            raise ReadOnlyRepositoryError(f"cannot rebuild the index of a read-only repository {self.local_root}")
         with self.exclusive(PIN_TIMEOUT_S), self._refresh_lock:
-            try:
-                new = Index(fresh)
-                try:
-                    for name in list_packs(self.pack_dir):
-                        try:
-                            with self.reader.opened(name) as fd:
-                                entries, _ = pack_entries(fd, name)
-                        except (CorruptObjectError, ObjectNotFoundError):
-                            continue  # damaged (fsck reports it)
-                        new.add_pack(name, entries)
-                finally:
-                    new.close()
-                if self._index is not None:
-                    self._index.close()
-                    self._index = None
-                if target.exists():
-                    os.rename(target, aside)
-                os.rename(fresh, target)
-                fsync_dir(self.root)
-            except OSError as exc:
-                raise StorageIOError(f"cannot rebuild the index in {self.root}: {exc}", path=str(self.root)) from None
-            finally:
-                shutil.rmtree(fresh, ignore_errors=True)
-                shutil.rmtree(aside, ignore_errors=True)
-            self._index = Index(target)
+            if self.local_root is None:
+                fresh = MemoryIndex()
+                self._fill(fresh)
+                self._index = fresh
+                return fresh.count()
+            if self._index is not None:
+                self._index.close()
+                self._index = None
+            self._index = rebuild_local_index(self.local_root, INDEX_DIR, self._fill)
             self._index_error = None
             return self._index.count()
 
@@ -353,31 +407,16 @@ class ObjectStore:
 
     def _record(self, oid: bytes, entry: IndexEntry, kind: ObjectType | None, slot: int = 0) -> Record:
         """The parsed record, in this thread's read buffer ``slot`` (valid until the next read into it)."""
-        raw = self.reader.read_reusing(entry.pack, entry.offset, entry.record_size, slot)
-        record = parse_record(raw, entry.record_size)
-        _check_identity(record.oid, record.kind, oid, kind)
-        if (record.raw_size, record.codec, record.kind) != (entry.raw_size, entry.codec, entry.kind):
-            raise CorruptObjectError("record header does not match its index entry")
-        return record
+        return _parse_checked(
+            self.reader.read_reusing(entry.pack, entry.offset, entry.record_size, slot), oid, entry, kind
+        )
 
-    def _decode_entry(self, oid: bytes, entry: IndexEntry, kind: ObjectType | None, out: np.ndarray) -> None:
-        """Decode the object into ``out`` and verify it against ``oid``."""
+    @contextlib.contextmanager
+    def _naming(self, oid: bytes, entry: IndexEntry) -> Iterator[None]:
+        """A decode's errors as CorruptObjectError naming the object and its pack."""
         hex_id = oid.hex()
         try:
-            if entry.codec == RAW and entry.record_size == RECORD_HEADER_SIZE + len(out):
-                record_kind = self._read_raw_into(oid, entry, kind, out)
-                base_oid = None
-            else:
-                record = self._record(oid, entry, kind)
-                if not self._decode_on_keyframe(record, out):
-                    base = self._base_plain(record, len(out))
-                    decode_chunk_into(record.codec, record.payload, out, base)
-                record_kind, base_oid = record.kind, record.base
-            if object_id(ObjectType(record_kind), out.data) != oid:
-                # A delta whose base chain is damaged decodes to wrong bytes: name the culprit.
-                if base_oid is not None:
-                    self._verify_chain(base_oid)
-                raise CorruptObjectError("content does not match its id")
+            yield
         except CorruptObjectError as exc:
             if exc.object_id and exc.object_id != hex_id:
                 raise  # a damaged base, already named
@@ -385,17 +424,43 @@ class ObjectStore:
         except ValueError as exc:  # an unknown type byte
             raise CorruptObjectError(f"unreadable record in pack {entry.pack}: {exc}", object_id=hex_id) from None
 
+    def _decode_entry(self, oid: bytes, entry: IndexEntry, kind: ObjectType | None, out: np.ndarray) -> None:
+        """Decode the object into ``out`` and verify it against ``oid``."""
+        with self._naming(oid, entry):
+            if _raw_direct(entry, len(out)):
+                self._verify(oid, self._read_raw_into(oid, entry, kind, out), out, None)
+            else:
+                self._decode_record(oid, entry, self._record(oid, entry, kind), out)
+
+    def _decode_record(self, oid: bytes, entry: IndexEntry, record: Record, out: np.ndarray) -> None:
+        """Decode a parsed record (through its base chain) into ``out`` and verify it."""
+        if not self._decode_on_keyframe(record, out):
+            base = self._base_plain(record, len(out))
+            decode_chunk_into(record.codec, record.payload, out, base)
+        self._verify(oid, record.kind, out, record.base)
+
+    def _verify(self, oid: bytes, record_kind: int, out: np.ndarray, base_oid: bytes | None) -> None:
+        if object_id(ObjectType(record_kind), out.data) != oid:
+            # A delta whose base chain is damaged decodes to wrong bytes: name the culprit.
+            if base_oid is not None:
+                self._verify_chain(base_oid)
+            raise CorruptObjectError("content does not match its id")
+
     def _read_raw_into(self, oid: bytes, entry: IndexEntry, kind: ObjectType | None, out: np.ndarray) -> int:
         """A record stored raw: its payload read straight into ``out`` (no second copy),
         its header checked like :meth:`_record` does. Returns the record's type."""
         head = self.reader.read_head_into(entry.pack, entry.offset, entry.record_size, RECORD_HEADER_SIZE, out.data)
+        return self._check_raw_head(head, oid, entry, kind, len(out))
+
+    @staticmethod
+    def _check_raw_head(head: memoryview, oid: bytes, entry: IndexEntry, kind: ObjectType | None, size: int) -> int:
         record_kind, codec, raw_size, payload_size, record_oid, base = parse_record_header(head)
         _check_identity(record_oid, record_kind, oid, kind)
         if (
             codec != RAW
             or base is not None
             or raw_size != payload_size
-            or payload_size != len(out)
+            or payload_size != size
             or record_kind != entry.kind
         ):
             raise CorruptObjectError("record header does not match its index entry")
@@ -406,8 +471,9 @@ class ObjectStore:
         cached: the keyframe decodes straight into ``out`` and the residual is added
         in place, so a checkout touches no buffer besides its destination. False
         for every other record, left to the general path."""
-        if record.codec != DELTA or record.base is None or delta_header(record.payload).depth != 1:
+        if not is_keyframe_delta(record.codec, record.base, record.payload):
             return False
+        assert record.base is not None
         if self._base_cache.get(record.base) is not None:
             return False
         keyframe = self._base_record(record.base, len(out), slot=1)
@@ -421,33 +487,16 @@ class ObjectStore:
         """The plain bytes of a record's base (delta or lossy residual): decoded
         along its chain without verifying each link (the final id check covers
         the whole chain)."""
-        if record.codec == DELTA:
-            if record.base is None:
-                raise CorruptObjectError("delta record names no base")
-            return self._plain_unverified(record.base, size, delta_header(record.payload).depth - 1)
-        if record.codec == QUANT and record.base is not None:
-            return self._plain_unverified(record.base, size, 0)  # residuals only ever sit on keyframes
-        if record.base is not None:
-            raise CorruptObjectError(f"a {CODEC_NAMES.get(record.codec, record.codec)} record names a base")
-        return None
+        wanted = base_to_decode(record.codec, record.base, record.payload)
+        return None if wanted is None else self._plain_unverified(wanted[0], size, wanted[1])
 
     def _plain_unverified(self, oid: bytes, size: int, depth: int) -> np.ndarray:
         cached = self._base_cache.get(oid)
         if cached is not None:
             return cached
         record = self._base_record(oid, size, slot=1 + depth)
-        base: np.ndarray | None = None
-        if record.codec not in WHOLE_CODECS and record.codec != DELTA:
-            raise CorruptObjectError("a lossy chunk cannot be a base", object_id=oid.hex())
-        if record.codec == DELTA:
-            if record.base is None:
-                raise CorruptObjectError("delta record names no base", object_id=oid.hex())
-            own_depth = delta_header(record.payload).depth
-            if own_depth != depth or depth < 1:  # depths strictly decrease, so a chain cannot loop
-                raise CorruptObjectError(
-                    f"delta chain depth {own_depth} where {depth} was expected", object_id=oid.hex()
-                )
-            base = self._plain_unverified(record.base, size, depth - 1)
+        below = check_base_link(oid, record.codec, record.base, record.payload, depth)
+        base = None if below is None else self._plain_unverified(below, size, depth - 1)
         out = self._base_cache.buffer(size)
         decode_chunk_into(record.codec, record.payload, out, base)
         self._base_cache.put(oid, out)
@@ -468,17 +517,15 @@ class ObjectStore:
         """What a chunk is stored against, from its record's head alone."""
         entry = self.locate(oid)
         if entry.codec in WHOLE_CODECS:
-            return BaseInfo(None, 0, True)
-        head = self.reader.read(entry.pack, entry.offset, RECORD_HEADER_SIZE + QUANT_HEAD_SIZE)
+            return WHOLE
+        head = self.reader.read(entry.pack, entry.offset, RECORD_HEADER_SIZE + BASE_HEAD_SIZE)
         base = parse_record_header(head)[5]
-        payload = memoryview(head)[RECORD_HEADER_SIZE:]
-        if entry.codec == DELTA:
-            if base is None:
-                raise CorruptObjectError("delta record names no base", object_id=oid.hex())
-            return BaseInfo(base, delta_header(payload).age, False)
-        if entry.codec == QUANT:
-            return BaseInfo(base, quant_header(payload).age, False)
-        raise UnsupportedFormatError(f"unknown codec id {entry.codec}")
+        try:
+            return base_info(entry.codec, base, memoryview(head)[RECORD_HEADER_SIZE:])
+        except CorruptObjectError as exc:
+            if exc.object_id:
+                raise
+            raise CorruptObjectError(exc.reason, object_id=oid.hex()) from None
 
     def delta_base(self, oid: bytes) -> bytes | None:
         """The id of the chunk ``oid`` is stored against, if any (what gc keeps alive with it)."""
@@ -502,6 +549,61 @@ class ObjectStore:
                 raise
             self._decode_entry(oid, retry, ObjectType.CHUNK, target)
 
+    def read_many_into(self, items: Sequence[tuple[bytes, memoryview]]) -> None:
+        """Read many chunks into their destinations (each exactly its chunk's size)
+        with few backend requests: grouped per pack, sorted by offset, and each run
+        of adjacent records read with one ``readv_into`` whose buffers are the raw
+        records' destinations themselves (no copy) and a scratch buffer for the
+        rest, which are decoded from it. Every id is verified, deltas through
+        their base as :meth:`read_into` does, and the errors are its errors
+        (``object_id`` names the object). Thread-safe: callers run batches on
+        an executor."""
+        plan: dict[str, list[tuple[IndexEntry, bytes, np.ndarray]]] = {}
+        for oid, out in items:
+            target = np.frombuffer(out, dtype=np.uint8)
+            entry = self.locate(oid)
+            if entry.raw_size != len(target):
+                raise CorruptObjectError(
+                    f"chunk is {entry.raw_size} bytes where {len(target)} were expected", object_id=oid.hex()
+                )
+            plan.setdefault(entry.pack, []).append((entry, oid, target))
+        for pack, reads in plan.items():
+            reads.sort(key=lambda r: r[0].offset)
+            for run in _runs(reads):
+                self._read_run(pack, run)
+
+    def _read_run(self, pack: str, run: list[tuple[IndexEntry, bytes, np.ndarray]]) -> None:
+        """One request for records that lie back to back in ``pack``, then decode each."""
+        scratch_size = sum(RECORD_HEADER_SIZE if _raw_direct(e, len(out)) else e.record_size for e, _oid, out in run)
+        scratch = self.reader.buffer(-2, scratch_size)
+        buffers: list[memoryview] = []
+        at = 0
+        for entry, _oid, out in run:
+            if _raw_direct(entry, len(out)):
+                buffers += [scratch[at : at + RECORD_HEADER_SIZE], out.data.cast("B")]
+                at += RECORD_HEADER_SIZE
+            else:
+                buffers.append(scratch[at : at + entry.record_size])
+                at += entry.record_size
+        first = run[0][0]
+        try:
+            self.reader.readv(pack, first.offset, buffers)
+        except (CorruptObjectError, ObjectNotFoundError):
+            # A pack gc removed meanwhile, or one cut short: one read per chunk
+            # (retrying after gc, naming each damaged object) is the slow exact path.
+            for _entry, oid, out in run:
+                self.read_into(oid, out.data)
+            return
+        part = iter(buffers)
+        for entry, oid, out in run:
+            with self._naming(oid, entry):
+                if _raw_direct(entry, len(out)):
+                    head = next(part)
+                    next(part)
+                    self._verify(oid, self._check_raw_head(head, oid, entry, ObjectType.CHUNK, len(out)), out, None)
+                else:
+                    self._decode_record(oid, entry, _parse_checked(next(part), oid, entry, ObjectType.CHUNK), out)
+
     def prefetch(self, oid: bytes) -> None:
         """Start reading a chunk's record from disk in the background (a hint:
         errors are left to the read that follows)."""
@@ -515,112 +617,5 @@ class ObjectStore:
 
     # ---- writes -------------------------------------------------------------
     def writer(self, codec: Codec, max_pack_size: int = DEFAULT_MAX_PACK_SIZE) -> ObjectWriter:
-        sweep_dead_temporaries(self.pack_dir)  # what killed or failed writers left
+        self.backend.sweep(f"{PACK_DIR}/")  # what killed or failed writers left
         return ObjectWriter(self, codec, max_pack_size)
-
-
-class ObjectWriter:
-    """One batch of new objects. Records go to fresh packs; :meth:`commit` seals
-    them (fsync) and indexes them. Until then nothing is visible to readers."""
-
-    def __init__(self, store: ObjectStore, codec: Codec, max_pack_size: int) -> None:
-        self.store = store
-        self.codec = codec
-        self.max_pack_size = max_pack_size
-        self._pack: PackWriter | None = None
-        # Full packs are sealed (TOC, fsync, rename) on a background thread so
-        # the fsync overlaps encoding of the next chunks.
-        self._sealer: ThreadPoolExecutor | None = None
-        self._sealing: list[tuple[PackWriter, Future[Path]]] = []
-        self._written: set[bytes] = set()
-        self.bytes_written = 0  # stored bytes of new records
-
-    def __enter__(self) -> ObjectWriter:
-        return self
-
-    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
-        if exc_type is not None:
-            self.abort()
-
-    def wants(self, oid: bytes) -> bool:
-        """False when the object is already stored or written in this batch."""
-        return oid not in self._written and not self.store.has(oid)
-
-    def encode(
-        self, data: Buffer, layout: ChunkLayout | None = None, base: DeltaBase | None = None
-    ) -> tuple[int, Buffer]:
-        """(codec id, payload) for ``data``: thread-safe, to run on a pool. Without a
-        layout (metadata objects) only codecs 0 and 1 are used (docs/FORMAT.md §6)."""
-        if layout is None:
-            return encode_smallest(self.codec, data)
-        return self.codec.encode_chunk(data, layout, base)
-
-    def add_encoded(
-        self, kind: ObjectType, oid: bytes, raw_size: int, codec_id: int, payload: Buffer, base: bytes | None = None
-    ) -> bool:
-        """Append an already-encoded object (``base``: a delta's base id).
-        Returns False if it was already stored."""
-        if oid in self._written:
-            return False
-        if self._pack is None:
-            self._pack = PackWriter(self.store.pack_dir)
-        info = self._pack.append(oid, int(kind), codec_id, raw_size, payload, base)
-        self._written.add(oid)
-        self.bytes_written += info.record_size
-        if self._pack.size >= self.max_pack_size:
-            self._seal_current()
-        return True
-
-    def put(self, kind: ObjectType, data: Buffer) -> bytes:
-        """Hash, encode and append ``data`` unless stored already. Returns its id."""
-        oid = object_id(kind, data)
-        if self.wants(oid):
-            codec_id, payload = self.encode(data)
-            self.add_encoded(kind, oid, len(data), codec_id, payload)
-        return oid
-
-    def _seal_current(self) -> None:
-        if self._pack is not None:
-            pack, self._pack = self._pack, None
-            if self._sealer is None:
-                self._sealer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ckvc-seal")
-            try:
-                future = self._sealer.submit(pack.seal)
-            except RuntimeError:  # interpreter shutting down (a background commit finishing at exit)
-                future = Future()
-                future.set_result(pack.seal())
-            self._sealing.append((pack, future))
-
-    def _wait_for_seals(self) -> list[PackWriter]:
-        """Wait for every pack being sealed; returns the sealed ones, raises the first error."""
-        sealed, error = [], None
-        for pack, fut in self._sealing:
-            try:
-                fut.result()
-                sealed.append(pack)
-            except BaseException as exc:
-                pack.abort()
-                error = error or exc
-        self._sealing.clear()
-        if self._sealer is not None:
-            self._sealer.shutdown()
-            self._sealer = None
-        if error is not None:
-            raise error
-        return sealed
-
-    def commit(self) -> None:
-        """Make every object of this batch durable and indexed."""
-        self._seal_current()
-        for pack in self._wait_for_seals():
-            self.store.index.add_pack(pack.name, pack.entries)
-
-    def abort(self) -> None:
-        if self._pack is not None:
-            self._pack.abort()
-            self._pack = None
-        # Sealed but unindexed packs hold only unreferenced objects; index them
-        # anyway so the bytes are not written twice, gc reclaims them if unused.
-        with contextlib.suppress(BaseException):
-            for pack in self._wait_for_seals():
-                self.store.index.add_pack(pack.name, pack.entries)

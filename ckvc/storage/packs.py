@@ -11,31 +11,27 @@ Byte layout (all integers little-endian; see docs/FORMAT.md):
     entry  := u8[32] id u8 type u8 codec u16 reserved(0) u64 offset u64 record_size u64 raw_size
     footer := "CKVCTOC1" u64 toc_offset u64 entry_count u32 crc32(toc) u32 reserved(0)  (32 bytes)
 
-A pack is written under a temporary name and renamed into place only once it is
-complete and fsynced, so every ``*.pack`` file is whole. Records are
-self-describing, so a pack whose table of contents is damaged can still be
-read by scanning.
+A pack is written through a backend's sink and published (locally: fsync and
+rename into place) only once it is complete, so every ``*.pack`` key is whole.
+Records are self-describing, so a pack whose table of contents is damaged can
+still be read by scanning.
+
+Pure format: this module moves bytes through the Backend interface and never
+touches the file system itself.
 """
 
 from __future__ import annotations
 
-import collections
-import contextlib
-import fcntl
-import os
-import stat
 import struct
 import threading
 import uuid
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 
-from ckvc.codecs import Buffer
-from ckvc.errors import CkvcError, CorruptObjectError, ObjectNotFoundError, UnsupportedFormatError, storage_error
-from ckvc.ids import ID_SIZE, ObjectType
-from ckvc.storage.files import fsync_dir
+from ckvc.errors import CorruptObjectError, UnsupportedFormatError
+from ckvc.ids import ID_SIZE, Buffer, ObjectType
+from ckvc.storage.backend import Backend, Sink, describe_key
 
 PACK_MAGIC = b"CKVCPACK"
 PACK_VERSION = 1
@@ -52,7 +48,18 @@ FOOTER = struct.Struct("<8sQQII")
 NO_BASE = bytes(ID_SIZE)
 _KINDS = frozenset(int(t) for t in ObjectType)  # record types this reader knows
 PACK_SUFFIX = ".pack"
-TMP_SUFFIX = ".pack.tmp"
+TMP_SUFFIX = ".pack.tmp"  # a pack sink's temporary, locally
+PACK_DIR = "packs"  # the folder (key prefix) of packs in a repository's backend
+
+
+def is_pack_name(name: str) -> bool:
+    """A name that can be a pack of this repository: index entries are not
+    trusted to stay inside the pack folder."""
+    return name.endswith(PACK_SUFFIX) and "/" not in name and "\0" not in name and not name.startswith(".")
+
+
+def pack_key(name: str, directory: str = PACK_DIR) -> str:
+    return f"{directory}/{name}" if directory else name
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,117 +117,82 @@ def parse_record(buf: Buffer, expected_size: int | None = None) -> Record:
 
 
 class PackWriter:
-    """Appends records to a new pack. Nothing is visible under the final name
-    until :meth:`seal` has written the table of contents, fsynced and renamed."""
+    """Appends records to a new pack in ``backend``'s ``directory``. Nothing is
+    visible under the pack's key until :meth:`seal` has written the table of
+    contents and published the sink."""
 
-    def __init__(self, pack_dir: Path) -> None:
-        self.pack_dir = pack_dir
+    def __init__(self, backend: Backend, directory: str = PACK_DIR) -> None:
         self.pack_uuid = uuid.uuid4()
         self.name = f"pack-{self.pack_uuid.hex}{PACK_SUFFIX}"
-        self._tmp_path = pack_dir / f"pack-{self.pack_uuid.hex}{TMP_SUFFIX}"
-        self._fd = os.open(self._tmp_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        self.key = pack_key(self.name, directory)
+        # Locally the sink holds an flock on its temporary until publish or
+        # abort: a temporary nobody holds is a dead writer's, which sweep removes.
+        self.sink: Sink = backend.open_sink(self.key)
+        self._done = False
         self.entries: list[RecordInfo] = []
-        self.size = 0
         try:
-            # Held until seal or abort: a temporary pack nobody holds is a dead
-            # writer's, which sweep_dead_temporaries may remove.
-            fcntl.flock(self._fd, fcntl.LOCK_EX)
-            self._write(PACK_HEADER.pack(PACK_MAGIC, PACK_VERSION, 0, self.pack_uuid.bytes))
+            self.sink.write(PACK_HEADER.pack(PACK_MAGIC, PACK_VERSION, 0, self.pack_uuid.bytes))
         except BaseException:
             self.abort()  # nobody holds this writer yet: leave no temporary pack behind
             raise
 
-    def _write(self, *parts: Buffer) -> None:
-        total = sum(len(p) for p in parts)
-        written = os.writev(self._fd, parts)
-        if written != total:  # short write: finish it the slow way
-            rest = b"".join(bytes(p) for p in parts)[written:]
-            while rest:
-                rest = rest[os.write(self._fd, rest) :]
-        self.size += total
+    @property
+    def size(self) -> int:
+        return self.sink.size
 
     def append(
         self, oid: bytes, kind: int, codec: int, raw_size: int, payload: Buffer, base: bytes | None = None
     ) -> RecordInfo:
         header = encode_record_header(oid, kind, codec, raw_size, len(payload), base)
         info = RecordInfo(oid, kind, codec, self.size, len(header) + len(payload), raw_size)
-        self._write(header, payload)
+        self.sink.writev((header, payload))
         self.entries.append(info)
         return info
 
-    def seal(self) -> Path:
-        """Write the table of contents and footer, fsync, and rename into place."""
+    def seal(self) -> str:
+        """Write the table of contents and footer and publish the pack (locally:
+        fsync, rename into place, directory fsync). Returns the pack's name."""
         toc = bytearray(TOC_HEADER.pack(TOC_MAGIC, 0))
         for e in self.entries:
             toc += TOC_ENTRY.pack(e.oid, e.kind, e.codec, 0, e.offset, e.record_size, e.raw_size)
         toc_offset = self.size
         footer = FOOTER.pack(FOOTER_MAGIC, toc_offset, len(self.entries), zlib.crc32(toc), 0)
-        self._write(toc, footer)
-        os.fsync(self._fd)
-        final = self.pack_dir / self.name
-        os.rename(self._tmp_path, final)  # still locked: no sweep can take it first
-        os.close(self._fd)
-        self._fd = -1
-        fsync_dir(self.pack_dir)
-        return final
+        self.sink.writev((toc, footer))
+        self.sink.publish()
+        self._done = True
+        return self.name
 
     def abort(self) -> None:
-        if self._fd >= 0:
-            os.close(self._fd)
-            self._fd = -1
-        with contextlib.suppress(OSError):
-            os.unlink(self._tmp_path)
+        if not self._done:
+            self._done = True
+            self.sink.abort()
 
 
-def sweep_dead_temporaries(pack_dir: Path) -> list[str]:
-    """Remove temporary packs whose writer is gone (killed, or its cleanup failed
-    too): their lock is free and they hold at least a header (a live writer locks
-    its file before it writes the header). Returns the names removed."""
-    removed: list[str] = []
-    try:
-        names = [n for n in os.listdir(pack_dir) if n.endswith(TMP_SUFFIX)]
-    except OSError:
-        return removed
-    for name in names:
-        path = pack_dir / name
-        try:
-            fd = os.open(path, os.O_RDONLY)
-        except OSError:
-            continue
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            if os.fstat(fd).st_size >= PACK_HEADER.size:
-                os.unlink(path)
-                removed.append(name)
-        except OSError:
-            pass  # held by a live writer, or not ours to remove
-        finally:
-            os.close(fd)
-    return removed
-
-
-def read_pack_header(fd: int, name: str) -> None:
-    head = os.pread(fd, PACK_HEADER.size, 0)
+def parse_pack_header(head: Buffer, name: str) -> None:
+    """CorruptObjectError or UnsupportedFormatError unless ``head`` is a pack header this reader knows."""
     if len(head) < PACK_HEADER.size:
         raise CorruptObjectError(f"pack {name} is shorter than its header")
-    magic, version, _flags, _uuid = PACK_HEADER.unpack(head)
+    magic, version, _flags, _uuid = PACK_HEADER.unpack_from(head)
     if magic != PACK_MAGIC:
         raise CorruptObjectError(f"pack {name} has a bad magic number")
     if version != PACK_VERSION:
         raise UnsupportedFormatError(f"pack {name} has format version {version}; this ckvc reads {PACK_VERSION}")
 
 
-def read_toc(fd: int, name: str) -> list[RecordInfo] | None:
-    """The pack's table of contents, or None when footer or TOC are damaged."""
-    size = os.fstat(fd).st_size
+def parse_footer(footer: Buffer, size: int) -> tuple[int, int, int] | None:
+    """(toc offset, entry count, TOC crc) from a pack's last 32 bytes, or None
+    when the footer does not describe a TOC that ends where the footer starts."""
     if size < PACK_HEADER.size + TOC_HEADER.size + FOOTER.size:
         return None
-    magic, toc_offset, count, crc, _ = FOOTER.unpack(os.pread(fd, FOOTER.size, size - FOOTER.size))
-    toc_size = TOC_HEADER.size + count * TOC_ENTRY.size
-    if magic != FOOTER_MAGIC or toc_offset + toc_size + FOOTER.size != size:
+    magic, toc_offset, count, crc, _ = FOOTER.unpack(footer)
+    if magic != FOOTER_MAGIC or toc_offset + TOC_HEADER.size + count * TOC_ENTRY.size + FOOTER.size != size:
         return None
-    toc = os.pread(fd, toc_size, toc_offset)
-    if zlib.crc32(toc) != crc or toc[:4] != TOC_MAGIC:
+    return toc_offset, count, crc
+
+
+def parse_toc(toc: Buffer, toc_offset: int, count: int, crc: int) -> list[RecordInfo] | None:
+    """The entries of a table of contents read at ``toc_offset``, or None when it is damaged."""
+    if zlib.crc32(toc) != crc or bytes(toc[:4]) != TOC_MAGIC:
         return None
     entries = []
     for i in range(count):
@@ -240,16 +212,39 @@ def read_toc(fd: int, name: str) -> list[RecordInfo] | None:
     return entries
 
 
-def scan_records(fd: int) -> Iterator[RecordInfo]:
+def _read(backend: Backend, key: str, offset: int, size: int) -> bytearray:
+    buf = bytearray(size)
+    backend.read_into(key, offset, memoryview(buf))
+    return buf
+
+
+def read_pack_header(backend: Backend, key: str) -> None:
+    size = min(PACK_HEADER.size, backend.size(key))
+    parse_pack_header(_read(backend, key, 0, size), describe_key(key).removeprefix("pack "))
+
+
+def read_toc(backend: Backend, key: str) -> list[RecordInfo] | None:
+    """The pack's table of contents, or None when footer or TOC are damaged."""
+    size = backend.size(key)
+    if size < FOOTER.size:
+        return None
+    where = parse_footer(_read(backend, key, size - FOOTER.size, FOOTER.size), size)
+    if where is None:
+        return None
+    toc_offset, count, crc = where
+    return parse_toc(_read(backend, key, toc_offset, TOC_HEADER.size + count * TOC_ENTRY.size), toc_offset, count, crc)
+
+
+def scan_records(backend: Backend, key: str) -> Iterator[RecordInfo]:
     """Walk records from the start of the pack, stopping at the first header that
     does not parse (the table of contents, or damage)."""
-    size = os.fstat(fd).st_size
+    size = backend.size(key)
     offset = PACK_HEADER.size
+    head = memoryview(bytearray(RECORD_HEADER_SIZE))
     while offset + RECORD_HEADER_SIZE <= size:
+        backend.read_into(key, offset, head)
         try:
-            kind, codec, raw_size, payload_size, oid, _base = parse_record_header(
-                os.pread(fd, RECORD_HEADER_SIZE, offset)
-            )
+            kind, codec, raw_size, payload_size, oid, _base = parse_record_header(head)
         except CorruptObjectError:
             return
         record_size = RECORD_HEADER_SIZE + payload_size
@@ -259,95 +254,46 @@ def scan_records(fd: int) -> Iterator[RecordInfo]:
         offset += record_size
 
 
-def pack_entries(fd: int, name: str) -> tuple[list[RecordInfo], bool]:
+def pack_entries(backend: Backend, key: str) -> tuple[list[RecordInfo], bool]:
     """(entries, from_toc): the TOC when intact, else what a scan recovers."""
-    read_pack_header(fd, name)
-    toc = read_toc(fd, name)
+    read_pack_header(backend, key)
+    toc = read_toc(backend, key)
     if toc is not None:
         return toc, True
-    return list(scan_records(fd)), False
-
-
-MAX_OPEN_PACKS = 64
+    return list(scan_records(backend, key)), False
 
 
 class PackReader:
-    """Positional reads from sealed packs. Thread-safe: pread needs no seek.
+    """Positional reads from sealed packs through a backend. Thread-safe.
 
-    Open files are cached, least recently used first out, at most
-    ``max_open`` of them idle: a repository has a pack per commit, far more than
-    a process may keep open. A file in use by a read is never closed under it.
-    """
+    Pack sizes are cached (packs never change once sealed), so a read is checked
+    against its pack's end before a buffer of its size is allocated."""
 
-    def __init__(self, pack_dir: Path, max_open: int = MAX_OPEN_PACKS) -> None:
-        self.pack_dir = pack_dir
-        self.max_open = max_open
-        self._fds: collections.OrderedDict[str, list[int]] = collections.OrderedDict()  # name -> [fd, users]
-        self._sizes: dict[str, int] = {}  # file sizes: packs never change once sealed
-        self._retired: dict[int, int] = {}  # fd -> users, for files dropped from the cache while in use
-        self._lock = threading.Lock()
+    def __init__(self, backend: Backend, directory: str = PACK_DIR) -> None:
+        self.backend = backend
+        self.directory = directory
+        self._sizes: dict[str, int] = {}
         self._local = threading.local()  # per-thread read buffers (read_reusing)
 
-    @contextlib.contextmanager
-    def opened(self, name: str) -> Iterator[int]:
-        """An open file descriptor for pack ``name`` for the duration of the block."""
-        with self._lock:
-            entry = self._fds.get(name)
-            if entry is not None:
-                self._fds.move_to_end(name)
-                entry[1] += 1
-            else:
-                if not _is_pack_name(name):  # index entries are not trusted to stay in packs/
-                    raise CorruptObjectError(f"the index names a pack {name!r:.80} that cannot exist")
-                try:
-                    fd = os.open(self.pack_dir / name, os.O_RDONLY)
-                except FileNotFoundError:
-                    raise ObjectNotFoundError(f"pack {name} is missing") from None
-                except OSError as exc:
-                    raise storage_error(exc, f"opening pack {name}", "nothing was read from it") from None
-                st = os.fstat(fd)
-                if not stat.S_ISREG(st.st_mode):
-                    os.close(fd)
-                    raise CorruptObjectError(f"pack {name} is not a regular file")
-                self._sizes[name] = st.st_size
-                entry = [fd, 1]
-                self._fds[name] = entry
-                self._evict_idle()
-            fd = entry[0]
-        try:
-            yield fd
-        except OSError as exc:  # EIO and the like from a read of this pack
-            raise storage_error(exc, f"reading pack {name}", "nothing was read from it") from None
-        finally:
-            with self._lock:
-                if self._fds.get(name) is entry:
-                    entry[1] -= 1
-                    self._evict_idle()
-                else:  # dropped from the cache while we used it
-                    self._retired[fd] -= 1
-                    if not self._retired[fd]:
-                        del self._retired[fd]
-                        os.close(fd)
+    def key(self, name: str) -> str:
+        if not is_pack_name(name):  # index entries are not trusted to stay in packs/
+            raise CorruptObjectError(f"the index names a pack {name!r:.80} that cannot exist")
+        return pack_key(name, self.directory)
 
-    def _evict_idle(self) -> None:
-        """Close least recently used idle files beyond the cap (lock held)."""
-        excess = len(self._fds) - self.max_open
-        for name in list(self._fds):
-            if excess <= 0:
-                break
-            fd, users = self._fds[name]
-            if users == 0:
-                del self._fds[name]
-                os.close(fd)
-                excess -= 1
+    def size(self, name: str) -> int:
+        size = self._sizes.get(name)
+        if size is None:
+            size = self._sizes[name] = self.backend.size(self.key(name))
+        return size
+
+    def entries(self, name: str) -> tuple[list[RecordInfo], bool]:
+        """(entries, from_toc) of pack ``name``: its TOC, or what a scan recovers."""
+        return pack_entries(self.backend, self.key(name))
 
     def check_range(self, name: str, offset: int, size: int) -> None:
         """CorruptObjectError unless [offset, offset + size) lies inside the pack:
         checked before any buffer of ``size`` bytes is allocated for a read."""
-        pack_size = self._sizes.get(name)
-        if pack_size is None:
-            with self.opened(name):
-                pack_size = self._sizes[name]
+        pack_size = self.size(name)
         if offset < 0 or size < 0 or offset + size > pack_size:
             raise CorruptObjectError(
                 f"pack {name}: {size} bytes at offset {offset} run past its end ({pack_size} bytes)"
@@ -355,46 +301,37 @@ class PackReader:
 
     def read(self, name: str, offset: int, size: int) -> bytes:
         self.check_range(name, offset, size)
-        with self.opened(name) as fd:
-            data = os.pread(fd, size, offset)
-        if len(data) != size:
-            raise CorruptObjectError(f"pack {name} is truncated at offset {offset}")
-        return data
+        buf = bytearray(size)
+        self.backend.read_into(self.key(name), offset, memoryview(buf))
+        return bytes(buf)
 
     def read_reusing(self, name: str, offset: int, size: int, slot: int = 0) -> memoryview:
         """Like :meth:`read`, into a buffer this thread reuses per ``slot``: valid
         only until this thread's next read into the same slot. Fresh pages cost a
         fault per 4 KiB in these VMs, more than decoding what lands in them."""
         self.check_range(name, offset, size)
-        view = self._buffer(slot, size)
-        self._read_exact(name, offset, [view])
+        view = self.buffer(slot, size)
+        self.backend.read_into(self.key(name), offset, view)
         return view
 
-    def _buffer(self, slot: int, size: int) -> memoryview:
+    def buffer(self, slot: int, size: int) -> memoryview:
+        """This thread's reusable buffer ``slot``, at least ``size`` bytes (its first ``size`` returned)."""
         bufs: dict[int, bytearray] = self._local.__dict__.setdefault("bufs", {})
         buf = bufs.get(slot)
         if buf is None or len(buf) < size:
             buf = bufs[slot] = bytearray(max(size, 1 << 20))
         return memoryview(buf)[:size]
 
-    def _read_exact(self, name: str, offset: int, buffers: list[memoryview]) -> None:
-        """Fill ``buffers`` in order from ``offset``; a short read means a truncated pack."""
-        with self.opened(name) as fd:
-            got = os.preadv(fd, buffers, offset)
-        if got != sum(len(b) for b in buffers):
-            raise CorruptObjectError(f"pack {name} is truncated at offset {offset}")
+    def readv(self, name: str, offset: int, buffers: list[memoryview]) -> None:
+        """Fill ``buffers`` in order from ``offset`` with one backend request."""
+        self.check_range(name, offset, sum(len(b) for b in buffers))
+        self.backend.readv_into(self.key(name), offset, buffers)
 
     def prefetch(self, name: str, offset: int, size: int) -> None:
-        """Ask the kernel to start reading a range now (POSIX_FADV_WILLNEED): the
-        read that follows finds it in the page cache instead of waiting on the
-        disk. A hint only; a missing pack is reported by the read itself."""
-        if not hasattr(os, "posix_fadvise"):
-            return
-        try:
-            with self.opened(name) as fd:
-                os.posix_fadvise(fd, offset, size, os.POSIX_FADV_WILLNEED)
-        except (CkvcError, OSError):
-            pass
+        """Ask the backend to start reading a range now (locally POSIX_FADV_WILLNEED).
+        A hint only; a missing pack is reported by the read itself."""
+        if is_pack_name(name):
+            self.backend.prefetch(pack_key(name, self.directory), offset, size)
 
     def read_head_into(self, name: str, offset: int, size: int, head_size: int, out: memoryview) -> memoryview:
         """Read ``size`` bytes at ``offset``: the first ``head_size`` into this thread's
@@ -403,31 +340,16 @@ class PackReader:
         if len(out) != size - head_size:
             raise ValueError("destination does not match the record's payload size")
         self.check_range(name, offset, size)
-        head = self._buffer(-1, head_size)
-        self._read_exact(name, offset, [head, out])
+        head = self.buffer(-1, head_size)
+        self.backend.readv_into(self.key(name), offset, (head, out))
         return head
 
     def forget(self, name: str) -> None:
-        """Drop a pack's cached file (gc removed the pack)."""
-        with self._lock:
-            self._sizes.pop(name, None)
-            entry = self._fds.pop(name, None)
-            if entry is not None:
-                if entry[1]:
-                    self._retired[entry[0]] = entry[1]
-                else:
-                    os.close(entry[0])
+        """Drop what is cached of a pack (gc removed it)."""
+        self._sizes.pop(name, None)
+        if is_pack_name(name):
+            self.backend.forget(pack_key(name, self.directory))
 
     def close(self) -> None:
-        with self._lock:
-            entries, self._fds = list(self._fds.values()), collections.OrderedDict()
-        for fd, _users in entries:
-            os.close(fd)
-
-
-def _is_pack_name(name: str) -> bool:
-    return name.endswith(PACK_SUFFIX) and "/" not in name and "\0" not in name and not name.startswith(".")
-
-
-def list_packs(pack_dir: Path) -> list[str]:
-    return sorted(p.name for p in pack_dir.iterdir() if _is_pack_name(p.name))
+        self._sizes.clear()
+        self.backend.close()

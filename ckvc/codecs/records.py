@@ -1,0 +1,86 @@
+"""What a stored record's codec header says about the chunk it holds: its base,
+the depth of its delta chain, its age. Pure: bytes in, answers out; the object
+store moves the bytes and verifies ids, this module reads codec headers."""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from ckvc.codecs import CODEC_NAMES, DELTA, QUANT, WHOLE_CODECS, delta_header
+from ckvc.codecs.lossy import QUANT_HEAD_SIZE, quant_header
+from ckvc.errors import CorruptObjectError, UnsupportedFormatError
+from ckvc.ids import Buffer
+
+# How much of a based record's payload base_info needs: the longest codec head
+# (the quant head is at least the delta head).
+BASE_HEAD_SIZE = QUANT_HEAD_SIZE
+
+
+class BaseInfo(NamedTuple):
+    """A chunk's base (None: stored whole or lossy standalone), the age it records
+    (commits since its base was written), and whether it decodes on its own
+    without loss of meaning as a keyframe."""
+
+    base: bytes | None
+    age: int
+    whole: bool
+
+
+WHOLE = BaseInfo(None, 0, True)
+
+
+def base_info(codec: int, base: bytes | None, payload_head: Buffer) -> BaseInfo:
+    """The BaseInfo of a record of ``codec`` naming ``base``, from the first
+    BASE_HEAD_SIZE bytes of its payload (all of a shorter payload)."""
+    if codec in WHOLE_CODECS:
+        return WHOLE
+    if codec == DELTA:
+        if base is None:
+            raise CorruptObjectError("delta record names no base")
+        return BaseInfo(base, delta_header(payload_head).age, False)
+    if codec == QUANT:
+        return BaseInfo(base, quant_header(payload_head).age, False)
+    raise UnsupportedFormatError(f"unknown codec id {codec}")
+
+
+def delta_depth(payload: Buffer) -> int:
+    """Links from a delta record down to a chunk stored whole (checked header)."""
+    return delta_header(payload).depth
+
+
+def is_keyframe_delta(codec: int, base: bytes | None, payload: Buffer) -> bool:
+    """A delta one link from a whole chunk (all ckvc writes): its keyframe can be
+    decoded straight into the destination and the residual added in place."""
+    return codec == DELTA and base is not None and delta_depth(payload) == 1
+
+
+def base_to_decode(codec: int, base: bytes | None, payload: Buffer) -> tuple[bytes, int] | None:
+    """(base id, depth the base must have) for a record that decodes against a
+    base, None for one that decodes alone; CorruptObjectError where the header
+    and the base id contradict each other. Residuals only ever sit on keyframes
+    (depth 0)."""
+    if codec == DELTA:
+        if base is None:
+            raise CorruptObjectError("delta record names no base")
+        return base, delta_depth(payload) - 1
+    if codec == QUANT and base is not None:
+        return base, 0
+    if base is not None:
+        raise CorruptObjectError(f"a {CODEC_NAMES.get(codec, codec)} record names a base")
+    return None
+
+
+def check_base_link(oid: bytes, codec: int, base: bytes | None, payload: Buffer, depth: int) -> bytes | None:
+    """A link of a delta chain, met at ``depth`` links above a keyframe: the
+    base it decodes against (None for the keyframe itself). Depths strictly
+    decrease, so a chain cannot loop; a lossy chunk is never a base."""
+    if codec not in WHOLE_CODECS and codec != DELTA:
+        raise CorruptObjectError("a lossy chunk cannot be a base", object_id=oid.hex())
+    if codec != DELTA:
+        return None
+    if base is None:
+        raise CorruptObjectError("delta record names no base", object_id=oid.hex())
+    own_depth = delta_depth(payload)
+    if own_depth != depth or depth < 1:
+        raise CorruptObjectError(f"delta chain depth {own_depth} where {depth} was expected", object_id=oid.hex())
+    return base
