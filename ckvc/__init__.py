@@ -22,7 +22,8 @@ _LAZY: dict[str, str] = {
     "CommitStats": "ckvc.write",
     "Repo": "ckvc.repo",
     **dict.fromkeys(("rng_state", "set_rng_state"), "ckvc.state"),  # these import torch
-    **dict.fromkeys(("CommitView", "IncompatibleKeys"), "ckvc.view"),  # so does this
+    "CommitView": "ckvc.view",  # so do these
+    "IncompatibleKeys": "ckvc.integrations.torch_nn",
 }
 
 if TYPE_CHECKING:
@@ -51,10 +52,11 @@ if TYPE_CHECKING:
         UnsupportedTypeError,
     )
     from ckvc.inspect import CommitInfo, StateDiff, TensorChange, TensorSummary
+    from ckvc.integrations.torch_nn import IncompatibleKeys
     from ckvc.objects import Commit, Tag
     from ckvc.repo import Repo
     from ckvc.state import rng_state, set_rng_state
-    from ckvc.view import CommitView, IncompatibleKeys
+    from ckvc.view import CommitView
     from ckvc.write import CommitStats
 
 

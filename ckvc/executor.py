@@ -88,6 +88,11 @@ class Window(Generic[T]):
         self._depth = max(1, depth)
         self._in_flight: collections.deque[tuple[Future[T], Callable[[T], None] | None]] = collections.deque()
 
+    @property
+    def depth(self) -> int:
+        """The most tasks in flight at once."""
+        return self._depth
+
     def submit(self, fn: Callable[..., T], *args: Any, then: Callable[[T], None] | None = None) -> None:
         self._in_flight.append((self._executor.submit(fn, *args), then))
         if len(self._in_flight) >= self._depth:

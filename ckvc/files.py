@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import numpy as np
 
 from ckvc.errors import CkvcError, InvalidInputError, UnsupportedTypeError
-from ckvc.state import StoredFile, _is_utf8
+from ckvc.state import StoredFile, is_utf8
 
 if TYPE_CHECKING:
     import torch
@@ -178,7 +178,7 @@ def _walk(root: Path, follow_links: bool) -> dict[str, _Entry]:
         for name in names:
             path = directory / name
             rel = f"{rel_dir}/{name}" if rel_dir else name
-            if not _is_utf8(name):  # stored names are UTF-8 (FORMAT.md 10.7)
+            if not is_utf8(name):  # stored names are UTF-8 (FORMAT.md 10.7)
                 raise UnsupportedFileError(f"{os.fsencode(path)!r}: the file name is not valid UTF-8")
             st = os.lstat(path)
             if stat.S_ISLNK(st.st_mode):
@@ -521,18 +521,15 @@ def export_commit(
     kind, else the suffix of ``out``. ``prefix`` ("model."): only the leaves under
     it, with the prefix removed from their names, as one file. ``allow_pickle``: as
     for ``Repo.load`` (a commit holding pickled values is refused without it)."""
-    from ckvc import state as state_mod
-    from ckvc.view import read_blobs
+    from ckvc import read
 
     if prefix is not None:
         flat = repo.load(rev, map_location="cpu", prefix=prefix, progress=progress, allow_pickle=allow_pickle)
         return write_checkpoint({k[len(prefix) :]: v for k, v in flat.items()}, out, format=format)
     commit = repo.readable_commit(rev, allow_pickle=allow_pickle)
-    snapshot = repo.read_snapshot(commit)
-    # The checks load makes, before anything is allocated or read.
-    parsed = state_mod.parse_snapshot(snapshot, commit.id, allow_pickle=allow_pickle, files=True)
-    bases = read_blobs(repo.core, commit, snapshot.blobs, progress)
-    state = state_mod.build_state(parsed, bases.__getitem__, map_location="cpu")
+    state = read.load_state(
+        repo.core, commit, map_location="cpu", allow_pickle=allow_pickle, progress=progress, files=True
+    )
     return write_checkpoint(state, out, commit.metadata, format=format, progress=progress)
 
 

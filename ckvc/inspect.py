@@ -324,7 +324,7 @@ def diff(core: Repository, a: str, b: str, paths: Sequence[str] = (), *, data: b
 def load_tensor(core: Repository, commit: Commit, snapshot: Snapshot, info: TensorInfo) -> Any:
     """One tensor of ``commit``, read and verified (its whole blob)."""
     from ckvc import state as state_mod
-    from ckvc.view import read_blobs
+    from ckvc.read import read_blobs
 
     (base,) = read_blobs(core, commit, [snapshot.blobs[info.blob]])
     return state_mod.materialize(info, base)

@@ -30,12 +30,13 @@ if TYPE_CHECKING:
     from ckvc.executor import Executor
     from ckvc.fsck import FsckReport
     from ckvc.gc import GcReport
+    from ckvc.integrations.torch_nn import IncompatibleKeys
     from ckvc.pruned import PruneLog
     from ckvc.refs import RefStore
     from ckvc.retention import RetentionPolicy
     from ckvc.state import MapLocation, PendingBlob
     from ckvc.storage.object_store import ObjectStore
-    from ckvc.view import CommitView, IncompatibleKeys
+    from ckvc.view import CommitView
 
 __all__ = [
     "REPO_DIR", "CommitInfo", "CommitStats", "PendingCommit", "ProgressCallback", "Reached", "Repo", "StateDiff",
@@ -246,17 +247,13 @@ class Repo:
         and/or ``prefix`` ("model."): only those leaves, as a flat dict by path,
         reading only the chunks they cover. UnknownKeyError (a KeyError) for a
         key the commit does not hold."""
-        if keys is not None or prefix is not None:
-            return self.view(rev, map_location, allow_pickle=allow_pickle, progress=progress).load(keys, prefix=prefix)
-        from ckvc import state as state_mod
-        from ckvc.view import read_blobs
+        from ckvc import read
 
         commit = self.readable_commit(rev, allow_pickle=allow_pickle)
-        snapshot = self.read_snapshot(commit)
-        # fsck's structure checks, before anything is allocated or read.
-        parsed = state_mod.parse_snapshot(snapshot, commit.id, allow_pickle=allow_pickle)
-        bases = read_blobs(self.core, commit, snapshot.blobs, progress)
-        return state_mod.build_state(parsed, bases.__getitem__, map_location=map_location)
+        return read.load_state(
+            self.core, commit, map_location=map_location, allow_pickle=allow_pickle, progress=progress, keys=keys,
+            prefix=prefix,
+        )  # fmt: skip
 
     def view(
         self, rev: str = "HEAD", map_location: MapLocation = None, *, allow_pickle: bool = False,
@@ -266,9 +263,10 @@ class Repo:
         the snapshot only; ``view[path]`` reads and verifies only that tensor's
         chunks. ``view.info(path)``, ``view.non_tensors``, ``view.commit``,
         ``view.load(keys, prefix=...)``. Pruned commits and pickles as in ``load``."""
-        from ckvc.view import open_view
+        from ckvc.view import CommitView
 
-        return open_view(self.core, rev, map_location, allow_pickle=allow_pickle, progress=progress)
+        commit = self.readable_commit(rev, allow_pickle=allow_pickle)
+        return CommitView(self.core, commit, map_location=map_location, allow_pickle=allow_pickle, progress=progress)
 
     def load_into(
         self, rev: str = "HEAD", *, model: torch.nn.Module | None = None,
@@ -289,10 +287,11 @@ class Repo:
         scheduler get their ``load_state_dict`` (``map_location``: where their tensors
         load first). Verified as ``load`` is; a chunk found damaged while the model is
         being written leaves it partly written (CorruptObjectError)."""
-        from ckvc.view import load_into
+        from ckvc.integrations.torch_nn import load_into
 
         return load_into(
-            self.core, rev, model=model, optimizer=optimizer, scheduler=scheduler, strict=strict, model_key=model_key,
+            self.core, self.readable_commit(rev, allow_pickle=allow_pickle), model=model, optimizer=optimizer,
+            scheduler=scheduler, strict=strict, model_key=model_key,
             optimizer_key=optimizer_key, scheduler_key=scheduler_key, map_location=map_location,
             allow_pickle=allow_pickle, progress=progress,
         )  # fmt: skip

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import dataclasses
 import functools
 import importlib
 import math
@@ -185,7 +186,7 @@ def _caller_stacklevel() -> int:
     return level
 
 
-def _is_utf8(text: str) -> bool:
+def is_utf8(text: str) -> bool:
     """False for strings holding lone surrogates, which UTF-8 cannot encode."""
     try:
         text.encode("utf-8")
@@ -215,7 +216,7 @@ class _Encoder:
         if depth >= MAX_DEPTH and t in (list, tuple, dict, collections.OrderedDict):
             raise UnsupportedTypeError(path, f"the state nests containers deeper than {MAX_DEPTH} levels")
         if t is str:
-            return value if _is_utf8(value) else self._fallback(value, path, "string is not valid UTF-8")
+            return value if is_utf8(value) else self._fallback(value, path, "string is not valid UTF-8")
         if t is int:
             if _INT64_MIN <= value <= _UINT64_MAX:
                 return value
@@ -227,7 +228,7 @@ class _Encoder:
         if t is dict or t is collections.OrderedDict:
             encoded = {}
             for k, v in value.items():
-                if not ((type(k) is str and _is_utf8(k)) or (type(k) is int and _INT64_MIN <= k <= _UINT64_MAX)):
+                if not ((type(k) is str and is_utf8(k)) or (type(k) is int and _INT64_MIN <= k <= _UINT64_MAX)):
                     return self._fallback(value, path, f"dict key {k!r:.50} is not a UTF-8 str or a 64-bit int")
                 encoded[k] = self.encode(v, _join(path, k), depth + 1)
             return encoded if t is dict else _ODict(encoded)
@@ -874,24 +875,46 @@ def build_state(
     parsed: ParsedTree, load_blob: Callable[[int], torch.Tensor | np.ndarray], *, map_location: MapLocation = None
 ) -> Any:
     """The state of a parsed tree, its tensors made from the blobs ``load_blob`` returns."""
-    cpu_bases: dict[int, Any] = {}
-    placed: dict[tuple[int, str], Any] = {}
-    made: dict[TensorInfo, Any] = {}
+    return parsed.build(TensorMaker(lambda index: (load_blob(index), None), map_location))
 
-    def base_for(info: TensorInfo) -> Any:
+
+class TensorMaker:
+    """Tensors (or numpy arrays) of tensor nodes, made from their blobs' buffers as
+    loading makes them: each buffer asked for once, placed once per recorded
+    device (``map_location``), each node made once, so tensors that share a blob
+    come back sharing storage. ``base_of(blob)`` returns a flat CPU buffer and the
+    element of the blob it starts at, None when it holds the whole blob (offsets
+    stay as stored). Called with a TensorInfo; used by build_state and ckvc.read."""
+
+    def __init__(
+        self, base_of: Callable[[int], tuple[torch.Tensor | np.ndarray, int | None]], map_location: MapLocation
+    ) -> None:
+        self._base_of = base_of
+        self._map_location = map_location
+        self._bases: dict[int, tuple[Any, int | None]] = {}
+        self._placed: dict[tuple[int, str], Any] = {}
+        self._made: dict[TensorInfo, Any] = {}
+
+    def __call__(self, info: TensorInfo) -> Any:
+        made = self._made.get(info)
+        if made is not None:
+            return made
+        if info.blob not in self._bases:
+            self._bases[info.blob] = self._base_of(info.blob)
+        base, first = self._bases[info.blob]
         key = (info.blob, info.device)
-        if key not in placed:
-            if info.blob not in cpu_bases:
-                cpu_bases[info.blob] = load_blob(info.blob)
-            placed[key] = place(cpu_bases[info.blob], info.device, map_location)
-        return placed[key]
-
-    def on_tensor(info: TensorInfo) -> Any:
-        if info not in made:
-            made[info] = materialize(info, base_for(info))
-        return made[info]
-
-    return parsed.build(on_tensor)
+        if key not in self._placed:
+            self._placed[key] = place(base, info.device, self._map_location)
+        placed = self._placed[key]
+        local = info
+        if first is not None:  # a part of the blob: offsets relative to it
+            if info.stride is not None:
+                local = dataclasses.replace(info, offset=info.offset - first if info.numel else 0)
+            elif info.numel == 0:
+                placed = placed[:0]  # an empty tensor next to others in one blob (not written so, but harmless)
+        made = materialize(local, placed)
+        self._made[info] = made
+        return made
 
 
 def place(base: Any, recorded: str, map_location: MapLocation) -> Any:

@@ -14,7 +14,7 @@ from helpers import assert_state_equal, tensor_bytes
 
 import ckvc
 from ckvc import state as state_mod
-from ckvc.view import _write_range
+from ckvc.integrations.torch_nn import write_range
 
 CHUNK = 4096  # small chunks: every parameter spans several
 
@@ -254,7 +254,7 @@ def test_write_range_matches_a_flat_copy() -> None:
             src = torch.randn(b - a, generator=g)
             want = dst.clone().reshape(-1)
             want[a:b] = src
-            _write_range(dst, a, b, src)
+            write_range(dst, a, b, src)
             assert torch.equal(dst.reshape(-1), want)
 
 

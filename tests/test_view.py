@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +22,8 @@ CHUNK = 4096  # small chunks: every test tensor spans several
 
 
 def counting_reads(repo: ckvc.Repo) -> list[bytes]:
-    """Every chunk id the store reads from now on (store.read_into wrapped)."""
+    """Every chunk id the store reads from now on (store.read_into and
+    store.read_many_into wrapped: the read engine hands batches to the latter)."""
     seen: list[bytes] = []
     original = repo.store.read_into
 
@@ -30,7 +31,12 @@ def counting_reads(repo: ckvc.Repo) -> list[bytes]:
         seen.append(oid)
         original(oid, out)
 
+    def read_many_into(items: Sequence[tuple[bytes, memoryview]]) -> None:
+        for oid, out in items:
+            read_into(oid, out)
+
     repo.store.read_into = read_into  # type: ignore[method-assign]
+    repo.store.read_many_into = read_many_into  # type: ignore[method-assign]
     return seen
 
 

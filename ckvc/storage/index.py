@@ -303,6 +303,15 @@ class Index:
         except _CAUGHT as exc:
             raise _translate(exc, self.path) from None
 
+    def get_many(self, oids: Iterable[bytes]) -> list[IndexEntry | None]:
+        """The entry of each id, None where it is not indexed; one transaction (the
+        read engine orders a checkout's chunks by where they lie)."""
+        try:
+            with self._env.begin(db=self._objects, buffers=True) as txn:
+                return [None if (raw := txn.get(oid)) is None else self._entry(txn, raw) for oid in oids]
+        except _CAUGHT as exc:
+            raise _translate(exc, self.path) from None
+
     def has(self, oid: bytes) -> bool:
         try:
             with self._env.begin(db=self._objects, buffers=True) as txn:
@@ -450,6 +459,9 @@ class MemoryIndex:
 
     def get(self, oid: bytes) -> IndexEntry | None:
         return self._objects.get(oid)
+
+    def get_many(self, oids: Iterable[bytes]) -> list[IndexEntry | None]:
+        return [self._objects.get(oid) for oid in oids]
 
     def has(self, oid: bytes) -> bool:
         return oid in self._objects

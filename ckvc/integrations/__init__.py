@@ -1,0 +1,3 @@
+"""Framework integrations over the library: each module imports its framework, so
+importing this package imports none of them. torch_nn: ``load_into`` (a commit
+restored into a live model, optimizer and scheduler)."""

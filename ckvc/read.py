@@ -1,0 +1,483 @@
+"""The one read engine: a commit's chunks decoded and verified into their destinations.
+
+``Repo.load``, views (ckvc.view), ``load_into`` (ckvc.integrations.torch_nn) and
+file export (ckvc.files) all read through here, in three steps:
+
+1. **plan**: which chunks, and where each goes: straight into the allocated
+   tensor's memory (contiguous CPU), or into a one-chunk scratch buffer that a
+   callback copies from (GPU, strided, cast). Chunk sizes are checked against
+   the index before a buffer is allocated, so a crafted blob table cannot make
+   a read allocate what its chunks do not hold.
+2. **order**: the reads grouped per pack and sorted by offset (:func:`plan`), so
+   the store can coalesce neighbouring records into one backend read
+   (``ObjectStore.read_many_into``), which a high-latency backend needs.
+3. **run**: batches decoded in parallel on the repository's executor, in a
+   bounded window (scratch memory stays a few chunks), the chunks queued behind
+   announced to the store (``prefetch``) for cold reads, progress reported in
+   order on the calling thread.
+
+Errors name the commit and the tensor. Entry points take ``core`` (anything with
+``store``, ``executor`` and ``read_snapshot(commit)``) and a commit already
+resolved and checked readable (not pruned, pickles allowed if it holds any).
+"""
+
+from __future__ import annotations
+
+import collections
+import functools
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
+
+import numpy as np
+import torch
+
+from ckvc import state as state_mod
+from ckvc.chunking import chunk_spans, size_batches
+from ckvc.core import ProgressCallback
+from ckvc.errors import CorruptObjectError, InvalidInputError, ObjectNotFoundError, UnknownKeyError
+from ckvc.ids import ObjectType
+from ckvc.objects import Blob, Commit, Snapshot
+from ckvc.state import MapLocation, TensorInfo
+
+if TYPE_CHECKING:
+    from ckvc.executor import Executor
+    from ckvc.storage.object_store import ObjectStore
+
+
+# How far ahead of the reads in flight chunks are announced to the store, in windows.
+PREFETCH_WINDOWS = 2
+# How many names an error message lists before it says "and N more".
+MAX_NAMED = 8
+
+
+class ReadCore(Protocol):
+    """What the engine needs of a repository (ckvc.core.Repository, ckvc.Repo)."""
+
+    @property
+    def store(self) -> ObjectStore: ...
+
+    @property
+    def executor(self) -> Executor: ...
+
+    def read_snapshot(self, commit: Commit) -> Snapshot: ...
+
+
+def format_names(items: Sequence[str]) -> str:
+    """The first MAX_NAMED items quoted, and how many more there are."""
+    shown = ", ".join(repr(i) for i in items[:MAX_NAMED])
+    return shown + (f" and {len(items) - MAX_NAMED} more" if len(items) > MAX_NAMED else "")
+
+
+class Progress:
+    """Bytes done over bytes planned, reported to a ProgressCallback."""
+
+    def __init__(self, callback: ProgressCallback | None, total: int = 0) -> None:
+        self.callback = callback
+        self.total = total
+        self.done = 0
+
+    def add(self, n: int) -> None:
+        self.done += n
+        if self.callback is not None:
+            self.callback(self.done, self.total)
+
+
+@dataclass
+class ChunkRead:
+    """One chunk to read: straight into ``into``, or into a scratch buffer that
+    ``then`` receives (on the calling thread) and copies from."""
+
+    blob: Blob
+    oid: bytes
+    size: int
+    into: memoryview | None = None
+    then: Callable[[np.ndarray], None] | None = None
+    pinned: bool = False  # scratch in pinned host memory (the copy goes to a GPU)
+
+
+@dataclass
+class PackReads:
+    """The reads of one pack, by offset; ``pack`` None: chunks the index does not
+    know (the read looks for them in packs not indexed yet, else raises)."""
+
+    pack: str | None
+    reads: list[ChunkRead]
+
+
+# ---- planning -----------------------------------------------------------------
+
+
+def blob_spans(blob: Blob, commit: Commit) -> list[tuple[int, int]]:
+    """The byte span of each of ``blob``'s chunks; CorruptObjectError when its
+    chunk list does not cover its size."""
+    spans = list(chunk_spans(blob.nbytes, blob.chunk_size))
+    if len(spans) != len(blob.chunks):
+        raise CorruptObjectError("blob chunk list does not cover its size", commit=commit.id, tensor=blob.path)
+    return spans
+
+
+def blob_itemsize(blob: Blob, commit: Commit) -> int:
+    try:
+        return state_mod.blob_itemsize(blob.dtype)
+    except CorruptObjectError as exc:
+        raise exc.with_context(commit=commit.id, tensor=blob.path) from None
+
+
+def not_found(exc: ObjectNotFoundError, commit: Commit, tensor: str) -> ObjectNotFoundError:
+    """``exc`` naming the tensor and commit that need the object."""
+    return ObjectNotFoundError(f"{exc} (tensor {tensor!r}, commit {commit.id})")
+
+
+def check_chunk_sizes(store: ObjectStore, commit: Commit, blob: Blob, chunks: Iterable[int] | None = None) -> None:
+    """Each chunk's size as the index records it against its span, before any
+    buffer is allocated for the blob. One index lookup per chunk (fsck makes the
+    same check). ``chunks``: the indices to check (default all)."""
+    spans = blob_spans(blob, commit)
+    wanted = range(len(spans)) if chunks is None else list(chunks)
+    found = store.index.sizes(blob.chunks[i] for i in wanted)
+    for i, size in zip(wanted, found, strict=True):
+        oid, (start, end) = blob.chunks[i], spans[i]
+        if size is None:
+            try:
+                entry = store.locate(oid)  # indexes packs it does not know yet, else raises
+            except ObjectNotFoundError as exc:
+                raise not_found(exc, commit, blob.path) from None
+            size = (entry.kind, entry.raw_size)
+        if size != (ObjectType.CHUNK, end - start):
+            raise CorruptObjectError(
+                f"chunk {oid.hex()} at bytes {start}-{end} is stored as {size[1]} bytes of type {size[0]}",
+                commit=commit.id,
+                tensor=blob.path,
+            )
+
+
+def plan(store: ObjectStore, reads: Iterable[ChunkRead]) -> list[PackReads]:
+    """``reads`` grouped per pack (packs in the order their first read comes),
+    each group sorted by offset, chunks the index does not know last: neighbouring
+    records of a pack come one after the other, for the store to coalesce."""
+    reads = list(reads)
+    groups: dict[str | None, list[tuple[int, ChunkRead]]] = {}
+    unknown: list[tuple[int, ChunkRead]] = []
+    for read, entry in zip(reads, store.index.get_many(r.oid for r in reads), strict=True):
+        if entry is None:
+            unknown.append((0, read))
+        else:
+            groups.setdefault(entry.pack, []).append((entry.offset, read))
+    if unknown:
+        groups[None] = unknown
+    return [PackReads(pack, [r for _, r in sorted(rs, key=lambda x: x[0])]) for pack, rs in groups.items()]
+
+
+# ---- running ------------------------------------------------------------------
+
+
+def _scratch(read: ChunkRead) -> np.ndarray:
+    if read.pinned and torch.cuda.is_available():
+        return torch.empty(read.size, dtype=torch.uint8, pin_memory=True).numpy()
+    return np.empty(read.size, dtype=np.uint8)
+
+
+def _read_one(store: ObjectStore, commit: Commit, read: ChunkRead, out: memoryview) -> None:
+    try:
+        store.read_into(read.oid, out)
+    except CorruptObjectError as exc:
+        raise exc.with_context(commit=commit.id, tensor=read.blob.path) from None
+    except ObjectNotFoundError as exc:
+        raise not_found(exc, commit, read.blob.path) from None
+
+
+def _read_batch(store: ObjectStore, commit: Commit, batch: Sequence[tuple[ChunkRead, memoryview]]) -> None:
+    """Decode and verify one batch (on a pool thread) in one store call; errors name the tensor."""
+    if len(batch) == 1:
+        _read_one(store, commit, *batch[0])
+        return
+    try:
+        store.read_many_into([(read.oid, out) for read, out in batch])
+    except (CorruptObjectError, ObjectNotFoundError) as exc:
+        # Which chunk failed: read them one by one, so the error names its tensor.
+        for read, out in batch:
+            _read_one(store, commit, read, out)
+        if isinstance(exc, CorruptObjectError):
+            raise exc.with_context(commit=commit.id) from None
+        raise
+
+
+def _finish_batch(
+    batch: Sequence[ChunkRead], scratches: Sequence[np.ndarray | None], progress: Progress, _: object
+) -> None:
+    for read, scratch in zip(batch, scratches, strict=True):
+        if read.then is not None:
+            assert scratch is not None
+            read.then(scratch)
+        progress.add(read.size)
+
+
+def run_reads(core: ReadCore, commit: Commit, reads: Sequence[ChunkRead], progress: Progress) -> None:
+    """Decode and verify ``reads`` (in :func:`plan`'s order) on the executor, a
+    bounded window of batches in flight. Each scratch read's ``then`` runs on the
+    calling thread once its batch is done; no read outlives this call."""
+    store = core.store
+    ordered = [read for group in plan(store, reads) for read in group.reads]
+    with core.executor.window() as window:
+        # Cold reads: the store fetches the chunks queued behind the running ones
+        # while these decode, instead of each read waiting on the disk in turn.
+        ahead = PREFETCH_WINDOWS * window.depth
+        for read in ordered[:ahead]:
+            store.prefetch(read.oid)
+        queued = 0
+        for batch in size_batches(ordered, lambda read: read.size):
+            scratches: list[np.ndarray | None] = []
+            targets: list[tuple[ChunkRead, memoryview]] = []
+            for read in batch:
+                if queued + ahead < len(ordered):
+                    store.prefetch(ordered[queued + ahead].oid)
+                queued += 1
+                scratch = None
+                out = read.into
+                if out is None:
+                    scratch = _scratch(read)
+                    out = scratch.data.cast("B")
+                scratches.append(scratch)
+                targets.append((read, out))
+            window.submit(
+                _read_batch, store, commit, targets, then=functools.partial(_finish_batch, batch, scratches, progress)
+            )
+
+
+# ---- blobs and tensors --------------------------------------------------------
+
+
+def read_blobs(
+    core: ReadCore, commit: Commit, blobs: Sequence[Blob], progress: ProgressCallback | None = None
+) -> list[torch.Tensor | np.ndarray]:
+    """Every blob allocated whole and filled with its chunks: flat CPU buffers of
+    their dtypes. Chunks of all blobs are in flight together, so small tensors load
+    in parallel too."""
+    for blob in blobs:
+        check_chunk_sizes(core.store, commit, blob)  # before anything is allocated
+    bases: list[torch.Tensor | np.ndarray] = []
+    reads: list[ChunkRead] = []
+    for blob in blobs:
+        spans = blob_spans(blob, commit)
+        base, view = state_mod.allocate_blob(blob.dtype, blob.nbytes)
+        bases.append(base)
+        reads.extend(
+            ChunkRead(blob, oid, b - a, into=view[a:b]) for oid, (a, b) in zip(blob.chunks, spans, strict=True)
+        )
+    run_reads(core, commit, reads, Progress(progress, sum(r.size for r in reads)))
+    return bases
+
+
+def _view_end(info: TensorInfo) -> int:
+    """One past the last element a strided view reaches (numel > 0)."""
+    assert info.stride is not None
+    return info.offset + 1 + sum((n - 1) * s for n, s in zip(info.shape, info.stride, strict=True))
+
+
+class BlobLoader:
+    """Reads what some tensor nodes need, each blob once and only the chunks that
+    cover the elements asked for, and builds the tensors. Tensors of one blob
+    share its buffer, so tied weights and views come back sharing storage."""
+
+    def __init__(self, core: ReadCore, commit: Commit, snapshot: Snapshot, map_location: MapLocation) -> None:
+        self.core = core
+        self.commit = commit
+        self.snapshot = snapshot
+        self._bases: dict[int, tuple[torch.Tensor | np.ndarray, int]] = {}  # blob -> (buffer, its first element)
+        self._maker = state_mod.TensorMaker(self._bases.__getitem__, map_location)
+
+    def blob(self, info: TensorInfo) -> Blob:
+        blobs = self.snapshot.blobs
+        if info.blob >= len(blobs):
+            raise CorruptObjectError(f"tensor refers to blob {info.blob} of {len(blobs)}", commit=self.commit.id)
+        return blobs[info.blob]
+
+    def plan(self, infos: Iterable[TensorInfo]) -> list[ChunkRead]:
+        """Allocate the buffers ``infos`` need; the reads that fill them. Once per loader."""
+        assert not self._bases, "a BlobLoader plans once"
+        groups: dict[int, list[TensorInfo]] = {}
+        for info in infos:
+            self.blob(info)
+            groups.setdefault(info.blob, []).append(info)
+        reads: list[ChunkRead] = []
+        for index, group in groups.items():
+            blob = self.snapshot.blobs[index]
+            itemsize = blob_itemsize(blob, self.commit)
+            spans = blob_spans(blob, self.commit)
+            ranges = []
+            for info in group:
+                if info.numel == 0:
+                    continue
+                if info.stride is None or info.kind == state_mod.KIND_NUMPY:
+                    ranges.append((0, blob.nbytes // itemsize))
+                else:
+                    ranges.append((info.offset, _view_end(info)))
+            start = end = 0
+            chunks: list[int] = []
+            if ranges:
+                lo, hi = min(r[0] for r in ranges) * itemsize, max(r[1] for r in ranges) * itemsize
+                if hi > blob.nbytes:
+                    where = {"commit": self.commit.id, "tensor": blob.path}
+                    raise CorruptObjectError("tensor view reaches past its blob", **where)
+                size = blob.chunk_size
+                if size % itemsize:  # chunks not aligned to elements: read it all
+                    lo, hi = 0, blob.nbytes
+                chunks = list(range(lo // size, -(-hi // size)))
+                start, end = spans[chunks[0]][0], spans[chunks[-1]][1]
+                check_chunk_sizes(self.core.store, self.commit, blob, chunks)
+            try:
+                base, view = state_mod.allocate_blob(blob.dtype, end - start)
+            except CorruptObjectError as exc:
+                raise exc.with_context(commit=self.commit.id, tensor=blob.path) from None
+            for i in chunks:
+                a, b = spans[i]
+                reads.append(ChunkRead(blob, blob.chunks[i], b - a, into=view[a - start : b - start]))
+            self._bases[index] = (base, start // itemsize)
+        return reads
+
+    def tensor(self, info: TensorInfo) -> Any:
+        """The tensor (or numpy array) for ``info``; its buffer must be planned and read."""
+        try:
+            return self._maker(info)
+        except CorruptObjectError as exc:
+            raise exc.with_context(commit=self.commit.id, tensor=self.snapshot.blobs[info.blob].path) from None
+
+
+def load_tensors(
+    core: ReadCore,
+    commit: Commit,
+    snapshot: Snapshot,
+    infos: Sequence[TensorInfo],
+    *,
+    map_location: MapLocation = None,
+    progress: ProgressCallback | None = None,
+) -> dict[TensorInfo, Any]:
+    """The tensors of ``infos``, read together (only the chunks they cover)."""
+    loader = BlobLoader(core, commit, snapshot, map_location)
+    reads = loader.plan(infos)
+    run_reads(core, commit, reads, Progress(progress, sum(r.size for r in reads)))
+    return {info: loader.tensor(info) for info in infos}
+
+
+def infos_in(node: Any) -> list[TensorInfo]:
+    """Every TensorInfo in a value tree."""
+    found: list[TensorInfo] = []
+
+    def walk(v: Any) -> None:
+        if isinstance(v, TensorInfo):
+            found.append(v)
+        elif isinstance(v, dict):
+            for x in v.values():
+                walk(x)
+        elif isinstance(v, (list, tuple)):
+            for x in v:
+                walk(x)
+
+    walk(node)
+    return found
+
+
+def fill_tree(node: Any, loader: BlobLoader) -> Any:
+    """``node`` with every TensorInfo replaced by its loaded tensor; containers
+    keep their types (dict, OrderedDict, list, tuple)."""
+    if isinstance(node, TensorInfo):
+        return loader.tensor(node)
+    if type(node) in (dict, collections.OrderedDict):
+        return type(node)((k, fill_tree(v, loader)) for k, v in node.items())
+    if type(node) is list:
+        return [fill_tree(v, loader) for v in node]
+    if type(node) is tuple:
+        return tuple(fill_tree(v, loader) for v in node)
+    return node
+
+
+# ---- leaves by path -----------------------------------------------------------
+
+
+def unknown_leaves(leaves: Mapping[str, Any], paths: Sequence[str], commit: Commit) -> UnknownKeyError:
+    """The error for ``paths`` that are not tensor leaves, saying what they are instead."""
+    path = paths[0]
+    where = f"commit {commit.id[:12]}"
+    if len(paths) > 1:
+        message = f"{where} holds no leaves {format_names(list(paths))}"
+    elif path in leaves:
+        message = f"{path!r} in {where} is not a tensor (see .non_tensors)"
+    elif any(p.startswith(path + ".") for p in leaves):
+        message = f"{path!r} in {where} is not a leaf but a subtree: use prefix={path + '.'!r}"
+    else:
+        message = f"{where} holds no leaf {path!r}"
+    return UnknownKeyError(message, tuple(paths))
+
+
+def select_leaves(
+    leaves: Mapping[str, Any], commit: Commit, keys: Iterable[str] | None, prefix: str | None
+) -> list[str]:
+    """The paths of ``leaves`` named in ``keys`` or starting with ``prefix``, in
+    stored order (all when both are None). UnknownKeyError for a key that is not a
+    leaf or a prefix that matches nothing."""
+    if isinstance(keys, str):
+        raise InvalidInputError("keys must be a list of paths; for one path write keys=[path]")
+    if keys is None and prefix is None:
+        return list(leaves)
+    wanted = set()
+    if keys is not None:
+        keys = list(keys)
+        if not all(isinstance(k, str) for k in keys):
+            raise InvalidInputError("keys must be str paths such as 'model.layer.0.weight'")
+        unknown = [k for k in keys if k not in leaves]
+        if unknown:
+            raise unknown_leaves(leaves, unknown, commit)
+        wanted = set(keys)
+    if prefix is not None and not isinstance(prefix, str):
+        raise InvalidInputError("prefix must be a str")
+    selected = [p for p in leaves if p in wanted or (prefix is not None and p.startswith(prefix))]
+    if prefix is not None and not any(p.startswith(prefix) for p in selected):
+        raise UnknownKeyError(f"no leaf of commit {commit.id[:12]} starts with {prefix!r}", (prefix,))
+    return selected
+
+
+def load_leaves(
+    core: ReadCore,
+    commit: Commit,
+    snapshot: Snapshot,
+    leaves: Mapping[str, Any],
+    keys: Iterable[str] | None,
+    prefix: str | None,
+    *,
+    map_location: MapLocation = None,
+    progress: ProgressCallback | None = None,
+) -> dict[str, Any]:
+    """The selected leaves (:func:`select_leaves`) as a flat dict by path, tensors
+    read together, each blob once; nothing is read when the selection is refused."""
+    selected = {p: leaves[p] for p in select_leaves(leaves, commit, keys, prefix)}
+    infos = [leaf for leaf in selected.values() if isinstance(leaf, TensorInfo)]
+    loaded = load_tensors(core, commit, snapshot, infos, map_location=map_location, progress=progress)
+    return {p: loaded[leaf] if isinstance(leaf, TensorInfo) else leaf for p, leaf in selected.items()}
+
+
+# ---- whole states -------------------------------------------------------------
+
+
+def load_state(
+    core: ReadCore,
+    commit: Commit,
+    *,
+    map_location: MapLocation = None,
+    allow_pickle: bool = False,
+    progress: ProgressCallback | None = None,
+    keys: Iterable[str] | None = None,
+    prefix: str | None = None,
+    files: bool = False,
+) -> Any:
+    """The state ``commit`` stores (``Repo.load``); with ``keys``/``prefix`` a flat
+    dict of those leaves (:func:`load_leaves`). ``files``: file nodes come back as
+    StoredFile (content and layout), for ckvc.files to write them back."""
+    snapshot = core.read_snapshot(commit)
+    # fsck's structure checks, before anything is allocated or read.
+    parsed = state_mod.parse_snapshot(snapshot, commit.id, allow_pickle=allow_pickle, files=files)
+    if keys is not None or prefix is not None:
+        leaves = state_mod.flatten(parsed.build())
+        return load_leaves(core, commit, snapshot, leaves, keys, prefix, map_location=map_location, progress=progress)
+    bases = read_blobs(core, commit, snapshot.blobs, progress)
+    return state_mod.build_state(parsed, bases.__getitem__, map_location=map_location)
