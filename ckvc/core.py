@@ -341,7 +341,8 @@ class OnCore(Generic[P, R]):
 
 
 class Part(Generic[R]):
-    """One of the parts of a facade's Repository (``.core``), as an attribute."""
+    """One of the parts of a facade's Repository (``.core``), as an attribute;
+    assigning it replaces the core's part (a test swapping in another store)."""
 
     def __init__(self, name: str) -> None:
         self.name = name
@@ -357,3 +358,6 @@ class Part(Generic[R]):
             return self
         value: R = getattr(instance.core, self.name)
         return value
+
+    def __set__(self, instance: HasCore, value: R) -> None:
+        setattr(instance.core, self.name, value)
