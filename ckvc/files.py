@@ -38,7 +38,7 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import numpy as np
 
@@ -48,7 +48,8 @@ from ckvc.state import StoredFile, is_utf8
 if TYPE_CHECKING:
     import torch
 
-    from ckvc.repo import Repo
+    from ckvc.objects import Commit
+    from ckvc.read import ReadCore
 
 TORCH_SUFFIXES = (".pt", ".pth", ".bin", ".ckpt")
 SAFETENSORS_SUFFIX = ".safetensors"
@@ -61,6 +62,18 @@ INLINE_BYTES = 64 << 10
 Format = Literal["pt", "safetensors", "dir"]
 Progress = Callable[[int, int], None]
 _DEFAULT_FILE_MODE = 0o644
+
+
+class CommitSource(Protocol):
+    """What export needs of a repository (ckvc.Repo): its core, and revisions
+    resolved as every read resolves them."""
+
+    @property
+    def core(self) -> ReadCore: ...
+
+    def readable_commit(self, rev: str, *, allow_pickle: bool = False) -> Commit: ...
+
+
 _TMP_TAG = ".ckvc-tmp-"
 # Temporary names of this module (".NAME.ckvc-tmp-HEX") and of older ckvc (".NAME.HEX.tmp").
 _LEFTOVER = re.compile(r"^\.(?P<name>.+)(?:\.ckvc-tmp-[0-9a-f]{32}|\.[0-9a-f]{32}\.tmp)$")
@@ -504,7 +517,7 @@ def _read_distcp(data: Any, mode: int) -> StoredFile | None:
 
 
 def export_commit(
-    repo: Repo,
+    repo: CommitSource,
     rev: str,
     out: Path | str,
     *,
@@ -523,10 +536,12 @@ def export_commit(
     for ``Repo.load`` (a commit holding pickled values is refused without it)."""
     from ckvc import read
 
-    if prefix is not None:
-        flat = repo.load(rev, map_location="cpu", prefix=prefix, progress=progress, allow_pickle=allow_pickle)
-        return write_checkpoint({k[len(prefix) :]: v for k, v in flat.items()}, out, format=format)
     commit = repo.readable_commit(rev, allow_pickle=allow_pickle)
+    if prefix is not None:
+        flat = read.load_state(
+            repo.core, commit, map_location="cpu", allow_pickle=allow_pickle, progress=progress, prefix=prefix
+        )
+        return write_checkpoint({k[len(prefix) :]: v for k, v in flat.items()}, out, format=format)
     state = read.load_state(
         repo.core, commit, map_location="cpu", allow_pickle=allow_pickle, progress=progress, files=True
     )

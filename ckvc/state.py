@@ -7,6 +7,10 @@ bytes of every tensor, to be chunked and stored. :func:`decode_state` reverses i
 
 Tensors that share one storage (tied weights, views of one buffer) share one blob,
 and are restored sharing one storage again.
+
+Over 600 lines on purpose: the encoder, the one validating tree parser and the
+tensor making share the format's extension codes, dtype tables and node checks
+(docs/FORMAT.md §10); reading chunks lives in ckvc.read.
 """
 
 from __future__ import annotations
