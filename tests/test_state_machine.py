@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -131,27 +132,24 @@ class RepositoryMachine(RuleBasedStateMachine):
             else:
                 self.model.head_commit = cid
 
+    def create_ref(self, create: Callable[[str, str], str], refs: dict[str, str], name: str, target: str) -> None:
+        """``repo.branch`` / ``repo.tag``: a new name points at ``target``, an existing one is refused."""
+        if name in refs:
+            with pytest.raises(ckvc.RefConflictError):
+                create(name, target)
+        else:
+            assert create(name, target) == target
+            refs[name] = target
+
     @precondition(lambda self: self.model.order)
     @rule(name=st.sampled_from(BRANCH_NAMES), data=st.data())
     def branch(self, name: str, data: st.DataObject) -> None:
-        target = self.pick_commit(data)
-        if name in self.model.branches:
-            with pytest.raises(ckvc.RefConflictError):
-                self.repo.branch(name, target)
-        else:
-            assert self.repo.branch(name, target) == target
-            self.model.branches[name] = target
+        self.create_ref(self.repo.branch, self.model.branches, name, self.pick_commit(data))
 
     @precondition(lambda self: self.model.order)
     @rule(name=st.sampled_from(TAG_NAMES), data=st.data())
     def tag(self, name: str, data: st.DataObject) -> None:
-        target = self.pick_commit(data)
-        if name in self.model.tags:
-            with pytest.raises(ckvc.RefConflictError):
-                self.repo.tag(name, target)
-        else:
-            assert self.repo.tag(name, target) == target
-            self.model.tags[name] = target
+        self.create_ref(self.repo.tag, self.model.tags, name, self.pick_commit(data))
 
     @rule(name=st.sampled_from(BRANCH_NAMES))
     def delete_branch(self, name: str) -> None:
