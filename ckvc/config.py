@@ -76,7 +76,7 @@ class RepoConfig:
         if self.reflog_expiry_s < 0 or self.gc_grace_s < 0:
             raise ValueError("reflog_expiry_s and gc_grace_s must not be negative")
         if self.retention is not None:
-            from ckvc.retention import RetentionPolicy
+            from ckvc.retention_policy import RetentionPolicy
 
             try:
                 RetentionPolicy.from_config(self.retention)

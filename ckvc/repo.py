@@ -33,7 +33,7 @@ if TYPE_CHECKING:
     from ckvc.integrations.torch_nn import IncompatibleKeys
     from ckvc.pruned import PruneLog
     from ckvc.refs import RefStore
-    from ckvc.retention import RetentionPolicy
+    from ckvc.retention_policy import RetentionPolicy
     from ckvc.state import MapLocation, PendingBlob
     from ckvc.storage.object_store import ObjectStore
     from ckvc.view import CommitView

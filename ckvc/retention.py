@@ -11,118 +11,20 @@ so is everything reachable from a branch the policy does not cover.
 from __future__ import annotations
 
 import math
-import re
 import time
 import warnings
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 from ckvc import graph
 from ckvc.core import Repository
 from ckvc.errors import CkvcError, DurabilityWarning, InterruptedOperationError, InvalidInputError
+from ckvc.retention_policy import KeepBest, RetentionPolicy, format_duration, parse_duration
 
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|m|h|d|w)?\s*$")
-_UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
-
-
-def parse_duration(text: str) -> float:
-    """Seconds in "90", "45s", "30m", "12h", "7d" or "2w"."""
-    m = _DURATION.match(text)
-    if m is None:
-        raise InvalidInputError(f"not a duration: {text!r} (use e.g. 45s, 30m, 12h, 7d, 2w)")
-    return float(m.group(1)) * _UNIT_S[m.group(2) or "s"]
-
-
-def format_duration(seconds: float) -> str:
-    for unit in ("w", "d", "h", "m"):
-        if seconds >= _UNIT_S[unit] and seconds % _UNIT_S[unit] == 0:
-            return f"{int(seconds // _UNIT_S[unit])}{unit}"
-    return f"{seconds:g}s"
-
-
-@dataclass(frozen=True)
-class KeepBest:
-    metric: str
-    mode: str  # "min" or "max"
-    count: int
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.metric, str) or not self.metric:
-            raise InvalidInputError(f"keep-best needs a metric name, got {self.metric!r}")
-        if self.mode not in ("min", "max"):
-            raise InvalidInputError(f"keep-best mode must be 'min' or 'max', got {self.mode!r}")
-        _positive(self.count, "keep-best count")
-
-    @classmethod
-    def parse(cls, text: str) -> KeepBest:
-        parts = text.rsplit(":", 2)
-        if len(parts) != 3 or parts[1] not in ("min", "max") or not parts[0]:
-            raise InvalidInputError(f"--keep-best takes METRIC:min|max:N, got {text!r}")
-        try:
-            count = int(parts[2])
-        except ValueError:
-            raise InvalidInputError(f"--keep-best count must be an integer, got {parts[2]!r}") from None
-        return cls(parts[0], parts[1], count)
-
-    def __str__(self) -> str:
-        return f"{self.metric}:{self.mode}:{self.count}"
-
-
-def _positive(value: int, what: str) -> int:
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise InvalidInputError(f"{what} must be a positive integer, got {value!r}")
-    return value
-
-
-@dataclass(frozen=True)
-class RetentionPolicy:
-    keep_last: int | None = None
-    keep_best: tuple[KeepBest, ...] = ()
-    keep_every: int | None = None
-    keep_within_s: float | None = None
-    branches: tuple[str, ...] | None = None  # None: every branch
-    auto: bool = False  # apply after every commit
-
-    def __post_init__(self) -> None:
-        if self.keep_last is not None:
-            _positive(self.keep_last, "keep-last")
-        if self.keep_every is not None:
-            _positive(self.keep_every, "keep-every")
-        if self.keep_within_s is not None and not (self.keep_within_s > 0 and math.isfinite(self.keep_within_s)):
-            raise InvalidInputError(f"keep-within must be a positive duration, got {self.keep_within_s!r}")
-        if not (self.keep_last or self.keep_best or self.keep_every or self.keep_within_s):
-            raise InvalidInputError("a retention policy needs at least one keep rule")
-
-    def describe(self) -> str:
-        rules = []
-        if self.keep_last:
-            rules.append(f"keep-last {self.keep_last}")
-        rules += [f"keep-best {b}" for b in self.keep_best]
-        if self.keep_every:
-            rules.append(f"keep-every {self.keep_every}")
-        if self.keep_within_s:
-            rules.append(f"keep-within {format_duration(self.keep_within_s)}")
-        if self.branches is not None:
-            rules.append(f"branches {','.join(self.branches)}")
-        return ", ".join(rules)
-
-    def to_config(self) -> dict[str, Any]:
-        out = asdict(self)
-        out["keep_best"] = [str(b) for b in self.keep_best]
-        out["branches"] = list(self.branches) if self.branches is not None else None
-        return out
-
-    @classmethod
-    def from_config(cls, raw: dict[str, Any]) -> RetentionPolicy:
-        branches = raw.get("branches")
-        return cls(
-            keep_last=raw.get("keep_last"),
-            keep_best=tuple(KeepBest.parse(b) for b in raw.get("keep_best") or ()),
-            keep_every=raw.get("keep_every"),
-            keep_within_s=raw.get("keep_within_s"),
-            branches=tuple(branches) if branches is not None else None,
-            auto=bool(raw.get("auto", False)),
-        )
+__all__ = [  # the policy types stay importable from here
+    "KeepBest", "RetentionPlan", "RetentionPolicy", "apply_retention", "format_duration", "parse_duration",
+    "plan_retention", "retain", "retain_after_commit", "store_policy", "stored_policy",
+]  # fmt: skip
 
 
 @dataclass

@@ -33,7 +33,7 @@ ROOT = Path(__file__).resolve().parents[1] / "ckvc"
 # A name covers the module and everything under it (``storage`` covers ckvc.storage.*).
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("errors", "ids", "_native"),
-    ("objects", "chunking"),
+    ("objects", "chunking", "retention_policy"),
     ("codecs",),
     ("state",),
     ("storage",),
@@ -46,6 +46,9 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("view", "inspect", "stats"),
     ("fsck", "gc", "retention"),
     ("files",),
+    # load_into (the facade's Repo.load_into) works on the core alone, so it sits
+    # above repo; the framework integrations (dcp, lightning, ...) take a Repo.
+    ("integrations.torch_nn",),
     ("repo",),
     ("integrations", "importer"),
     ("cli", "__main__"),
@@ -53,34 +56,13 @@ LAYERS: tuple[tuple[str, ...], ...] = (
 )
 EXTENSION_MODULES = frozenset({"ckvc._native"})
 
-# Today's violations, while issue 14's refactor lands (h-core, h-read, h-storage,
-# h-refs); test_known_violations_are_current fails on an entry that no longer
-# occurs, so this shrinks to empty at merge.
-KNOWN_VIOLATIONS: frozenset[str] = frozenset(
-    {
-        "cycle: ckvc.config <-> ckvc.fsck <-> ckvc.gc <-> ckvc.repo <-> ckvc.retention <-> ckvc.stats <-> ckvc.view",
-        "layer: ckvc.config -> ckvc.retention",
-        "layer: ckvc.files -> ckvc.repo",
-        "layer: ckvc.fsck -> ckvc.repo",
-        "layer: ckvc.gc -> ckvc.repo",
-        "layer: ckvc.retention -> ckvc.repo",
-        "layer: ckvc.stats -> ckvc.repo",
-        "layer: ckvc.view -> ckvc.repo",
-        "private: ckvc.cli uses repo._branch_named (ckvc.repo defines it)",
-        "private: ckvc.cli uses repo._ref_hint (ckvc.repo defines it)",
-        "private: ckvc.files imports ckvc.state._is_utf8",
-        "private: ckvc.files uses repo._read_blobs (ckvc.repo defines it)",
-        "private: ckvc.view uses Repo._summary (ckvc.repo defines it)",
-        "private: ckvc.view uses repo._submit (ckvc.repo defines it)",
-    }
-)
-
 # Modules that must import without torch (a sync daemon, the web server and the
 # metadata-only CLI commands start fast). Everything under ckvc/storage/ is added by
-# discovery. PENDING: modules issue 14 creates; test_pending_modules_do_not_exist_yet
-# fails once one exists, so it moves into TORCH_FREE.
-TORCH_FREE: tuple[str, ...] = ("ckvc.refs", "ckvc.pruned", "ckvc.config", "ckvc.codecs", "ckvc.objects", "ckvc.ids")
-PENDING_TORCH_FREE: tuple[str, ...] = ("ckvc.core",)
+# discovery.
+TORCH_FREE: tuple[str, ...] = (
+    "ckvc.refs", "ckvc.pruned", "ckvc.config", "ckvc.codecs", "ckvc.objects", "ckvc.ids", "ckvc.executor",
+    "ckvc.core", "ckvc.graph", "ckvc.retention_policy",
+)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -349,13 +331,7 @@ def report(found: dict[str, set[str]], names: Iterable[str]) -> str:
 
 def test_ckvc_keeps_its_layers() -> None:
     found = violations(ROOT, "ckvc", LAYERS)
-    new = set(found) - KNOWN_VIOLATIONS
-    assert not new, report(found, new)
-
-
-def test_known_violations_are_current() -> None:
-    stale = KNOWN_VIOLATIONS - set(violations(ROOT, "ckvc", LAYERS))
-    assert not stale, "fixed, remove from KNOWN_VIOLATIONS:\n" + "\n".join(sorted(stale))
+    assert not found, report(found, found)
 
 
 def torch_free_modules() -> list[str]:
@@ -369,11 +345,6 @@ def test_storage_and_metadata_import_without_torch() -> None:
     code = f"import sys; import {', '.join(modules)}; print(sorted(m for m in {heavy} if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)
     assert out.stdout.strip() == "[]", out.stderr
-
-
-def test_pending_modules_do_not_exist_yet() -> None:
-    landed = [m for m in PENDING_TORCH_FREE if m in discover(ROOT, "ckvc")]
-    assert not landed, f"{landed} exist now: move them from PENDING_TORCH_FREE into TORCH_FREE"
 
 
 # ---- the checker itself, on synthetic packages --------------------------------------

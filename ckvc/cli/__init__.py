@@ -1083,7 +1083,7 @@ def retain(
     metrics stay; `ckvc gc` frees their data once their packs are older than the
     gc_grace period, `ckvc gc --now` at once). Rules given here are stored as the
     repository's policy; with none, the stored policy is used."""
-    from ckvc.retention import KeepBest, RetentionPolicy, parse_duration
+    from ckvc.retention_policy import KeepBest, RetentionPolicy, parse_duration
 
     repo = obj.repo
     stored = repo.retention_policy()
@@ -1140,7 +1140,7 @@ def retain(
 def gc(obj: Context, dry_run: bool, now: bool, grace: str | None, as_json: bool) -> None:
     """Reclaim space: delete what no ref, recent reflog entry or unpruned commit
     needs, and repack mostly-dead packs."""
-    from ckvc.retention import parse_duration
+    from ckvc.retention_policy import parse_duration
 
     report = obj.repo.gc(dry_run=dry_run, now=now, grace_s=parse_duration(grace) if grace else None)
     if as_json:
@@ -1172,7 +1172,7 @@ def config_cmd(obj: Context, key: str | None, value: str | None, as_json: bool) 
     """Show the repository config, or set reflog_expiry (e.g. 30d), gc_grace (e.g. 1h),
     repack_threshold (0..1), keyframe_interval (1..255; 1 turns deltas off) or codec
     (auto, zstd, raw; zstd:LEVEL)."""
-    from ckvc.retention import parse_duration
+    from ckvc.retention_policy import parse_duration
 
     repo = obj.repo
     if key is not None:

@@ -4,21 +4,33 @@ from __future__ import annotations
 
 import contextlib
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from ckvc.codecs import Buffer, ChunkLayout, Codec, DeltaBase, encode_smallest
 from ckvc.ids import ObjectType, object_id
+from ckvc.storage.backend import Backend
+from ckvc.storage.index import AnyIndex
 from ckvc.storage.packs import PackWriter
 
-if TYPE_CHECKING:
-    from ckvc.storage.object_store import ObjectStore
+
+class WriteTarget(Protocol):
+    """What a writer needs of its object store (ObjectStore is one), named here so
+    this module does not import the store that imports it."""
+
+    @property
+    def backend(self) -> Backend: ...
+
+    @property
+    def index(self) -> AnyIndex: ...
+
+    def has(self, oid: bytes) -> bool: ...
 
 
 class ObjectWriter:
     """One batch of new objects. Records go to fresh packs; :meth:`commit` seals
     them (fsync) and indexes them. Until then nothing is visible to readers."""
 
-    def __init__(self, store: ObjectStore, codec: Codec, max_pack_size: int) -> None:
+    def __init__(self, store: WriteTarget, codec: Codec, max_pack_size: int) -> None:
         self.store = store
         self.codec = codec
         self.max_pack_size = max_pack_size
