@@ -38,6 +38,7 @@ from ckvc.objects import Commit, Snapshot, Tag
 from ckvc.pruned import PruneLog, PruneRecord
 from ckvc.refs import RefStore, branch_ref
 from ckvc.storage.files import require_writable
+from ckvc.storage.memory import MemoryBackend
 from ckvc.storage.object_store import ObjectStore
 
 REPO_DIR = ".ckvc"
@@ -80,6 +81,27 @@ def find_repo_root(start: str | os.PathLike[str]) -> Path:
         if (candidate / REPO_DIR / "config.json").is_file():
             return candidate
     raise NotARepositoryError(f"not a ckvc repository (or any parent up to /): {path}")
+
+
+def new_config(
+    chunk_size: int | None, codec: Mapping[str, Any] | None, default_branch: str, keyframe_interval: int | None
+) -> RepoConfig:
+    """The config of a new repository, checked (InvalidInputError for a bad option)."""
+    config = RepoConfig(default_branch=default_branch)
+    if chunk_size is not None:
+        config.chunk_size = chunk_size
+    if codec is not None:
+        config.codec = dict(codec)
+    if keyframe_interval is not None:
+        config.keyframe_interval = keyframe_interval
+    try:
+        config.validate()
+        branch_ref(default_branch)
+    except ValueError as exc:
+        if isinstance(exc, CkvcError):
+            raise
+        raise InvalidInputError(str(exc)) from None
+    return config
 
 
 class Repository:
@@ -146,20 +168,7 @@ class Repository:
             raise InvalidInputError(f"{target} already exists")
         if root.exists() and not root.is_dir():
             raise InvalidInputError(f"{root} is not a directory")
-        config = RepoConfig(default_branch=default_branch)
-        if chunk_size is not None:
-            config.chunk_size = chunk_size
-        if codec is not None:
-            config.codec = dict(codec)
-        if keyframe_interval is not None:
-            config.keyframe_interval = keyframe_interval
-        try:
-            config.validate()
-            branch_ref(default_branch)
-        except ValueError as exc:
-            if isinstance(exc, CkvcError):
-                raise
-            raise InvalidInputError(str(exc)) from None
+        config = new_config(chunk_size, codec, default_branch, keyframe_interval)
         root.mkdir(parents=True, exist_ok=True)
         staging = root / f".ckvc-init-{uuid.uuid4().hex}"
         try:
@@ -175,6 +184,28 @@ class Repository:
             shutil.rmtree(staging, ignore_errors=True)
             raise
         return cls.open_local(root, threads=threads)
+
+    @classmethod
+    def in_memory(
+        cls,
+        *,
+        chunk_size: int | None = None,
+        codec: Mapping[str, Any] | None = None,
+        default_branch: str = "main",
+        keyframe_interval: int | None = None,
+        threads: int | None = None,
+        object_store_semantics: bool = False,
+    ) -> Repository:
+        """A new repository on a MemoryBackend, gone when dropped: the twin the fast
+        tests run on (``ckvc.Repo(Repository.in_memory())``). ``object_store_semantics``:
+        a backend without rename, appends or OS locks, as an object store is."""
+        executor = Executor(threads)
+        config = new_config(chunk_size, codec, default_branch, keyframe_interval)
+        backend = MemoryBackend(object_store_semantics=object_store_semantics)
+        config.save(backend)
+        refs = RefStore(backend)
+        refs.init_head(branch_ref(default_branch))
+        return cls(config=config, store=ObjectStore(backend), refs=refs, prune_log=PruneLog(backend), executor=executor)
 
     def _repair_on_open(self) -> None:
         """Finish what an update left undone after it took effect (a reflog entry

@@ -18,7 +18,6 @@ from ckvc.core import REPO_DIR, OnCore, Part, ProgressCallback, Repository, find
 from ckvc.errors import InvalidInputError, InvalidRevisionError, storage_errors
 from ckvc.graph import Reached, did_you_mean
 from ckvc.inspect import CommitInfo, StateDiff, TensorChange, TensorSummary, is_rng_path
-from ckvc.storage.files import file_lock
 from ckvc.write import CommitStats, PendingCommit
 
 # torch is imported only where tensors are made or read (ckvc.state, ckvc.view, the
@@ -136,7 +135,7 @@ class Repo:
         self.close()
 
     def __repr__(self) -> str:
-        return f"Repo({str(self.core.path)!r})"
+        return f"Repo({str(self.core.path)!r})" if self.core.path is not None else "Repo(in memory)"
 
     def _chunk_size_for(self, itemsize: int) -> int:  # the writer's rule, as tests/test_format_vectors.py calls it
         return chunk_size_for(self.config.chunk_size, itemsize)
@@ -371,11 +370,11 @@ class Repo:
             self.core.require_writable("running gc")
         grace = 0.0 if now else (self.config.gc_grace_s if grace_s is None else grace_s)
         expiry = self.config.reflog_expiry_s
-        # One gc at a time: a second one could delete the first one's temporary packs.
+        # One gc at a time (store.locks.one_gc).
         # OS errors up to gc's index swap delete nothing (execute_gc says what happened after it).
         with (
             storage_errors("running gc", "gc deleted nothing; the repository is unchanged"),
-            file_lock(self.dir / "gc-run.lock", timeout=0),
+            self.store.locks.one_gc(),
         ):
             threshold = self.config.repack_threshold
             plan = plan_gc(self.core, grace_s=grace, repack_threshold=threshold, reflog_expiry_s=expiry)

@@ -21,6 +21,7 @@ from ckvc.storage.backend import Backend
 
 GC_LOCK = "gc.lock"
 GC_INTENT_LOCK = "gc-intent.lock"
+GC_RUN_LOCK = "gc-run.lock"
 PIN_TIMEOUT_S = 120.0
 
 
@@ -50,6 +51,11 @@ class StoreLocks:
                 yield
             finally:
                 self._pins.depth = 0
+
+    def one_gc(self) -> contextlib.AbstractContextManager[None]:
+        """One gc at a time (a second could delete the first one's temporary packs);
+        RepositoryLockedError at once if another holds it."""
+        return self.backend.lock(GC_RUN_LOCK, timeout=0)
 
     @contextlib.contextmanager
     def exclusive(self, timeout: float) -> Iterator[None]:
