@@ -33,7 +33,7 @@ import numpy as np
 import torch
 
 from ckvc import state as state_mod
-from ckvc.chunking import chunk_spans, size_batches
+from ckvc.chunking import BATCH_BYTES, chunk_spans, size_batches
 from ckvc.core import ProgressCallback
 from ckvc.errors import CorruptObjectError, InvalidInputError, ObjectNotFoundError, UnknownKeyError
 from ckvc.ids import ObjectType
@@ -45,6 +45,9 @@ if TYPE_CHECKING:
     from ckvc.storage.object_store import ObjectStore
 
 
+# The most one ranged read of a high-latency backend asks for (object stores
+# serve 8-16 MiB ranges at full speed; larger ones only delay the first byte).
+REMOTE_REQUEST_BYTES = 8 << 20
 # How far ahead of the reads in flight chunks are announced to the store, in windows.
 PREFETCH_WINDOWS = 2
 # How many names an error message lists before it says "and N more".
@@ -218,7 +221,8 @@ def run_reads(core: ReadCore, commit: Commit, reads: Sequence[ChunkRead], progre
     bounded window of batches in flight. Each scratch read's ``then`` runs on the
     calling thread once its batch is done; no read outlives this call."""
     store = core.store
-    ordered = [read for group in plan(store, reads) for read in group.reads]
+    groups = plan(store, reads)
+    ordered = [read for group in groups for read in group.reads]
     with core.executor.window() as window:
         # Cold reads: the store fetches the chunks queued behind the running ones
         # while these decode, instead of each read waiting on the disk in turn.
@@ -226,7 +230,13 @@ def run_reads(core: ReadCore, commit: Commit, reads: Sequence[ChunkRead], progre
         for read in ordered[:ahead]:
             store.prefetch(read.oid)
         queued = 0
-        for batch in size_batches(ordered, lambda read: read.size):
+        # Locally a batch is a pool task's worth (BATCH_BYTES); where each request
+        # costs a round trip, a batch is one pack's reads up to one large ranged
+        # read, so the store makes one request per run of records.
+        remote = store.backend.capabilities.latency == "remote"
+        limit = REMOTE_REQUEST_BYTES if remote else BATCH_BYTES
+        batches = (b for group in groups for b in size_batches(group.reads, lambda read: read.size, limit))
+        for batch in batches:
             scratches: list[np.ndarray | None] = []
             targets: list[tuple[ChunkRead, memoryview]] = []
             for read in batch:

@@ -6,65 +6,21 @@ from __future__ import annotations
 import os
 import random
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from helpers import counted, runs_of
 
 import ckvc
 from ckvc.codecs import DELTA, RAW, RawCodec, ZstdCodec
 from ckvc.errors import CorruptObjectError, ObjectNotFoundError
 from ckvc.ids import ObjectType
-from ckvc.storage.backend import Backend, ForwardingBackend
 from ckvc.storage.memory import MemoryBackend
 from ckvc.storage.object_store import ObjectStore
 from ckvc.storage.packs import RECORD_HEADER_SIZE, pack_key
-
-
-class CountingBackend(ForwardingBackend):
-    """Counts the read requests per key."""
-
-    def __init__(self, inner: Backend) -> None:
-        super().__init__(inner)
-        self.reads: Counter[str] = Counter()
-
-    def read_into(self, key: str, offset: int, out: memoryview) -> None:
-        self.reads[key] += 1
-        self.inner.read_into(key, offset, out)
-
-    def readv_into(self, key: str, offset: int, buffers: Sequence[memoryview]) -> None:
-        self.reads[key] += 1
-        self.inner.readv_into(key, offset, buffers)
-
-    def read_ranges(self, key: str, ranges: Sequence[tuple[int, int]]) -> Iterator[tuple[int, memoryview]]:
-        self.reads[key] += 1
-        return self.inner.read_ranges(key, ranges)
-
-
-def counted(store: ObjectStore) -> CountingBackend:
-    counting = CountingBackend(store.backend)
-    store.backend = counting
-    store.reader.backend = counting
-    return counting
-
-
-def runs_of(store: ObjectStore, oids: list[bytes]) -> Counter[str]:
-    """How many runs of back-to-back records ``oids`` make in each pack."""
-    by_pack: dict[str, list[tuple[int, int]]] = {}
-    for oid in set(oids):
-        e = store.locate(oid)
-        by_pack.setdefault(e.pack, []).append((e.offset, e.record_size))
-    runs: Counter[str] = Counter()
-    for pack, spans in by_pack.items():
-        spans.sort()
-        end = None
-        for offset, size in spans:
-            if offset != end:
-                runs[pack_key(pack)] += 1
-            end = offset + size
-    return runs
 
 
 def destinations(store: ObjectStore, oids: list[bytes]) -> list[tuple[bytes, memoryview]]:
