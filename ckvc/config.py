@@ -6,13 +6,21 @@ import json
 import math
 import os
 import uuid
+import warnings
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ckvc.chunking import DEFAULT_CHUNK_SIZE, validate_chunk_size
 from ckvc.codecs import MAX_AGE, make_codec
-from ckvc.errors import CkvcError, InvalidConfigError, StorageError, UnsupportedFormatError, storage_errors
+from ckvc.errors import (
+    CkvcError,
+    DurabilityWarning,
+    InvalidConfigError,
+    StorageError,
+    UnsupportedFormatError,
+    storage_errors,
+)
 from ckvc.storage.backend import Backend
 from ckvc.storage.local import backend_at
 from ckvc.storage.object_store import DEFAULT_MAX_PACK_SIZE
@@ -88,7 +96,20 @@ class RepoConfig:
         """Write the config atomically to a Backend or a ``.ckvc`` directory."""
         backend = backend_at(target)
         with storage_errors("writing the config", "the config is unchanged"):
-            backend.put(CONFIG_NAME, (json.dumps(asdict(self), indent=2, sort_keys=True) + "\n").encode())
+            backend.replace(CONFIG_NAME, (json.dumps(asdict(self), indent=2, sort_keys=True) + "\n").encode())
+        # The new config is in effect from the rename on; a failure to make the
+        # rename durable is told as such, not as a refusal (docs/DESIGN.md, "Exact outcomes").
+        try:
+            backend.sync("")
+        except (OSError, StorageError) as exc:
+            why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+            warnings.warn(
+                DurabilityWarning(
+                    f"the new config is in place, but the disk did not confirm it ({why}): "
+                    "a crash now may bring back the old one"
+                ),
+                stacklevel=2,
+            )
 
     @classmethod
     def load(cls, source: Backend | str | os.PathLike[str]) -> RepoConfig:
