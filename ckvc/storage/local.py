@@ -156,8 +156,10 @@ class OpenFiles:
 class LocalSink(Sink):
     """A ``<key>.tmp`` file, flock'ed by its writer until published or aborted:
     a temporary nobody holds is a dead writer's, which :meth:`LocalBackend.sweep`
-    may remove. The lock is taken before the first byte is written, so a live
-    writer's temporary is either empty or locked."""
+    removes. Between creating the file and locking it a writer checks that its name
+    still leads to it (a sweep may have taken it in that instant), so a sweep needs
+    no other sign of life, and a writer killed or failing before its first byte
+    (an empty temporary) leaves nothing that lasts."""
 
     def __init__(self, backend: LocalBackend, key: str) -> None:
         self._backend = backend
@@ -165,16 +167,29 @@ class LocalSink(Sink):
         self.path = backend.root / key
         self.tmp_path = self.path.with_name(self.path.name + TEMP_SUFFIX)
         self._size = 0
-        try:
-            self._fd = os.open(self.tmp_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-        except FileNotFoundError:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._fd = os.open(self.tmp_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-        try:
-            fcntl.flock(self._fd, fcntl.LOCK_EX)
-        except BaseException:
-            self.abort()
-            raise
+        self._fd = -1
+        while self._fd < 0:
+            try:
+                fd = os.open(self.tmp_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            except FileNotFoundError:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+                continue
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX)
+                # A sweep that locked the file between its creation and this lock
+                # removed it as a dead writer's: then the name is gone, start again.
+                ours = os.stat(self.tmp_path).st_ino == os.fstat(fd).st_ino
+            except FileNotFoundError:
+                ours = False
+            except BaseException:
+                os.close(fd)
+                with contextlib.suppress(OSError):
+                    os.unlink(self.tmp_path)
+                raise
+            if ours:
+                self._fd = fd
+            else:
+                os.close(fd)
 
     @property
     def size(self) -> int:
@@ -424,8 +439,7 @@ class LocalBackend(Backend):
 
     def sweep(self, prefix: str = "") -> builtins.list[str]:
         """Remove temporaries whose writer is gone (killed, or its cleanup failed
-        too): their lock is free and they hold at least a byte (a live writer
-        locks its file before it writes). Returns their keys."""
+        too): their lock is free (see :class:`LocalSink`). Returns their keys."""
         removed: builtins.list[str] = []
         for info in self.temporaries(prefix):
             path = self.root / info.key
@@ -435,9 +449,8 @@ class LocalBackend(Backend):
                 continue
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                if os.fstat(fd).st_size > 0:
-                    os.unlink(path)
-                    removed.append(info.key)
+                os.unlink(path)
+                removed.append(info.key)
             except OSError:
                 pass  # held by a live writer, or not ours to remove
             finally:

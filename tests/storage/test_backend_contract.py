@@ -23,6 +23,7 @@ from ckvc.errors import (
     RefConflictError,
     RepositoryLockedError,
 )
+from ckvc.storage import local
 from ckvc.storage.backend import Backend
 from ckvc.storage.local import LocalBackend
 from ckvc.storage.memory import MemoryBackend
@@ -307,18 +308,39 @@ def test_local_sweep_removes_dead_writers_temporaries_only(tmp_path: Path) -> No
     dead = backend.open_sink("packs/dead.pack")
     dead.write(b"header")
     dead.release()  # as a killed process's lock goes with its descriptor
-    (tmp_path / "packs" / "empty.pack.tmp").write_bytes(b"")  # created, nothing written: maybe live
+    # Created and never locked: its writer died (or failed) before its first byte.
+    (tmp_path / "packs" / "empty.pack.tmp").write_bytes(b"")
     assert [t.key for t in backend.temporaries("packs/")] == [
         "packs/dead.pack.tmp",
         "packs/empty.pack.tmp",
         "packs/live.pack.tmp",
     ]
-    assert backend.sweep("packs/") == ["packs/dead.pack.tmp"]
-    assert [t.key for t in backend.temporaries("packs/")] == ["packs/empty.pack.tmp", "packs/live.pack.tmp"]
+    assert backend.sweep("packs/") == ["packs/dead.pack.tmp", "packs/empty.pack.tmp"]
+    assert [t.key for t in backend.temporaries("packs/")] == ["packs/live.pack.tmp"]
     live.publish()
     assert backend.get("packs/live.pack") == b"header"
-    backend.delete_temporary("packs/empty.pack.tmp")
     assert backend.temporaries("packs/") == []
+
+
+def test_a_sink_swept_before_its_lock_starts_again(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A sweep can lock and remove a sink's file in the instant between its creation
+    and its writer's lock; the writer sees its name gone and creates it again."""
+    backend = LocalBackend(tmp_path)
+    real_flock = local.fcntl.flock
+    swept: list[str] = []
+
+    def sweep_first(fd: int, op: int) -> None:
+        if op == local.fcntl.LOCK_EX and not swept:
+            swept.extend(backend.sweep("packs/"))
+        real_flock(fd, op)
+
+    monkeypatch.setattr(local.fcntl, "flock", sweep_first)
+    sink = backend.open_sink("packs/p.pack")
+    monkeypatch.undo()
+    assert swept == ["packs/p.pack.tmp"]
+    sink.write(b"bytes")
+    sink.publish()
+    assert backend.get("packs/p.pack") == b"bytes" and backend.temporaries("packs/") == []
 
 
 def test_local_reads_see_replacements_made_through_the_backend(tmp_path: Path) -> None:
