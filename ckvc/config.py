@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -21,6 +22,7 @@ from ckvc.errors import (
     UnsupportedFormatError,
     storage_errors,
 )
+from ckvc.refs import REFS_LOCK
 from ckvc.storage.backend import Backend
 from ckvc.storage.local import backend_at
 from ckvc.storage.object_store import DEFAULT_MAX_PACK_SIZE
@@ -95,8 +97,13 @@ class RepoConfig:
     def save(self, target: Backend | str | os.PathLike[str]) -> None:
         """Write the config atomically to a Backend or a ``.ckvc`` directory."""
         backend = backend_at(target)
-        with storage_errors("writing the config", "the config is unchanged"):
-            backend.replace(CONFIG_NAME, (json.dumps(asdict(self), indent=2, sort_keys=True) + "\n").encode())
+        data = (json.dumps(asdict(self), indent=2, sort_keys=True) + "\n").encode()
+        # Under the refs lock, as every writer of the repository's small mutable
+        # files: so a ref update may remove what a failed config write left.
+        lock = backend.lock(REFS_LOCK) if backend.capabilities.file_locks else contextlib.nullcontext()
+        with storage_errors("writing the config", "the config is unchanged"), lock:
+            backend.remove_stale_puts(CONFIG_NAME)
+            backend.replace(CONFIG_NAME, data)
         # The new config is in effect from the rename on; a failure to make the
         # rename durable is told as such, not as a refusal (docs/DESIGN.md, "Exact outcomes").
         try:

@@ -322,7 +322,11 @@ class RefStore:
         loss is a RefConflictError with ``conflict()``'s message; a swap that
         failed otherwise but left the key holding ``data`` has landed."""
         if self.locked:
-            self.backend.remove_stale_puts(name)
+            # Every writer of refs, HEAD and the config holds this lock, so any
+            # temporary of theirs left now is a failed or killed writer's, even
+            # one of a ref (a tag) no later command writes again.
+            self.backend.remove_stale_puts_in("refs/", recursive=True)
+            self.backend.remove_stale_puts_in("")
             self.backend.replace(name, data)
             return
         try:

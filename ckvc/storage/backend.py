@@ -193,6 +193,10 @@ class Backend(ABC):
         """Remove what failed or killed puts of ``key`` left; only for a caller
         holding the lock that every writer of ``key`` takes."""
 
+    def remove_stale_puts_in(self, prefix: str, *, recursive: bool = False) -> None:  # noqa: B027 (none by default)
+        """:meth:`remove_stale_puts` for every key in ``prefix``'s folder (and below
+        it); only for a caller holding the lock every writer there takes."""
+
     @abstractmethod
     def put_if_absent(self, key: str, data: Buffer) -> bool:
         """Create the key; False (nothing written) if it exists."""
@@ -310,6 +314,9 @@ class ForwardingBackend(Backend):
 
     def remove_stale_puts(self, key: str) -> None:
         self.inner.remove_stale_puts(key)
+
+    def remove_stale_puts_in(self, prefix: str, *, recursive: bool = False) -> None:
+        self.inner.remove_stale_puts_in(prefix, recursive=recursive)
 
     def put_if_absent(self, key: str, data: Buffer) -> bool:
         return self.inner.put_if_absent(key, data)

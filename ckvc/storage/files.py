@@ -7,6 +7,7 @@ import errno
 import fcntl
 import glob
 import os
+import re
 import time
 import uuid
 from collections.abc import Iterator
@@ -48,6 +49,26 @@ def remove_stale_temporaries(path: Path) -> None:
     for tmp in _stale_temporaries(path):
         with contextlib.suppress(OSError):
             tmp.unlink()
+
+
+_ATOMIC_TMP = re.compile(r"^\..+\.[0-9a-f]{32}\.tmp$")  # _atomic_tmp_name's form
+
+
+def remove_stale_temporaries_in(directory: Path, *, recursive: bool = False) -> None:
+    """:func:`remove_stale_temporaries` for every file of ``directory`` (and its
+    subdirectories): what failed writes left where a later command never writes the
+    same file (a tag whose creation failed). Only for a caller holding the lock
+    that every writer there takes."""
+    try:
+        entries = list(os.scandir(directory))
+    except OSError:
+        return
+    for entry in entries:
+        if recursive and entry.is_dir(follow_symlinks=False):
+            remove_stale_temporaries_in(Path(entry.path), recursive=True)
+        elif _ATOMIC_TMP.match(entry.name):
+            with contextlib.suppress(OSError):
+                os.unlink(entry.path)
 
 
 def write_atomic(path: Path, data: bytes, *, sync_dir: bool = True) -> None:

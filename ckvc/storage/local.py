@@ -43,6 +43,7 @@ from ckvc.storage.files import (
     fsync_dir,
     has_stale_temporaries,
     remove_stale_temporaries,
+    remove_stale_temporaries_in,
     write_atomic,
 )
 
@@ -307,6 +308,10 @@ class LocalBackend(Backend):
 
     def remove_stale_puts(self, key: str) -> None:
         remove_stale_temporaries(self.path(key))
+
+    def remove_stale_puts_in(self, prefix: str, *, recursive: bool = False) -> None:
+        _, folder = self._folder(prefix)
+        remove_stale_temporaries_in(folder, recursive=recursive)
 
     def put_if_absent(self, key: str, data: Buffer) -> bool:
         """A durable temporary linked to the key's name: link() fails if the name
