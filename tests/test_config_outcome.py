@@ -23,8 +23,13 @@ def test_a_failed_folder_sync_after_the_rename_warns_and_the_change_stands(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     with ckvc.Repo.init(tmp_path) as repo:
-        calls: list[object] = []
-        monkeypatch.setattr(local, "fsync_dir", lambda path: (calls.append(path), eio()))
+        calls: list[Path] = []
+
+        def failing_sync(path: Path) -> None:
+            calls.append(path)
+            eio()
+
+        monkeypatch.setattr(local, "fsync_dir", failing_sync)
         with pytest.warns(DurabilityWarning, match=r"^the new config is in place, but the disk did not confirm it"):
             repo.set_config(gc_grace_s=5.0)
         monkeypatch.undo()
