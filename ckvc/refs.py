@@ -98,6 +98,8 @@ def check_ref_name(name: str) -> str:
             raise bad("a component starts with '.'")
         if part.endswith(".lock"):
             raise bad("a component ends with '.lock'")
+        if part.endswith(".tmp"):  # the storage layer's temporaries (storage.backend.TEMP_SUFFIX)
+            raise bad("a component ends with '.tmp'")
         if len(part.encode("utf-8")) > NAME_MAX:
             raise bad(f"a component is longer than {NAME_MAX} bytes")
     return name

@@ -236,7 +236,7 @@ def test_branches_and_tags(repo: ckvc.Repo) -> None:
 
 @pytest.mark.parametrize(
     "name",
-    ["..", "a/../../b", "/abs", "a//b", "x.lock", ".hidden", "a b", "a\x00b", "a\\b", "a~1", "a^", "a:b", "a?",
+    ["..", "a/../../b", "/abs", "a//b", "x.lock", "x.tmp", ".hidden", "a b", "a\x00b", "a\\b", "a~1", "a^", "a:b", "a?",
      "a*", "a[", "@", "a@{1}", "end.", "trail/", "", "HEAD", "-rf", "tab\tname", "\x7f"],
 )  # fmt: skip
 def test_invalid_ref_names_raise_and_write_nothing(repo: ckvc.Repo, name: str) -> None:
