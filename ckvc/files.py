@@ -15,6 +15,10 @@ Entry points: :func:`read_checkpoint` (PATH -> state, metadata), :func:`export_c
 atomic: a file is written under a hidden temporary name and renamed; a directory
 is written as a hidden sibling and swapped in, and the leftovers of killed runs
 are removed by the next run.
+
+One module, over 600 lines, on purpose: each file kind's reader and writer
+(torch.save zip, safetensors, folders and links) are a pair that must stay
+byte-faithful to each other, and share the skeleton and path-safety helpers.
 """
 
 from __future__ import annotations
