@@ -11,10 +11,6 @@ and are restored sharing one storage again.
 Over 600 lines on purpose: the encoder, the one validating tree parser and the
 tensor making share the format's extension codes, dtype tables and node checks
 (docs/FORMAT.md §10); reading chunks lives in ckvc.read.
-
-One module, over 600 lines, on purpose: the encoder and the parser are the two
-halves of one format (docs/FORMAT.md 10), side by side so that each extension
-type's writer and its checks change together.
 """
 
 from __future__ import annotations
