@@ -14,7 +14,7 @@ import contextlib
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ckvc.errors import CorruptObjectError, ObjectNotFoundError, RefConflictError, RepositoryLockedError
 from ckvc.ids import Buffer
@@ -30,15 +30,8 @@ MEMORY_CAPABILITIES = Capabilities(
     latency="memory",
     max_connections=16,
 )
-OBJECT_STORE_CAPABILITIES = Capabilities(
-    atomic_rename=False,
-    append=False,
-    conditional_put=True,
-    file_locks=False,
-    local_paths=False,
-    latency="memory",
-    max_connections=16,
-)
+# What an object store lacks (ARCHITECTURE §4): no rename, no append, no OS locks.
+OBJECT_STORE_CAPABILITIES = replace(MEMORY_CAPABILITIES, atomic_rename=False, append=False, file_locks=False)
 
 
 @dataclass(frozen=True, slots=True)
