@@ -16,7 +16,7 @@ is observed, not suffered. Each case gets one verdict:
 - crash: segfault, bus error, MemoryError, RecursionError, hang (timeout).
 
     python benchmarks/torture.py                 # the short run (the default test suite runs it)
-    python benchmarks/torture.py --long          # the long run (also: CKVC_TORTURE=1 pytest tests/torture)
+    python benchmarks/torture.py --long          # the long run (also: CKVC_TORTURE=1 pytest tests/reliability/torture)
     python benchmarks/torture.py --case 'cli/log rev=nonutf8' -v   # one case, with its output
     python benchmarks/torture.py --category faults --json
 

@@ -36,7 +36,7 @@ from ckvc.errors import CkvcError, InvalidInputError
 # Only click and ckvc.errors load up front: --help, log, status, branch, tag,
 # reflog, config and du never import torch (1.5 s). Commands that read or write
 # tensors import ckvc.files / ckvc.state / torch in their own bodies;
-# tests/test_cli_startup.py checks this in a fresh interpreter.
+# tests/cli/test_cli_startup.py checks this in a fresh interpreter.
 if TYPE_CHECKING:
     from ckvc.inspect import CodecUsage, StateDiff, TensorChange, TensorSummary
     from ckvc.objects import Commit, Tag

@@ -6,7 +6,7 @@ The model is a tiny BERT made from a config (no download), trained on CPU on ran
 tokens with dropout on, so a resume that lost the RNG state, the optimizer or the data
 position would show in the losses. Run as a script, this file is the training process:
 
-    python tests/test_trainer_resume.py OUT_DIR MAX_STEPS SAVE_STEPS RESULT_JSON [RESUME_DIR]
+    python tests/integrations/test_trainer_resume.py OUT_DIR MAX_STEPS SAVE_STEPS RESULT_JSON [RESUME_DIR]
 """
 
 from __future__ import annotations

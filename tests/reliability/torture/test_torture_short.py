@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "benchmarks"))
 import torture
 
 # Why each category fails today (seed 12, short run, main at 17286a1). Each entry
