@@ -533,6 +533,8 @@ def _labels(repo: Repo) -> dict[str, list[str]]:
             labels.setdefault(oid, []).append(name)
     for name, oid in repo.tags().items():
         labels.setdefault(oid, []).append(f"tag: {name}")
+    for name, oid in repo.remote_branches().items():
+        labels.setdefault(oid, []).append(name)
     return labels
 
 
@@ -869,23 +871,27 @@ def export(obj: Context, rev: str, output: Path, prefix: str | None, fmt: str | 
 
 @cli.command()
 @click.option("-d", "--delete", is_flag=True, help="Delete the branch NAME.")
+@click.option("-a", "--all", "all_branches", is_flag=True, help="Also list remote-tracking branches.")
 @click.argument("name", required=False)
 @click.argument("rev", required=False, default="HEAD")
 @json_option
 @click.pass_obj
-def branch(obj: Context, delete: bool, name: str | None, rev: str, as_json: bool) -> None:
-    """List branches, create NAME at REV, or delete NAME with -d."""
+def branch(obj: Context, delete: bool, all_branches: bool, name: str | None, rev: str, as_json: bool) -> None:
+    """List branches (with -a remote-tracking ones too), create NAME at REV, or delete NAME with -d."""
     repo = obj.repo
     if name is None:
         if delete:
             raise InvalidInputError("branch -d needs a NAME")
         current, _ = repo.head()
         branches = repo.branches()
+        remotes = repo.remote_branches() if all_branches else {}
         if as_json:
-            _emit_json({"current": current, "branches": branches})
+            _emit_json({"current": current, "branches": branches, **({"remotes": remotes} if all_branches else {})})
         else:
             for n, oid in branches.items():
                 click.echo(f"{'*' if n == current else ' '} {n:<20} {oid[:12]}")
+            for n, oid in remotes.items():
+                click.echo(f"  {'remotes/' + n:<20} {oid[:12]}")
         return
     if delete:
         oid = repo.delete_branch(name)
@@ -1279,6 +1285,10 @@ def import_cmd(obj: Context, source: Path, branch: str | None, glob: str | None,
         + (f" ({len(plan.done)} already there)" if plan.done else "")
     )
 
+
+from ckvc.cli import remote as remote_commands  # noqa: E402  (registered once the group and helpers exist)
+
+remote_commands.register(cli, remote_commands.CliTools(_progress_bar, _emit_json, human_bytes, json_option))
 
 _quiet_shutdown_registered: list[bool] = []
 
