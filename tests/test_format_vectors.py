@@ -714,8 +714,8 @@ def test_remote_layout(vec: Vector, tmp_path: Path) -> None:
     assert keys == sorted(vec.lines("key"))
     # Contents as sections 3, 7, 11 and 18.3 describe them.
     assert backend.get("HEAD") == b"ref: refs/heads/main\n"
-    assert backend.get("refs/heads/main") == (repo.head()[1] + "\n").encode()
-    assert backend.get("refs/tags/v1") == (repo.refs.read("refs/tags/v1") + "\n").encode()
+    assert backend.get("refs/heads/main") == f"{repo.head()[1]}\n".encode()
+    assert backend.get("refs/tags/v1") == f"{repo.refs.read('refs/tags/v1')}\n".encode()
     remote_config = RepoConfig.load(backend)
     assert remote_config.repo_id != repo.config.repo_id
     assert {**vars(remote_config), "repo_id": None} == {**vars(repo.config), "repo_id": None}
@@ -738,7 +738,7 @@ def test_remote_local_files(vec: Vector, tmp_path: Path) -> None:
     assert sorted(after - before) == sorted(vec.lines("file")) and before <= after
     written = (root / "remotes.json").read_bytes()
     assert written == (json.dumps(vec.json("json"), indent=2, sort_keys=True) + "\n").encode()
-    assert (root / "refs/remotes/origin/main").read_bytes() == (repo.head()[1] + "\n").encode()
+    assert (root / "refs/remotes/origin/main").read_bytes() == f"{repo.head()[1]}\n".encode()
     catalog = Index(root / "remotes/origin/catalog")
     try:
         assert catalog.count() == 4  # chunk, snapshot, commit, tag
