@@ -194,7 +194,7 @@ def remote_exists(backend: Backend) -> bool:
 
 def create_layout(backend: Backend, template: RepoConfig) -> None:
     """A new bare repository on ``backend``: the config (``template``'s settings,
-    a repository id of its own) and HEAD on the default branch. Packs and refs
+    a repository id of its own) and HEAD on the default branch, the config last. Packs and refs
     are keys, so nothing else is needed (a directory gets its folders on first write)."""
     config = RepoConfig(
         format_version=template.format_version,
@@ -204,8 +204,10 @@ def create_layout(backend: Backend, template: RepoConfig) -> None:
         default_branch=template.default_branch,
         keyframe_interval=template.keyframe_interval,
     )
-    config.save(backend)
+    # HEAD first: the config is what makes the remote exist (remote_exists), so a
+    # creation killed in between is simply done again.
     RefStore(backend).init_head(branch_ref(template.default_branch))
+    config.save(backend)
 
 
 def open_remote(local: Repository, spec: RemoteSpec, *, create_from: RepoConfig | None = None) -> Remote:
