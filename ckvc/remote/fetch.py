@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 import warnings
+from collections.abc import Iterator
 from typing import Any
 
 from ckvc.core import Repository
@@ -54,15 +55,21 @@ class Fetch:
         self.pruned: dict[str, list[str]] = {}
         self.chunks: dict[bytes, None] = {}
         self.done = 0
+        self.total = 0  # bytes known to be wanted so far (grows as the walk finds more)
+        self.snapshot_ids: set[bytes] = set()
+
+    def _stream(self, items: list[Located]) -> Iterator[tuple[Located, Record]]:
+        """The items' records as they arrive (one pack batch in memory at a time)."""
+        self.total += sum(item.entry.record_size for item in items)
+        for item, record in records_in(self.handle.core.store, items, self.handle.describe):
+            self.stats.wire_bytes += item.entry.record_size
+            self.done += item.entry.record_size
+            if self.progress is not None:
+                self.progress(self.done, self.total)
+            yield item, record
 
     def _read(self, items: list[Located]) -> list[tuple[Located, Record]]:
-        out = list(records_in(self.handle.core.store, items, self.handle.describe))
-        got = sum(item.entry.record_size for item, _ in out)
-        self.stats.wire_bytes += got
-        self.done += got
-        if self.progress is not None:
-            self.progress(self.done, max(self.done, 1))
-        return out
+        return list(self._stream(items))
 
     def _locate(self, oids: list[bytes]) -> list[Located]:
         try:
@@ -118,8 +125,9 @@ class Fetch:
                 )
 
     def _snapshot(self, tree: bytes) -> None:
-        if self.local.store.has(tree) or any(tree == s for s, _ in self.snapshots):
+        if tree in self.snapshot_ids or self.local.store.has(tree):
             return
+        self.snapshot_ids.add(tree)
         ((item, record),) = self._read(self._locate([tree]))
         if record.kind != ObjectType.SNAPSHOT:
             raise CorruptObjectError(f"{self.handle.describe('packs/' + item.entry.pack)}: not a snapshot")
@@ -138,7 +146,7 @@ class Fetch:
         waiting: dict[bytes, tuple[Located, Record]] = {}
         try:
             while want or waiting:
-                for item, record in self._read(self._locate(want)) if want else ():
+                for item, record in self._stream(self._locate(want)) if want else ():
                     if record.kind != ObjectType.CHUNK:
                         raise CorruptObjectError(f"{self.handle.describe('packs/' + item.entry.pack)}: not a chunk")
                     if not self._write(writer, item, record):

@@ -31,7 +31,7 @@ from ckvc.storage.object_store import ObjectStore
 from ckvc.storage.packs import PACK_DIR, PackWriter, Record, RecordInfo, pack_key, parse_record
 
 # One read_ranges call covers at most this many bytes of records (memory bound of a fetch batch).
-BATCH_BYTES = 64 << 20
+BATCH_BYTES = 16 << 20
 # Plain bytes of verified keyframes kept for the deltas that follow them.
 PLAIN_CACHE_BYTES = 256 << 20
 

@@ -361,3 +361,30 @@ def test_remove_remote_drops_tracking_refs_and_catalog(tmp_path: Path, url: str)
     a.remotes.remove("origin")
     assert a.remote_branches() == {} and not (a.dir / "remotes" / "origin").exists()
     a.close()
+
+
+def test_pruned_commits_travel_as_history_without_data(tmp_path: Path, url: str) -> None:
+    from ckvc.errors import PrunedCommitError
+    from ckvc.retention_policy import RetentionPolicy
+
+    a = new_repo(tmp_path, "a")
+    ids = [a.commit(state(i, base=i), message=f"epoch {i}") for i in range(3)]
+    a.retain(RetentionPolicy(keep_last=1))
+    a.gc(now=True)
+    assert set(a.pruned()) == set(ids[:2])
+    a.remotes.add("origin", url)
+    pushed = a.push()
+    assert pushed.stats.objects == len(reachable(a))  # pruned commits: the commit objects alone
+    b = ckvc.Repo.clone(url, tmp_path / "b")
+    assert [c.id for c in b.log()] == ids[::-1] and set(b.pruned()) == set(ids[:2])
+    with pytest.raises(PrunedCommitError):
+        b.load(ids[0])
+    assert_state_equal(b.load(ids[2]), a.load(ids[2]))
+    remote = opened(a)
+    try:
+        assert set(remote.core.pruned()) == set(ids[:2]) and run_fsck(remote.core).ok
+    finally:
+        remote.close()
+    assert b.fsck().ok
+    a.close()
+    b.close()
