@@ -57,6 +57,8 @@ class Fetch:
         self.done = 0
         self.total = 0  # bytes known to be wanted so far (grows as the walk finds more)
         self.snapshot_ids: set[bytes] = set()
+        self.prefetched: dict[bytes, tuple[Located, Record]] = {}
+        self.metadata_by_pack: dict[str, list[bytes]] | None = None
 
     def _stream(self, items: list[Located]) -> Iterator[tuple[Located, Record]]:
         """The items' records as they arrive (one pack batch in memory at a time)."""
@@ -93,6 +95,26 @@ class Fetch:
             key = f"packs/{item.entry.pack}"
             raise CorruptObjectError(f"{self.handle.describe(key)}: {exc.reason}", object_id=item.oid.hex()) from None
 
+    def _metadata(self, oid: bytes) -> tuple[Located, Record]:
+        """The record of a metadata object. Reading one reads every metadata record
+        of its pack that is not here yet, in one coalesced request: pushes put a
+        history's commits, snapshots and tags in packs of their own, so a walk
+        costs about one request per pack rather than one per object."""
+        found = self.prefetched.pop(oid, None)
+        if found is not None:
+            return found
+        (item,) = self._locate([oid])
+        if self.metadata_by_pack is None:
+            self.metadata_by_pack = {}
+            for other, entry in self.handle.core.store.index.iter_entries():
+                if entry.kind != ObjectType.CHUNK:
+                    self.metadata_by_pack.setdefault(entry.pack, []).append(other)
+        wanted = [m for m in self.metadata_by_pack.get(item.entry.pack, []) if m != oid and not self.local.store.has(m)]
+        for got, record in self._stream(sorted([item, *self._locate(wanted)], key=lambda x: x.entry.offset)):
+            self.prefetched[got.oid] = (got, record)
+        self.metadata_by_pack.pop(item.entry.pack, None)  # read once
+        return self.prefetched.pop(oid)
+
     def walk(self, tips: list[str]) -> None:
         remote_pruned = self.handle.core.pruned()
         seen: set[str] = set()
@@ -105,7 +127,7 @@ class Fetch:
             raw = bytes.fromhex(oid)
             if self.local.store.has(raw):
                 continue  # there with everything it needs (the invariant)
-            ((item, record),) = self._read(self._locate([raw]))
+            item, record = self._metadata(raw)
             plain = self._verified(item, record)
             if record.kind == ObjectType.TAG:
                 self.tags.append((raw, record))
@@ -128,7 +150,7 @@ class Fetch:
         if tree in self.snapshot_ids or self.local.store.has(tree):
             return
         self.snapshot_ids.add(tree)
-        ((item, record),) = self._read(self._locate([tree]))
+        item, record = self._metadata(tree)
         if record.kind != ObjectType.SNAPSHOT:
             raise CorruptObjectError(f"{self.handle.describe('packs/' + item.entry.pack)}: not a snapshot")
         snapshot = Snapshot.decode(self._verified(item, record).data)

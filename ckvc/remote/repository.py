@@ -188,6 +188,15 @@ def refresh_catalog(store: ObjectStore, damaged: list[str] | None = None) -> int
     return added
 
 
+class CatalogStore(ObjectStore):
+    """The object store of a remote: its index is the catalog, refreshed by
+    listing (:func:`refresh_catalog`) without the writer pins a local refresh
+    takes, which on an object store would be lease objects on every lookup miss."""
+
+    def refresh(self) -> int:
+        return refresh_catalog(self)
+
+
 def remote_exists(backend: Backend) -> bool:
     return backend.stat(CONFIG_NAME) is not None
 
@@ -224,7 +233,7 @@ def open_remote(local: Repository, spec: RemoteSpec, *, create_from: RepoConfig 
             raw.root.mkdir(parents=True, exist_ok=True)
         create_layout(backend, create_from)
     config = RepoConfig.load(backend)
-    store = ObjectStore(backend, index=_catalog(local, spec.name, config.repo_id))
+    store = CatalogStore(backend, index=_catalog(local, spec.name, config.repo_id))
     core = Repository(
         config=config,
         store=store,

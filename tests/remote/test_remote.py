@@ -388,3 +388,25 @@ def test_pruned_commits_travel_as_history_without_data(tmp_path: Path, url: str)
     assert b.fsck().ok
     a.close()
     b.close()
+
+
+def test_fetch_requests_do_not_grow_with_history(tmp_path: Path) -> None:
+    """A history pushed at once is one chunk pack and one metadata pack: fetching it
+    costs the same requests for 2 commits as for 8 (coalesced reads per pack)."""
+    requests = []
+    for n in (2, 8):
+        url = f"memory://hist{n}-{uuid.uuid4().hex[:8]}"
+        a = new_repo(tmp_path, f"a{n}")
+        for i in range(n):
+            a.commit(state(i, base=i), message=f"epoch {i}")
+        a.remotes.add("origin", url)
+        assert a.push().stats.packs == 2
+        b = new_repo(tmp_path, f"b{n}")
+        b.remotes.add("origin", url)
+        got = b.fetch()
+        assert got.stats.objects == len(reachable(a))
+        requests.append(got.stats.requests)
+        a.close()
+        b.close()
+        forget_memory_remote(url)
+    assert requests[0] == requests[1]
