@@ -410,3 +410,41 @@ def test_fetch_requests_do_not_grow_with_history(tmp_path: Path) -> None:
         b.close()
         forget_memory_remote(url)
     assert requests[0] == requests[1]
+
+
+def test_two_threads_pushing_one_ref(tmp_path: Path, url: str) -> None:
+    import threading
+
+    a = new_repo(tmp_path, "a")
+    history(a)
+    a.remotes.add("origin", url)
+    a.push()
+    b = ckvc.Repo.clone(url, tmp_path / "b")
+    tips = {"a": a.commit(state(21, base=8), message="a"), "b": b.commit(state(22, base=9), message="b")}
+    barrier = threading.Barrier(2)
+    errors: dict[str, BaseException] = {}
+
+    def pusher(name: str, repo: ckvc.Repo) -> None:
+        barrier.wait()
+        try:
+            repo.push()
+        except BaseException as exc:
+            errors[name] = exc
+
+    threads = [threading.Thread(target=pusher, args=item) for item in (("a", a), ("b", b))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    (loser,) = errors
+    winner = "b" if loser == "a" else "a"
+    assert isinstance(errors[loser], RefConflictError)
+    assert a.ls_remote()["refs/heads/main"] == tips[winner]
+    assert (a if loser == "a" else b).head()[1] == tips[loser]  # the loser's commit stays
+    remote = opened(a)
+    try:
+        assert run_fsck(remote.core).ok
+    finally:
+        remote.close()
+    a.close()
+    b.close()
