@@ -439,6 +439,16 @@ class Repo:
 
         return remote_branches(self.core)
 
+    def fsck_remote(
+        self, remote: str = "origin", *, level: str = "full", sample: float | None = None,
+        progress: ProgressCallback | None = None,
+    ) -> FsckReport:  # fmt: skip
+        """fsck of a remote: its refs, graph and (level "full") every object read back
+        through its backend and re-hashed; ``sample``: that fraction of them."""
+        from ckvc.remote.clone import fsck_remote
+
+        return fsck_remote(self.core, remote, level=level, sample=sample, progress=progress)
+
     @classmethod
     def clone(
         cls, url: str, path: str | os.PathLike[str], *, endpoint: str | None = None, region: str | None = None,

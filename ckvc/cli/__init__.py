@@ -986,9 +986,18 @@ def _parse_fraction(text: str | None) -> float | None:
 )
 @click.option("--full", "full_flag", is_flag=True, help="Same as --level full (the default).")
 @click.option("--sample", default=None, metavar="PCT", help="Re-hash a random sample of objects, e.g. 10%.")
+@click.option("--remote", "remote_name", default=None, metavar="NAME", help="Check remote NAME instead.")
 @json_option
 @click.pass_obj
-def fsck(obj: Context, rebuild_index: bool, level: str, full_flag: bool, sample: str | None, as_json: bool) -> None:
+def fsck(
+    obj: Context,
+    rebuild_index: bool,
+    level: str,
+    full_flag: bool,
+    sample: str | None,
+    remote_name: str | None,
+    as_json: bool,
+) -> None:
     """Verify the refs, the commit graph and every stored byte against its hash.
     Exits 1 and names each damaged object when anything is wrong."""
     fraction = _parse_fraction(sample)
@@ -996,8 +1005,13 @@ def fsck(obj: Context, rebuild_index: bool, level: str, full_flag: bool, sample:
         level = "full"
     elif fraction is not None and level == "full":
         level = "metadata"  # the sample replaces the full read
+    if remote_name is not None and rebuild_index:
+        raise InvalidInputError("--rebuild-index checks the local index; a remote has none (its catalog is rebuilt)")
     with _progress_bar("fsck", not as_json) as progress:
-        report = obj.repo.fsck(rebuild_index=rebuild_index, level=level, sample=fraction, progress=progress)
+        if remote_name is not None:
+            report = obj.repo.fsck_remote(remote_name, level=level, sample=fraction, progress=progress)
+        else:
+            report = obj.repo.fsck(rebuild_index=rebuild_index, level=level, sample=fraction, progress=progress)
     if as_json:
         _emit_json(report.to_json())
     else:

@@ -1,9 +1,10 @@
-"""clone, ls-remote and forgetting a remote."""
+"""clone, ls-remote and fsck of a remote."""
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ckvc.config import RepoConfig
 from ckvc.core import Repository
@@ -16,7 +17,10 @@ from ckvc.refs import BRANCH_PREFIX, HEAD, RefStore, branch_ref
 from ckvc.remote.common import Progress, remotes_of, tracking_ref
 from ckvc.remote.fetch import fetch
 from ckvc.remote.location import RemoteSpec, normalize_url, open_backend
-from ckvc.remote.repository import remote_exists
+from ckvc.remote.repository import open_remote, remote_exists
+
+if TYPE_CHECKING:
+    from ckvc.fsck import FsckReport
 
 # ---- clone and listing -----------------------------------------------------------
 
@@ -111,3 +115,23 @@ def ls_remote(local: Repository | None, remote: str) -> dict[str, str]:
         return out
     finally:
         backend.close()
+
+
+def fsck_remote(
+    local: Repository,
+    remote: str = "origin",
+    *,
+    level: str = "full",
+    sample: float | None = None,
+    progress: Progress | None = None,
+) -> FsckReport:
+    """fsck of the remote ``remote`` itself: its refs, its commit graph and (level
+    "full") every object re-read through its backend and re-hashed, or a
+    ``sample`` fraction of them. Nothing local is read or changed but the catalog."""
+    from ckvc.fsck import run_fsck
+
+    handle = open_remote(local, remotes_of(local).get(remote))
+    try:
+        return run_fsck(handle.core, level=level, sample=sample, progress=progress)
+    finally:
+        handle.close()

@@ -134,3 +134,23 @@ def test_object_store_url_without_the_extra(work: Path) -> None:
     assert run(work, "remote", "add", "s3r", "s3://bucket/x", "--endpoint", "http://127.0.0.1:9").exit_code == 0
     r = run(work, "push", "s3r")
     assert r.exit_code == RemoteSupportMissingError.exit_code and "remote extra" in r.output
+
+
+def test_fsck_remote(work: Path, tmp_path: Path) -> None:
+    commit(work, 1.0, "one")
+    commit(work, 2.0, "two")
+    assert run(work, "remote", "add", "origin", str(tmp_path / "remote")).exit_code == 0
+    assert run(work, "push").exit_code == 0
+    report = json.loads(run(work, "fsck", "--remote", "origin", "--json").output)
+    assert report["ok"] is True and report["commits_reachable"] == 2 and report["objects_checked"] > 0
+    sample = run(work, "fsck", "--remote", "origin", "--sample", "50%", "--json")
+    assert sample.exit_code == 0 and json.loads(sample.output)["ok"] is True
+    pack = next((tmp_path / "remote" / "packs").glob("*.pack"))
+    data = bytearray(pack.read_bytes())
+    data[32 + 92 + 20] ^= 0xFF  # the first record's payload
+    pack.write_bytes(bytes(data))
+    damaged = run(work, "fsck", "--remote", "origin", "--json")
+    assert damaged.exit_code == 1 and json.loads(damaged.output)["ok"] is False
+    assert run(work, "fsck").exit_code == 0  # the local repository is not the damaged one
+    both = run(work, "fsck", "--remote", "origin", "--rebuild-index")
+    assert both.exit_code == ckvc.InvalidInputError.exit_code
