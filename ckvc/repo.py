@@ -394,3 +394,10 @@ class Repo:
         return run_fsck(self.core, rebuild_index=rebuild_index, level=level, sample=sample, progress=progress)
 
     du = OnCore(inspect.disk_usage)
+
+    def run_in_background(self, fn: Callable[..., str], *args: Any) -> PendingCommit:
+        """Run ``fn(*args)`` (a commit written elsewhere, e.g. ckvc.distributed) on
+        this repository's background commit thread: in order with the other
+        background commits, its error raised like theirs, waited for at close."""
+        self._background.raise_unseen()
+        return self._background.submit(fn, *args)
