@@ -260,6 +260,18 @@ class RemoteSupportMissingError(CkvcError):
     exit_code = 32
 
 
+class DistributedCommitError(CkvcError):
+    """A multi-rank commit (ckvc.distributed) failed on some rank, or a rank was lost
+    (killed, timed out): nothing was committed and the branch is unchanged. Raised
+    on every surviving rank; ``failures`` maps a rank to what it reported."""
+
+    exit_code = 40
+
+    def __init__(self, message: str, *, failures: dict[int, str] | None = None) -> None:
+        self.failures = dict(failures or {})
+        super().__init__(message)
+
+
 class UnexpectedError(CkvcError):
     """Exit code of the CLI's last-resort handler: an exception ckvc did not expect (a bug)."""
 
@@ -349,6 +361,7 @@ __all__ = [
     "CorruptObjectError",
     "DamageWarning",
     "DamagedIndexError",
+    "DistributedCommitError",
     "DurabilityWarning",
     "IncompatibleStateError",
     "InsufficientMemoryError",

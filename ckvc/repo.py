@@ -201,15 +201,13 @@ class Repo:
         written in the background, in order with other commits. Its errors
         surface on ``.result()`` and at the next commit, ``wait()`` or close."""
         from ckvc import write
-        from ckvc.codecs.policy import DeltaBackoff
 
         self.core.require_writable("committing")
-        if self._background is None:
-            self._background, self._backoff = write.BackgroundCommits(str(self.core.path)), DeltaBackoff()
+        background = self._background_commits()
         if blocking:
             self.wait()  # commits land in the order they were made; raises unseen background errors
         else:
-            self._background.raise_unseen()
+            background.raise_unseen()
         started = time.perf_counter()
         request = write.CommitRequest.checked(message, metrics, metadata, time_ns=time_ns)
         policy = self.retention_policy()
@@ -222,8 +220,17 @@ class Repo:
         request = dataclasses.replace(request, tree=staged.tree, pickled=staged.pickled)
         args = (request, tuple(merge), lossy, policy, retain, progress, started)
         if not blocking:
-            return self._background.submit(self._write_commit, write.owned(staged.pending), *args)
+            return background.submit(self._write_commit, write.owned(staged.pending), *args)
         return self._write_commit(staged.pending, *args)
+
+    def _background_commits(self) -> write.BackgroundCommits:
+        """The background commit thread (and the delta backoff), made by the first commit."""
+        if self._background is None:
+            from ckvc import write
+            from ckvc.codecs.policy import DeltaBackoff
+
+            self._background, self._backoff = write.BackgroundCommits(str(self.core.path)), DeltaBackoff()
+        return self._background
 
     def _write_commit(
         self, pending: list[PendingBlob], request: write.CommitRequest, merge: tuple[str, ...], lossy: LossySpec,
@@ -481,3 +488,11 @@ class Repo:
         from ckvc.remote.clone import clone
 
         return cls(clone(url, path, endpoint=endpoint, region=region, threads=threads, progress=progress))
+
+    def run_in_background(self, fn: Callable[..., str], *args: Any) -> PendingCommit:
+        """Run ``fn(*args)`` (a commit written elsewhere, e.g. ckvc.distributed) on
+        this repository's background commit thread: in order with the other
+        background commits, its error raised like theirs, waited for at close."""
+        background = self._background_commits()
+        background.raise_unseen()
+        return background.submit(fn, *args)

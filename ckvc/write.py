@@ -411,6 +411,23 @@ def read_head(core: Repository, outcome: Outcome | None = None) -> Head:
     return head
 
 
+def commit_object(snapshot_id: bytes, request: CommitRequest, parent: str | None) -> Commit:
+    """The commit :func:`finish` writes for a snapshot: with ``request.author`` and
+    ``request.time_ns`` set, any process computes the same object (and id), so the
+    ranks of a distributed commit know its id without being told."""
+    return Commit(
+        tree=snapshot_id.hex(),
+        parents=tuple(dict.fromkeys(((parent,) if parent else ()) + tuple(request.merge))),
+        author=default_author() if request.author is None else request.author,
+        time_ns=time.time_ns() if request.time_ns is None else request.time_ns,
+        message=request.message,
+        metrics=dict(request.metrics),
+        metadata=dict(request.metadata),
+        pickled=request.pickled,
+        lossy={k: dict(v) for k, v in request.lossy.items()},
+    )
+
+
 def finish(
     core: Repository,
     blobs: Sequence[Blob],
@@ -430,18 +447,7 @@ def finish(
     head = head or read_head(core, outcome)
     snapshot_id = writer.put(ObjectType.SNAPSHOT, Snapshot(tuple(blobs), request.tree).encode())
     parent = head.parent
-    commit = Commit(
-        tree=snapshot_id.hex(),
-        parents=tuple(dict.fromkeys(((parent,) if parent else ()) + tuple(request.merge))),
-        author=default_author() if request.author is None else request.author,
-        time_ns=time.time_ns() if request.time_ns is None else request.time_ns,
-        message=request.message,
-        metrics=dict(request.metrics),
-        metadata=dict(request.metadata),
-        pickled=request.pickled,
-        lossy={k: dict(v) for k, v in request.lossy.items()},
-    )
-    commit_id = writer.put(ObjectType.COMMIT, commit.encode()).hex()
+    commit_id = writer.put(ObjectType.COMMIT, commit_object(snapshot_id, request, parent).encode()).hex()
     if outcome is not None:
         outcome.commit = commit_id
     writer.commit()

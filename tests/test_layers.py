@@ -51,7 +51,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     # above repo; the framework integrations (dcp, lightning, ...) take a Repo.
     ("integrations.torch_nn",),
     ("repo",),
-    ("integrations", "importer"),
+    ("distributed",),  # multi-rank commits over a Repo; the DCP integration builds on it
+    ("integrations", "importer", "dcp"),
     ("cli", "__main__"),
     ("",),  # the package root: exports lazily from everything
 )

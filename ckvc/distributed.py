@@ -1,0 +1,606 @@
+"""Multi-rank commits over torch.distributed (docs/DESIGN.md, "Distributed").
+
+Every rank calls :func:`commit` with its own state. The protocol, on a gloo group
+with a timeout (the whole of it under each rank's writer pin, so gc removes
+nothing a rank deduplicated against until the commit has landed):
+
+1. the coordinator reads where the commit lands (branch, parent) and fixes its
+   author and time; it broadcasts them, so every rank deltas against the same
+   parent and can compute the commit's id itself;
+2. each rank stages its state (host copy), writes its chunks into its own packs
+   (``write.write_blobs``) and seals them, then all ranks exchange their entries
+   (tree, blob table, counts: canonical msgpack bytes over the group, no pickle),
+   or the error that stopped them;
+3. if every rank succeeded, the coordinator writes one snapshot whose tree is
+   ``{"rank0": state0, "rank1": state1, ...}`` and one commit (world size in its
+   metadata under ``"distributed"``), moves the branch by compare-and-swap, and
+   broadcasts the outcome. Every rank returns the same commit id.
+
+A failure anywhere, or a lost rank (killed, timed out: gloo reports a closed
+connection at once, a hang after the group's timeout), means no commit: each
+surviving rank raises DistributedCommitError. The one exception is the
+coordinator dying between its ref swap and its broadcast: survivors then find
+the branch naming the id they computed and return it, so what a rank reports
+always matches the branch. Packs of a failed commit are unreferenced; gc
+reclaims them after its grace period.
+
+:func:`load` and :func:`load_into` read one rank's part. Loading at another world
+size is the DCP path's job (ckvc.integrations.dcp). The tree helpers here
+(:func:`nest_trees`, :func:`pack_tree`) build value trees (docs/FORMAT.md §10)
+out of parts, for this module and the DCP writer.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import time
+import warnings
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal, overload
+
+import msgpack
+import torch
+import torch.distributed as dist
+
+from ckvc import read, write
+from ckvc import state as state_mod
+from ckvc.core import ProgressCallback, default_author
+from ckvc.errors import (
+    CkvcError,
+    CorruptObjectError,
+    DistributedCommitError,
+    DurabilityWarning,
+    InvalidInputError,
+    UnsupportedTypeError,
+)
+from ckvc.ids import ObjectType, object_id
+from ckvc.objects import Blob, Commit, Snapshot
+
+if TYPE_CHECKING:
+    from ckvc.codecs.policy import LossySpec
+    from ckvc.integrations.torch_nn import IncompatibleKeys
+    from ckvc.repo import Repo
+    from ckvc.state import MapLocation
+    from ckvc.write import PendingCommit
+
+# Commit metadata key holding {"world_size": n, "coordinator": r}.
+METADATA_KEY = "distributed"
+# How long a rank waits for the others in one step before giving up (seconds).
+DEFAULT_TIMEOUT_S = 600.0
+
+# gloo groups made for commits: (default group, timeout) -> group. One per world
+# and timeout, created on first use (a collective every rank makes in order).
+_GROUPS: dict[tuple[int, float], dist.ProcessGroup] = {}
+
+
+def rank_key(rank: int) -> str:
+    """Where rank ``rank``'s state lives in a distributed commit's tree."""
+    return f"rank{rank}"
+
+
+def world_size(commit: Commit) -> int | None:
+    """The world size a distributed commit was made at; None for any other commit."""
+    info = commit.metadata.get(METADATA_KEY)
+    if isinstance(info, dict) and type(info.get("world_size")) is int and info["world_size"] > 0:
+        return int(info["world_size"])
+    return None
+
+
+# ---- value trees made of parts --------------------------------------------------
+
+
+def _unpack(data: bytes) -> Any:
+    # Extension values stay undecoded (msgpack.ExtType): the C decoder is never
+    # re-entered from its hook, so deep trees cost no C stack (as in ckvc.state).
+    return msgpack.unpackb(data, raw=False, strict_map_key=False, use_list=True, ext_hook=msgpack.ExtType)
+
+
+def _pack(value: Any) -> bytes:
+    return msgpack.packb(value, use_bin_type=True, use_single_float=False)
+
+
+def _shift(value: Any, offset: int) -> Any:
+    """``value`` (an unpacked tree) with every tensor node's blob index moved up by ``offset``."""
+    if type(value) is list:
+        return [_shift(v, offset) for v in value]
+    if type(value) is dict:
+        return {k: _shift(v, offset) for k, v in value.items()}
+    if type(value) is not msgpack.ExtType:
+        return value
+    code, data = value.code, value.data
+    if code == state_mod.EXT_TENSOR:
+        node = msgpack.unpackb(data, raw=False, use_list=True)
+        if type(node) is not list or not node or type(node[0]) is not int:
+            raise CorruptObjectError(f"malformed tensor node {node!r:.100}")
+        node[0] += offset
+        return msgpack.ExtType(code, _pack(node))
+    if code in (state_mod.EXT_TUPLE, state_mod.EXT_ODICT):
+        return msgpack.ExtType(code, _pack(_shift(_unpack(data), offset)))
+    if code == state_mod.EXT_FILE:
+        content, as_bytes, layout = _unpack(data)
+        return msgpack.ExtType(code, _pack([_shift(content, offset), as_bytes, _pack(_shift(_unpack(layout), offset))]))
+    return value
+
+
+def nest_trees(parts: Sequence[tuple[str, bytes, int]]) -> bytes:
+    """The tree ``{key: tree, ...}`` of ``parts`` (key, encoded tree, its blob count),
+    each part's blob indices moved past the blobs of the parts before it: the tree
+    of a snapshot whose blob table is the parts' tables one after the other."""
+    nested: dict[str, Any] = {}
+    offset = 0
+    for key, tree, count in parts:
+        nested[key] = _shift(_unpack(tree), offset)
+        offset += count
+    return _pack(nested)
+
+
+@dataclass(frozen=True)
+class BlobNode:
+    """A tensor in a tree built by :func:`pack_tree`: the whole of blob ``blob``
+    (contiguous, on the CPU), with ``shape``."""
+
+    blob: int
+    shape: tuple[int, ...]
+
+
+def _wire(value: Any) -> Any:
+    t = type(value)
+    if t is BlobNode:
+        node = [value.blob, list(value.shape), None, 0, state_mod.KIND_TENSOR, "cpu", False]
+        return msgpack.ExtType(state_mod.EXT_TENSOR, _pack(node))
+    if t is tuple:
+        return msgpack.ExtType(state_mod.EXT_TUPLE, _pack([_wire(v) for v in value]))
+    if t is list:
+        return [_wire(v) for v in value]
+    if t is dict:
+        return {k: _wire(v) for k, v in value.items()}
+    if value is None or t in (str, int, float, bool, bytes):
+        return value
+    raise UnsupportedTypeError("", f"{t.__qualname__} in a built tree")
+
+
+def pack_tree(value: Any) -> bytes:
+    """An encoded value tree of plain values (dict, list, tuple, str, int, float,
+    bool, bytes, None) and :class:`BlobNode` tensors."""
+    return _pack(_wire(value))
+
+
+# ---- moving bytes over the group ------------------------------------------------
+
+
+class _PeerLost(Exception):
+    """A collective failed: a rank died, hung past the timeout, or the group broke."""
+
+
+def _collective(fn: Callable[[], Any]) -> Any:
+    try:
+        return fn()
+    except RuntimeError as exc:  # gloo: closed connection, timeout (DistBackendError is one)
+        raise _PeerLost(str(exc).splitlines()[0] if str(exc) else type(exc).__name__) from exc
+
+
+def _all_gather_bytes(group: dist.ProcessGroup, data: bytes) -> list[bytes]:
+    world = dist.get_world_size(group)
+    size = torch.tensor([len(data)], dtype=torch.int64)
+    sizes = [torch.zeros(1, dtype=torch.int64) for _ in range(world)]
+    _collective(lambda: dist.all_gather(sizes, size, group=group))
+    longest = max(int(s.item()) for s in sizes)
+    buffer = torch.zeros(max(longest, 1), dtype=torch.uint8)
+    if data:
+        buffer[: len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+    out = [torch.empty_like(buffer) for _ in range(world)]
+    _collective(lambda: dist.all_gather(out, buffer, group=group))
+    return [o[: int(s.item())].numpy().tobytes() for o, s in zip(out, sizes, strict=True)]
+
+
+def _broadcast_bytes(group: dist.ProcessGroup, source: int, data: bytes | None) -> bytes:
+    """``data`` from group rank ``source`` on every rank."""
+    mine = dist.get_rank(group) == source
+    size = torch.tensor([len(data) if mine and data is not None else 0], dtype=torch.int64)
+    _collective(lambda: dist.broadcast(size, group=group, group_src=source))
+    buffer = torch.zeros(max(int(size.item()), 1), dtype=torch.uint8)
+    if mine and data:
+        buffer[: len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+    _collective(lambda: dist.broadcast(buffer, group=group, group_src=source))
+    return buffer[: int(size.item())].numpy().tobytes()
+
+
+def commit_group(group: dist.ProcessGroup | None = None, timeout: float = DEFAULT_TIMEOUT_S) -> dist.ProcessGroup:
+    """``group``, or a gloo group over the whole world with ``timeout`` (made on
+    first use and kept: every rank must reach this call in the same order)."""
+    if group is not None:
+        return group
+    if not dist.is_available() or not dist.is_initialized():
+        raise InvalidInputError(
+            "no process group: call torch.distributed.init_process_group (torchrun sets it up) or pass group="
+        )
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
+        raise InvalidInputError(f"timeout must be a positive number of seconds, got {timeout!r}")
+    key = (id(dist.group.WORLD), float(timeout))
+    if key not in _GROUPS:
+        _GROUPS[key] = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=timeout))
+    return _GROUPS[key]
+
+
+def _rank(group: dist.ProcessGroup | None, rank: int | None) -> int:
+    if rank is not None:
+        if isinstance(rank, bool) or not isinstance(rank, int) or rank < 0:
+            raise InvalidInputError(f"rank must be a non-negative int, got {rank!r}")
+        return rank
+    if group is None and not (dist.is_available() and dist.is_initialized()):
+        raise InvalidInputError("no process group: pass rank= (or group=) to say whose part to read")
+    return dist.get_rank(group)
+
+
+# ---- commit ---------------------------------------------------------------------
+
+
+@dataclass
+class _Start:
+    """What the coordinator fixes before anyone writes (broadcast as canonical data)."""
+
+    target: str | None
+    parent: str | None
+    author: str
+    time_ns: int
+    error: str | None = None
+
+    def encode(self) -> bytes:
+        return _pack([self.target, self.parent, self.author, self.time_ns, self.error])
+
+    @classmethod
+    def decode(cls, data: bytes) -> _Start:
+        target, parent, author, time_ns, error = msgpack.unpackb(data, raw=False)
+        return cls(target, parent, author, time_ns, error)
+
+
+@dataclass
+class _Entry:
+    """One rank's report: its tree and blobs, or the error that stopped it."""
+
+    tree: bytes = b""
+    blobs: list[Blob] = dataclasses.field(default_factory=list)
+    pickled: bool = False
+    report: list[int] = dataclasses.field(default_factory=list)
+    lossy: dict[str, Any] = dataclasses.field(default_factory=dict)
+    consistency: bytes | None = None
+    error: str | None = None
+
+    def encode(self) -> bytes:
+        blobs = [b.to_wire() for b in self.blobs]
+        return _pack([self.tree, blobs, self.pickled, self.report, self.lossy, self.consistency, self.error])
+
+    @classmethod
+    def decode(cls, data: bytes) -> _Entry:
+        try:
+            tree, blobs, pickled, report, lossy, consistency, error = msgpack.unpackb(data, raw=False)
+            return cls(tree, [Blob.from_wire(b) for b in blobs], pickled, report, lossy, consistency, error)
+        except Exception as exc:
+            return cls(error=f"its report could not be read ({exc})")
+
+
+_REPORT_FIELDS = ("logical_bytes", "chunks", "new_chunks", "new_chunk_raw_bytes", "new_chunk_stored_bytes")
+
+
+def _consistency_value(state: Any, key: str | None) -> bytes | None:
+    """The canonical bytes of ``state[key]``, which every rank must agree on."""
+    if key is None:
+        return None
+    if not isinstance(state, Mapping) or key not in state:
+        raise InvalidInputError(f"consistency_key {key!r} is not a key of this rank's state")
+    value = state[key]
+    if isinstance(value, torch.Tensor) and value.numel() == 1:
+        value = value.item()
+    if value is not None and type(value) not in (int, float, str, bool):
+        raise InvalidInputError(f"state[{key!r}] must be an int, float, str, bool or one-element tensor")
+    return _pack(value)
+
+
+def _describe(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"
+
+
+@overload
+def commit(
+    repo: Repo, state: Any, message: str = "", metrics: Mapping[str, Any] | None = None,
+    metadata: Mapping[str, Any] | None = None, *, group: dist.ProcessGroup | None = None, coordinator: int = 0,
+    timeout: float = DEFAULT_TIMEOUT_S, blocking: Literal[True] = True, consistency_key: str | None = None,
+    allow_pickle: bool = False, lossy: LossySpec = None, time_ns: int | None = None,
+    progress: ProgressCallback | None = None,
+) -> str: ...  # fmt: skip
+
+
+@overload
+def commit(
+    repo: Repo, state: Any, message: str = "", metrics: Mapping[str, Any] | None = None,
+    metadata: Mapping[str, Any] | None = None, *, group: dist.ProcessGroup | None = None, coordinator: int = 0,
+    timeout: float = DEFAULT_TIMEOUT_S, blocking: Literal[False], consistency_key: str | None = None,
+    allow_pickle: bool = False, lossy: LossySpec = None, time_ns: int | None = None,
+    progress: ProgressCallback | None = None,
+) -> PendingCommit: ...  # fmt: skip
+
+
+def commit(
+    repo: Repo,
+    state: Any,
+    message: str = "",
+    metrics: Mapping[str, Any] | None = None,
+    metadata: Mapping[str, Any] | None = None,
+    *,
+    group: dist.ProcessGroup | None = None,
+    coordinator: int = 0,
+    timeout: float = DEFAULT_TIMEOUT_S,
+    blocking: bool = True,
+    consistency_key: str | None = None,
+    allow_pickle: bool = False,
+    lossy: LossySpec = None,
+    time_ns: int | None = None,
+    progress: ProgressCallback | None = None,
+) -> str | PendingCommit:
+    """Commit every rank's ``state`` as one commit; call it on every rank of
+    ``group`` (default: a gloo group over the world with ``timeout`` seconds, made
+    on first use). Returns the commit id, the same on every rank; its tree holds
+    rank r's state under ``"rank{r}"`` and its metadata the world size.
+
+    ``coordinator`` (a rank of the group) moves the branch; ``message``,
+    ``metrics``, ``metadata``, ``lossy`` and ``time_ns`` are the coordinator's.
+    ``consistency_key``: a top-level key of every state (``"step"``) whose values
+    must agree across ranks. A failure on any rank, a rank lost, or a mismatch:
+    no commit, DistributedCommitError on every surviving rank (``failures``: by
+    rank). ``blocking=False`` returns a PendingCommit once this rank's state is
+    copied; the protocol then runs on the repository's background commit thread
+    (ranks must all commit the same way, in the same order)."""
+    repo.core.require_writable("committing")
+    if metadata is not None and METADATA_KEY in metadata:
+        raise InvalidInputError(f"metadata key {METADATA_KEY!r} is ckvc's, for the world size")
+    group = commit_group(group, timeout)
+    rank, world = dist.get_rank(group), dist.get_world_size(group)
+    if isinstance(coordinator, bool) or not isinstance(coordinator, int) or not 0 <= coordinator < world:
+        raise InvalidInputError(f"coordinator must be a rank of the group (0..{world - 1}), got {coordinator!r}")
+    meta = {**(metadata or {}), METADATA_KEY: {"coordinator": coordinator, "world_size": world}}
+    request = write.CommitRequest.checked(message, metrics, meta, time_ns=time_ns)
+    if blocking:
+        repo.wait()
+    key = rank_key(rank)
+    staged = write.stage(
+        repo.core, state, allow_pickle=allow_pickle, pin_memory=not blocking, lossy=lossy, metadata=meta
+    )
+    _check_depth(key, staged.tree)
+    pending = [dataclasses.replace(b, path=f"{key}.{b.path}" if b.path else key) for b in staged.pending]
+    consistency = _consistency_value(state, consistency_key)
+    request = dataclasses.replace(request, pickled=staged.pickled)
+    args = (repo, group, coordinator, staged.tree, request, lossy, consistency, progress)
+    if not blocking:
+        return repo.run_in_background(_run, write.owned(pending), *args)
+    return _run(pending, *args)
+
+
+def _check_depth(key: str, tree: bytes) -> None:
+    """A rank's state sits one level down in the commit's tree: refuse one that
+    would then nest too deep, before anything is written."""
+    try:
+        state_mod.parse_tree(nest_trees([(key, tree, 0)]), None, allow_pickle=None)
+    except CorruptObjectError as exc:
+        raise UnsupportedTypeError(key, f"too deep for a distributed commit ({exc.reason})") from None
+
+
+def _run(
+    pending: list[state_mod.PendingBlob],
+    repo: Repo,
+    group: dist.ProcessGroup,
+    coordinator: int,
+    tree: bytes,
+    request: write.CommitRequest,
+    lossy: LossySpec,
+    consistency: bytes | None,
+    progress: ProgressCallback | None,
+) -> str:
+    core = repo.core
+    rank, world = dist.get_rank(group), dist.get_world_size(group)
+    expected: str | None = None  # the commit's id, once every rank knows it
+    head: write.Head | None = None
+    try:
+        with write.batch(core) as writer:  # the pin lasts until the branch has moved
+            # 1. Where the commit lands, its author and time: the coordinator's.
+            start: _Start | None = None
+            if rank == coordinator:
+                try:
+                    read_head = write.read_head(core)
+                    start = _Start(
+                        read_head.target,
+                        read_head.parent,
+                        default_author() if request.author is None else request.author,
+                        request.time_ns if request.time_ns is not None else time.time_ns(),
+                    )
+                except CkvcError as exc:
+                    start = _Start(None, None, "", 0, error=_describe(exc))
+            start = _Start.decode(_broadcast_bytes(group, coordinator, start.encode() if start else None))
+            if start.error is not None:
+                raise DistributedCommitError(
+                    f"rank {coordinator} (coordinator) could not start the commit: {start.error}; "
+                    "nothing was committed",
+                    failures={coordinator: start.error},
+                )
+            head = write.Head(start.target, start.parent)
+            request = dataclasses.replace(request, author=start.author, time_ns=start.time_ns)
+            # 2. This rank's chunks, durable in its own packs; then everyone's entries.
+            entry, local_error = _write_part(core, pending, tree, head, lossy, consistency, writer, progress)
+            entries = [_Entry.decode(e) for e in _all_gather_bytes(group, entry.encode())]
+            failures = {r: e.error for r, e in enumerate(entries) if e.error is not None}
+            if not failures:
+                failures = _inconsistent(entries)
+            if failures:
+                message = _failed_message(failures, start.target)
+                raise DistributedCommitError(message, failures=failures) from local_error
+            # 3. The one commit: every rank computes its id, the coordinator writes it.
+            blobs = [b for e in entries for b in e.blobs]
+            combined = nest_trees([(rank_key(r), e.tree, len(e.blobs)) for r, e in enumerate(entries)])
+            request = dataclasses.replace(
+                request, tree=combined, pickled=any(e.pickled for e in entries), lossy=_merged_lossy(entries)
+            )
+            snapshot_id = object_id(ObjectType.SNAPSHOT, Snapshot(tuple(blobs), combined).encode())
+            commit_object = write.commit_object(snapshot_id, request, head.parent)
+            expected = object_id(ObjectType.COMMIT, commit_object.encode()).hex()
+            outcome: bytes | None = None
+            if rank == coordinator:
+                try:
+                    landed = write.finish(core, blobs, request, head=head, writer=writer)
+                    assert landed == expected, (landed, expected)
+                    outcome = _pack([landed, None])
+                except Exception as exc:
+                    outcome = _pack([None, _describe(exc)])
+                    if write.landed(core, head, expected):
+                        outcome = _pack([expected, None])
+            commit_id, error = msgpack.unpackb(_broadcast_bytes(group, coordinator, outcome), raw=False)
+            if error is not None:
+                failures = {coordinator: error}
+                raise DistributedCommitError(_failed_message(failures, start.target), failures=failures)
+    except _PeerLost as exc:
+        if expected is not None and write.landed(core, head, expected):
+            # The coordinator moved the branch, then was lost before saying so.
+            warnings.warn(
+                DurabilityWarning(f"commit {expected[:12]} landed, but a rank was lost after it did: {exc}"),
+                stacklevel=2,
+            )
+            return expected
+        where = head.where if head is not None else "the branch"
+        raise DistributedCommitError(
+            f"rank {rank} of {world} lost contact with the other ranks ({exc}): nothing was committed; "
+            f"{where} is unchanged"
+        ) from exc
+    assert isinstance(commit_id, str)
+    return commit_id
+
+
+def _write_part(
+    core: Any,
+    pending: list[state_mod.PendingBlob],
+    tree: bytes,
+    head: write.Head,
+    lossy: LossySpec,
+    consistency: bytes | None,
+    writer: Any,
+    progress: ProgressCallback | None,
+) -> tuple[_Entry, BaseException | None]:
+    """Write and seal this rank's chunks: its entry, or an entry naming its error."""
+    report = write.WriteReport()
+    try:
+        policy = write.chunk_policy(core, lossy)
+        blobs = write.write_blobs(
+            core, pending, parent=head.parent, policy=policy, writer=writer, report=report, progress=progress
+        )
+        writer.commit()  # durable and indexed before the coordinator may name it
+    except Exception as exc:
+        return _Entry(error=_describe(exc)), exc
+    counts = [getattr(report, f) for f in _REPORT_FIELDS]
+    return _Entry(tree, blobs, False, counts, report.lossy, consistency), None
+
+
+def _inconsistent(entries: Sequence[_Entry]) -> dict[int, str]:
+    values = [e.consistency for e in entries]
+    if all(v == values[0] for v in values):
+        return {}
+    shown = [msgpack.unpackb(v, raw=False) if v is not None else None for v in values]
+    return {
+        r: f"consistency value {shown[r]!r} differs from rank 0's {shown[0]!r}"
+        for r in range(len(values))
+        if values[r] != values[0]
+    }
+
+
+def _merged_lossy(entries: Sequence[_Entry]) -> dict[str, Any]:
+    merged: dict[str, Any] = {}
+    for e in entries:
+        merged.update(e.lossy)
+    return merged
+
+
+def _failed_message(failures: Mapping[int, str], target: str | None) -> str:
+    where = target or "HEAD"
+    shown = "; ".join(f"rank {r}: {why}" for r, why in sorted(failures.items())[:4])
+    more = f" (and {len(failures) - 4} more ranks)" if len(failures) > 4 else ""
+    unchanged = f"nothing was committed; {where} is unchanged"
+    return f"distributed commit failed on {len(failures)} rank(s): {shown}{more}: {unchanged}"
+
+
+# ---- reading one rank's part ----------------------------------------------------
+
+
+def _part_commit(repo: Repo, rev: str, rank: int, group: dist.ProcessGroup | None, allow_pickle: bool) -> Commit:
+    commit = repo.readable_commit(rev, allow_pickle=allow_pickle)
+    size = world_size(commit)
+    if size is None:
+        raise InvalidInputError(f"commit {commit.id[:12]} is not a distributed commit (no {METADATA_KEY!r} metadata)")
+    in_group = group is not None or (dist.is_available() and dist.is_initialized())
+    current = dist.get_world_size(group) if in_group else None
+    if rank >= size or (current is not None and current != size):
+        now = f" at world size {current}" if current is not None else ""
+        raise InvalidInputError(
+            f"commit {commit.id[:12]} was made at world size {size}; rank {rank}{now} has no part in it "
+            "(load at another world size through DCP: ckvc.dcp)"
+        )
+    return commit
+
+
+def load(
+    repo: Repo,
+    rev: str = "HEAD",
+    map_location: MapLocation = None,
+    *,
+    group: dist.ProcessGroup | None = None,
+    rank: int | None = None,
+    allow_pickle: bool = False,
+    progress: ProgressCallback | None = None,
+) -> Any:
+    """This rank's state in the distributed commit ``rev`` (``rank``: whose part,
+    default this process's rank in ``group``); reads only that part's chunks.
+    InvalidInputError for a commit made at another world size."""
+    rank = _rank(group, rank)
+    commit = _part_commit(repo, rev, rank, group, allow_pickle)
+    snapshot = repo.read_snapshot(commit)
+    root = state_mod.parse_snapshot(snapshot, commit.id, allow_pickle=allow_pickle).build()
+    key = rank_key(rank)
+    if not isinstance(root, dict) or key not in root:
+        raise CorruptObjectError(f"distributed commit holds no part {key!r}", commit=commit.id)
+    part = root[key]
+    loader = read.BlobLoader(repo.core, commit, snapshot, map_location)
+    reads = loader.plan(read.infos_in(part))
+    read.run_reads(repo.core, commit, reads, read.Progress(progress, sum(r.size for r in reads)))
+    return read.fill_tree(part, loader)
+
+
+def load_into(
+    repo: Repo,
+    rev: str = "HEAD",
+    *,
+    group: dist.ProcessGroup | None = None,
+    rank: int | None = None,
+    model: torch.nn.Module | None = None,
+    optimizer: torch.optim.Optimizer | None = None,
+    scheduler: Any = None,
+    strict: bool = True,
+    model_key: str | None = "model",
+    optimizer_key: str | None = "optimizer",
+    scheduler_key: str | None = "scheduler",
+    map_location: MapLocation = None,
+    allow_pickle: bool = False,
+    progress: ProgressCallback | None = None,
+) -> IncompatibleKeys:
+    """``Repo.load_into`` for this rank's part of the distributed commit ``rev``:
+    the ``*_key`` paths are within the rank's state."""
+    from ckvc.integrations.torch_nn import load_into as load_into_core
+
+    rank = _rank(group, rank)
+    commit = _part_commit(repo, rev, rank, group, allow_pickle)
+    key = rank_key(rank)
+
+    def within(path: str | None) -> str | None:
+        return key if path is None else f"{key}.{path}"
+
+    return load_into_core(
+        repo.core, commit, model=model, optimizer=optimizer, scheduler=scheduler, strict=strict,
+        model_key=within(model_key), optimizer_key=within(optimizer_key), scheduler_key=within(scheduler_key),
+        map_location=map_location, allow_pickle=allow_pickle, progress=progress,
+    )  # fmt: skip

@@ -1,0 +1,504 @@
+"""torch.distributed.checkpoint (DCP) storage backed by a ckvc repository.
+
+``dcp.save(sd, storage_writer=Writer(repo, message=...))`` makes one commit;
+``dcp.load(sd, storage_reader=Reader(repo, rev))`` restores it, at any world size
+(DCP's planner reshards). Each rank's ``write_data`` stores its items through
+``write.write_blobs`` (chunked, deduplicated, delta-coded against the branch's
+last commit) into its own packs; the coordinator's ``finish`` checks that the
+results cover every chunk DCP's metadata names and writes one commit whose tree
+is DCP's ``Metadata`` as canonical data (no pickle)::
+
+    {"format": "ckvc.dcp", "version": 1,
+     "dcp_version": str | None, "planner_data": ..., "storage_meta": {...},
+     "tensors": {fqn: {"dtype", "size", "layout", "requires_grad", "memory_format",
+                       "pin_memory", "shards": [{"offsets": [...], "data": <tensor>}]}},
+     "bytes": {fqn: <uint8 tensor>}}
+
+so ``ckvc log/show/diff/du`` work on it like on any commit. Non-tensor items reach
+a storage writer as torch.save bytes; they are stored as those bytes, never
+unpickled here. DCP's load planner ``torch.load``s them (``weights_only=False``)
+on load, as it does for its own file format: load only checkpoints you trust.
+
+The writer holds a path, not open handles, when pickled (``async_save``'s process
+mode): it opens the repository once per process on first use.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import math
+import os
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch.distributed.checkpoint.metadata import (
+    BytesStorageMetadata,
+    ChunkStorageMetadata,
+    Metadata,
+    MetadataIndex,
+    StorageMeta,
+    TensorProperties,
+    TensorStorageMetadata,
+)
+from torch.distributed.checkpoint.planner import (
+    LoadItemType,
+    LoadPlan,
+    LoadPlanner,
+    SavePlan,
+    SavePlanner,
+    WriteItemType,
+)
+from torch.distributed.checkpoint.storage import StorageReader, StorageWriter, WriteResult
+from torch.futures import Future
+
+from ckvc import read, write
+from ckvc import state as state_mod
+from ckvc.config import FILES_VERSION
+from ckvc.core import Repository
+from ckvc.distributed import BlobNode, pack_tree
+from ckvc.errors import CorruptObjectError, InvalidInputError, ObjectNotFoundError
+from ckvc.objects import Blob, Commit
+from ckvc.refs import branch_ref
+from ckvc.repo import Repo
+from ckvc.state import TensorInfo
+
+FORMAT = "ckvc.dcp"
+VERSION = 1
+# Commit metadata key of a DCP commit: {"world_size": n}.
+METADATA_KEY = "dcp"
+# Items resolved (GPU tensors copied to host) per write_blobs call: bounds host memory.
+WRITE_BATCH_BYTES = 256 << 20
+
+_MEMORY_FORMATS = {
+    "contiguous_format": torch.contiguous_format,
+    "channels_last": torch.channels_last,
+    "preserve_format": torch.preserve_format,
+}
+
+# Repositories this process opened by path: one each (an LMDB environment must not
+# be opened twice in one process), reopened after a fork.
+_OPENED: dict[tuple[int, str], Repository] = {}
+
+
+def _open(path: str) -> Repository:
+    key = (os.getpid(), path)
+    if key not in _OPENED:
+        _OPENED[key] = Repository.open_local(path)
+    return _OPENED[key]
+
+
+class _RepoHandle:
+    """A repository given as a Repo (used as is in its own process) or a path;
+    pickles as its path."""
+
+    def __init__(self, repo: Repo | str | os.PathLike[str]) -> None:
+        self.path: str | None
+        if isinstance(repo, Repo):
+            self.path = str(repo.core.path) if repo.core.path is not None else None  # None: in memory
+            self._core: Repository | None = repo.core
+            self._pid = os.getpid()
+        elif isinstance(repo, (str, os.PathLike)):
+            self.path = str(Path(repo).resolve())
+            self._core = None
+            self._pid = os.getpid()
+        else:
+            raise InvalidInputError(f"repo must be a ckvc.Repo or a path, got {type(repo).__name__}")
+
+    @property
+    def core(self) -> Repository:
+        if self._core is None or self._pid != os.getpid():
+            if self.path is None:
+                raise InvalidInputError("an in-memory repository cannot be used from another process")
+            self._core, self._pid = _open(self.path), os.getpid()
+        return self._core
+
+    def __getstate__(self) -> dict[str, Any]:
+        if self.path is None:
+            raise InvalidInputError("an in-memory repository cannot be pickled (async_save's process mode)")
+        return {"path": self.path}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.path, self._core, self._pid = state["path"], None, os.getpid()
+
+
+def _done(value: Any) -> Future[Any]:
+    fut: Future[Any] = Future()
+    fut.set_result(value)
+    return fut
+
+
+def _item_path(index: MetadataIndex) -> str:
+    """A stored item's blob path (and delta-base key across saves): fqn, and the
+    shard's offsets for a shard."""
+    if index.offset is None or not any(index.offset):
+        return index.fqn
+    return f"{index.fqn}@{','.join(str(o) for o in index.offset)}"
+
+
+def _byte_view(t: torch.Tensor) -> memoryview:
+    """The bytes of a contiguous CPU tensor, without a copy."""
+    flat = t.reshape(-1)
+    return flat.view(torch.uint8).numpy().data.cast("B") if flat.numel() else memoryview(b"")
+
+
+class Writer(StorageWriter):
+    """A DCP StorageWriter that commits to ``repo`` (a ckvc.Repo or its path, on a
+    filesystem every rank sees). ``message``, ``metrics`` and ``metadata`` go into
+    the commit; ``branch``: the branch it lands on (made by the first save if it
+    does not exist, as a commit without parent; default where HEAD is). After a
+    save the coordinator's ``commit_id`` holds the id, and on every rank the
+    Metadata ``dcp.save`` returns has it as ``storage_meta.checkpoint_id``."""
+
+    def __init__(
+        self,
+        repo: Repo | str | os.PathLike[str],
+        *,
+        message: str = "",
+        metrics: Mapping[str, Any] | None = None,
+        metadata: Mapping[str, Any] | None = None,
+        branch: str | None = None,
+    ) -> None:
+        super().__init__()
+        if metadata is not None and METADATA_KEY in metadata:
+            raise InvalidInputError(f"metadata key {METADATA_KEY!r} is ckvc's, for the world size")
+        self.request = write.CommitRequest.checked(message, metrics, metadata)
+        self.branch = branch_ref(branch) if branch is not None else None  # a bad name fails here
+        self.repo = _RepoHandle(repo)
+        self.is_coordinator = False
+        self.rank = 0
+        self.head: write.Head | None = None  # where the save lands, read while planning
+        self.commit_id: str | None = None
+        self.save_id = uuid.uuid4().hex
+
+    # ---- setup and planning ---------------------------------------------------
+    def reset(self, checkpoint_id: str | os.PathLike[str] | None = None) -> None:
+        if checkpoint_id is not None:
+            raise InvalidInputError("ckvc.dcp.Writer commits to a branch: pass branch= to Writer, not checkpoint_id")
+        self.save_id = uuid.uuid4().hex
+        self.commit_id = None
+
+    def set_up_storage_writer(self, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
+        self.is_coordinator = is_coordinator
+        self.rank = int(kwargs.get("rank") or 0)
+
+    def storage_meta(self) -> StorageMeta | None:
+        return StorageMeta(checkpoint_id=None, save_id=self.save_id)
+
+    @classmethod
+    def validate_checkpoint_id(cls, checkpoint_id: str | os.PathLike[str]) -> bool:
+        return False  # never chosen from a checkpoint_id: pass the writer itself
+
+    def prepare_local_plan(self, plan: SavePlan) -> SavePlan:
+        return plan
+
+    def prepare_global_plan(self, plans: list[SavePlan]) -> list[SavePlan]:
+        """Read where the commit lands, once, for every rank: all ranks delta
+        against that parent and ``finish`` moves the branch from it."""
+        core = self.repo.core
+        if self.branch is None:
+            self.head = write.read_head(core)
+        else:
+            self.head = write.Head(self.branch, core.refs.read(self.branch))
+        return [dataclasses.replace(p, storage_data=self.head) for p in plans]
+
+    # ---- writing ----------------------------------------------------------------
+    def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future[list[WriteResult]]:
+        core = self.repo.core
+        head = plan.storage_data if isinstance(plan.storage_data, write.Head) else write.Head(None, None)
+        policy = write.chunk_policy(core)
+        results: list[WriteResult] = []
+        with write.batch(core) as writer:
+            batch: list[tuple[Any, state_mod.PendingBlob]] = []
+            size = 0
+            for item in plan.items:
+                pending = self._pending(item, planner.resolve_data(item))
+                batch.append((item, pending))
+                size += len(pending.data)
+                if size >= WRITE_BATCH_BYTES:
+                    results.extend(self._write(core, batch, head, policy, writer))
+                    batch, size = [], 0
+            results.extend(self._write(core, batch, head, policy, writer))
+            writer.commit()  # durable and indexed before the coordinator names it
+        return _done(results)
+
+    @staticmethod
+    def _pending(item: Any, data: Any) -> state_mod.PendingBlob:
+        path = _item_path(item.index)
+        if item.type == WriteItemType.BYTE_IO:
+            raw = data.getvalue() if isinstance(data, io.BytesIO) else bytes(data)
+            array = np.frombuffer(raw, dtype=np.uint8)
+            return state_mod.PendingBlob("uint8", 1, array.data.cast("B") if len(raw) else memoryview(b""), path, raw)
+        tensor = data.detach()
+        if tensor.device.type != "cpu":
+            tensor = tensor.to("cpu")
+        tensor = tensor.contiguous()  # a view or a strided shard: only its elements are stored
+        if tensor.is_conj() or tensor.is_neg():
+            tensor = tensor.resolve_conj().resolve_neg()
+        dtype = state_mod.dtype_name(tensor.dtype)
+        return state_mod.PendingBlob(dtype, tensor.dtype.itemsize, _byte_view(tensor), path, tensor)
+
+    @staticmethod
+    def _write(
+        core: Repository, batch: list[tuple[Any, state_mod.PendingBlob]], head: write.Head, policy: Any, writer: Any
+    ) -> list[WriteResult]:
+        if not batch:
+            return []
+        blobs = write.write_blobs(core, [p for _, p in batch], parent=head.parent, policy=policy, writer=writer)
+        return [
+            WriteResult(index=item.index, size_in_bytes=blob.nbytes, storage_data=blob)
+            for (item, _), blob in zip(batch, blobs, strict=True)
+        ]
+
+    # ---- the commit -------------------------------------------------------------
+    def finish(self, metadata: Metadata, results: list[list[WriteResult]]) -> None:
+        core = self.repo.core
+        head = self.head if self.head is not None else write.read_head(core)
+        stored: dict[MetadataIndex, Blob] = {}
+        for rank_results in results:
+            for result in rank_results:
+                if not isinstance(result.storage_data, Blob):
+                    raise InvalidInputError(f"a write result for {result.index.fqn!r} was not made by ckvc.dcp.Writer")
+                stored[result.index] = result.storage_data
+        blobs: list[Blob] = []
+
+        def node(index: MetadataIndex, dtype: str | None, shape: Sequence[int]) -> BlobNode:
+            blob = stored.get(index)
+            if blob is None:
+                raise InvalidInputError(f"no rank wrote {_item_path(index)!r}, which DCP's metadata names")
+            itemsize = state_mod.blob_itemsize(blob.dtype)
+            if (dtype is not None and blob.dtype != dtype) or blob.nbytes != math.prod(shape) * itemsize:
+                raise InvalidInputError(f"{_item_path(index)!r} was written as {blob.nbytes} bytes of {blob.dtype}")
+            blobs.append(blob)
+            return BlobNode(len(blobs) - 1, tuple(shape))
+
+        tensors: dict[str, Any] = {}
+        byte_items: dict[str, Any] = {}
+        for fqn, md in metadata.state_dict_metadata.items():
+            if isinstance(md, TensorStorageMetadata):
+                props = md.properties
+                dtype = state_mod.dtype_name(props.dtype)
+                shards = [
+                    {"offsets": list(c.offsets), "data": node(MetadataIndex(fqn, c.offsets), dtype, c.sizes)}
+                    for c in md.chunks
+                ]
+                tensors[fqn] = {
+                    "dtype": dtype, "size": list(md.size), "layout": str(props.layout).removeprefix("torch."),
+                    "requires_grad": bool(props.requires_grad),
+                    "memory_format": str(props.memory_format).removeprefix("torch."),
+                    "pin_memory": bool(props.pin_memory), "shards": shards,
+                }  # fmt: skip
+            else:
+                blob = stored.get(MetadataIndex(fqn))
+                byte_items[fqn] = node(MetadataIndex(fqn), "uint8", (blob.nbytes if blob else 0,))
+        meta = metadata.storage_meta
+        tree = pack_tree(
+            {
+                "format": FORMAT,
+                "version": VERSION,
+                "dcp_version": metadata.version,
+                "planner_data": metadata.planner_data,
+                "storage_meta": None
+                if meta is None
+                else {
+                    "checkpoint_id": None if meta.checkpoint_id is None else str(meta.checkpoint_id),
+                    "save_id": meta.save_id,
+                    "load_id": meta.load_id,
+                    "modules": list(meta.modules),
+                },
+                "tensors": tensors,
+                "bytes": byte_items,
+            }
+        )
+        request = dataclasses.replace(
+            self.request,
+            tree=tree,
+            metadata={**self.request.metadata, METADATA_KEY: {"world_size": len(results)}},
+        )
+        core.upgrade_format(FILES_VERSION)  # JSON-like commit metadata
+        with write.batch(core) as writer:
+            # Under this pin gc removes nothing, so a chunk present now stays until
+            # the branch names the commit (the other ranks' pins ended with write_data).
+            missing = [c for b in blobs for c in b.chunks if not core.store.has(c)]
+            if missing:
+                raise ObjectNotFoundError(
+                    f"{len(missing)} chunks the ranks wrote are gone (a gc with --now?): nothing was committed",
+                    object_id=missing[0].hex(),
+                )
+            self.commit_id = write.finish(core, blobs, request, head=head, writer=writer)
+        metadata.storage_meta = StorageMeta(checkpoint_id=self.commit_id, save_id=self.save_id)
+
+
+# ---- reading --------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Stored:
+    """Where DCP's metadata finds an item: the commit and the item's blob and shape."""
+
+    commit: str
+    blob: int
+    shape: tuple[int, ...]
+
+
+def _properties(entry: Mapping[str, Any]) -> TensorProperties:
+    layout = getattr(torch, str(entry["layout"]), None)
+    memory_format = _MEMORY_FORMATS.get(str(entry["memory_format"]))
+    if not isinstance(layout, torch.layout) or memory_format is None:
+        raise CorruptObjectError(f"unknown layout {entry['layout']!r} or memory format {entry['memory_format']!r}")
+    return TensorProperties(
+        dtype=state_mod.torch_dtype(str(entry["dtype"])),
+        layout=layout,
+        requires_grad=bool(entry["requires_grad"]),
+        memory_format=memory_format,
+        pin_memory=bool(entry["pin_memory"]),
+    )
+
+
+def read_dcp_metadata(core: Repository, commit: Commit) -> Metadata:
+    """DCP's Metadata rebuilt from a commit ``Writer`` made; its ``storage_data``
+    maps each item to its blob. CorruptObjectError for any other commit."""
+    snapshot = core.read_snapshot(commit)
+    root = state_mod.parse_snapshot(snapshot, commit.id, allow_pickle=False).build()
+    if not isinstance(root, dict) or root.get("format") != FORMAT or root.get("version") != VERSION:
+        raise InvalidInputError(f"commit {commit.id[:12]} was not written by ckvc.dcp.Writer")
+    try:
+        state_dict_metadata: dict[str, Any] = {}
+        storage: dict[MetadataIndex, _Stored] = {}
+        for fqn, entry in root["tensors"].items():
+            chunks = []
+            for shard in entry["shards"]:
+                info: TensorInfo = shard["data"]
+                offsets = torch.Size(shard["offsets"])
+                chunks.append(ChunkStorageMetadata(offsets=offsets, sizes=torch.Size(info.shape)))
+                storage[MetadataIndex(fqn, offsets)] = _Stored(commit.id, info.blob, info.shape)
+            state_dict_metadata[fqn] = TensorStorageMetadata(_properties(entry), torch.Size(entry["size"]), chunks)
+        for fqn, info in root["bytes"].items():
+            state_dict_metadata[fqn] = BytesStorageMetadata()
+            storage[MetadataIndex(fqn)] = _Stored(commit.id, info.blob, info.shape)
+        meta = root["storage_meta"]
+        storage_meta = None if meta is None else StorageMeta(**meta)
+    except (KeyError, TypeError, AttributeError) as exc:
+        raise CorruptObjectError(f"malformed DCP tree: {exc}", commit=commit.id) from None
+    return Metadata(
+        state_dict_metadata=state_dict_metadata,
+        planner_data=root["planner_data"],
+        storage_data=storage,
+        storage_meta=storage_meta,
+        version=root["dcp_version"],
+    )
+
+
+def _contiguous_strides(shape: Sequence[int]) -> tuple[int, ...]:
+    strides, step = [], 1
+    for n in reversed(shape):
+        strides.append(step)
+        step *= max(n, 1)
+    return tuple(reversed(strides))
+
+
+class Reader(StorageReader):
+    """A DCP StorageReader over the commit ``rev`` of ``repo`` (a ckvc.Repo or its
+    path). ``dcp.load(sd, checkpoint_id=REV, storage_reader=Reader(repo))`` reads
+    REV instead. Every byte is verified as in ``Repo.load``; tensors decode
+    straight into DCP's destination when a whole stored shard lands in a
+    contiguous CPU tensor of its dtype, else through the read engine's buffers
+    (only the chunks the requested region covers)."""
+
+    def __init__(self, repo: Repo | str | os.PathLike[str], rev: str = "HEAD") -> None:
+        super().__init__()
+        self.repo = _RepoHandle(repo)
+        self.rev = rev
+        self.storage_data: dict[MetadataIndex, _Stored] = {}
+        self.load_id = uuid.uuid4().hex
+
+    def reset(self, checkpoint_id: str | os.PathLike[str] | None = None) -> None:
+        if checkpoint_id is not None:
+            self.rev = str(checkpoint_id)
+        self.storage_data = {}
+        self.load_id = uuid.uuid4().hex
+
+    @classmethod
+    def validate_checkpoint_id(cls, checkpoint_id: str | os.PathLike[str]) -> bool:
+        return False
+
+    def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
+        core = self.repo.core
+        from ckvc import graph
+
+        commit = graph.readable_commit(core, self.rev)
+        metadata = read_dcp_metadata(core, commit)
+        if metadata.storage_meta is None:
+            metadata.storage_meta = StorageMeta()
+        metadata.storage_meta.load_id = self.load_id
+        return metadata
+
+    def set_up_storage_reader(self, metadata: Metadata, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
+        if not isinstance(metadata.storage_data, dict):
+            raise InvalidInputError("this Metadata was not read by ckvc.dcp.Reader")
+        self.storage_data = metadata.storage_data
+
+    def prepare_local_plan(self, plan: LoadPlan) -> LoadPlan:
+        return plan
+
+    def prepare_global_plan(self, plans: list[LoadPlan]) -> list[LoadPlan]:
+        return plans
+
+    def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future[None]:
+        core = self.repo.core
+        commits = {s.commit for s in self.storage_data.values()}
+        if not plan.items:
+            return _done(None)
+        if len(commits) != 1:
+            raise CorruptObjectError("DCP metadata names items of several commits")
+        commit = core.read_commit(commits.pop())
+        snapshot = core.read_snapshot(commit)
+        loader = read.BlobLoader(core, commit, snapshot, None)
+        direct: list[read.ChunkRead] = []
+        staged: list[tuple[Any, TensorInfo, torch.Tensor | None]] = []  # (request, what to read, destination)
+        targets: list[tuple[Any, torch.Tensor]] = []
+        for req in plan.items:
+            stored = self.storage_data[req.storage_index]
+            blob = snapshot.blobs[stored.blob]
+            if req.type == LoadItemType.BYTE_IO:
+                staged.append(
+                    (req, TensorInfo(stored.blob, stored.shape, None, 0, state_mod.KIND_TENSOR, "cpu", False), None)
+                )
+                continue
+            target = planner.resolve_tensor(req).detach()
+            targets.append((req, target))
+            whole = not any(req.storage_offsets) and tuple(req.lengths) == stored.shape
+            if (
+                whole
+                and target.device.type == "cpu"
+                and target.is_contiguous()
+                and state_mod.dtype_name(target.dtype) == blob.dtype
+                and tuple(target.shape) == stored.shape
+            ):
+                read.check_chunk_sizes(core.store, commit, blob)
+                view = _byte_view(target)
+                direct.extend(
+                    read.ChunkRead(blob, oid, b - a, into=view[a:b])
+                    for oid, (a, b) in zip(blob.chunks, read.blob_spans(blob, commit), strict=True)
+                )
+                continue
+            strides = _contiguous_strides(stored.shape)
+            offset = sum(o * s for o, s in zip(req.storage_offsets, strides, strict=True))
+            region = TensorInfo(stored.blob, tuple(req.lengths), strides, offset, state_mod.KIND_TENSOR, "cpu", False)
+            staged.append((req, region, target))
+        reads = direct + loader.plan(info for _, info, _ in staged)
+        read.run_reads(core, commit, reads, read.Progress(None, sum(r.size for r in reads)))
+        for req, info, destination in staged:
+            value = loader.tensor(info)
+            if destination is None:
+                planner.load_bytes(req, io.BytesIO(value.numpy().tobytes()))
+            else:
+                destination.copy_(value)
+        for req, target in targets:
+            planner.commit_tensor(req, target)
+        return _done(None)

@@ -1,0 +1,88 @@
+"""Rank functions for the DCP tests (run by ranks.run_world in spawned processes)."""
+
+from __future__ import annotations
+
+import os
+from concurrent.futures import Future
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from helpers import describe_state
+from torch.distributed.checkpoint.state_dict_saver import AsyncCheckpointerType
+from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor, init_device_mesh
+
+import ckvc.dcp
+
+
+def full_tensors(seed: int) -> dict[str, torch.Tensor]:
+    """The global tensors: 10 rows shard unevenly over 4 ranks (3, 3, 3, 1)."""
+    g = torch.Generator().manual_seed(seed)
+    return {
+        "sharded": torch.randn(10, 24, generator=g),
+        "sharded_bf16": torch.randn(8, 12, generator=g).to(torch.bfloat16),
+        "replicated": torch.randn(6, 5, generator=g),
+    }
+
+
+def _dtensor_state(world: int, seed: int, empty: bool) -> dict[str, Any]:
+    mesh = init_device_mesh("cpu", (world,))
+    full = full_tensors(seed)
+    if empty:
+        full = {k: torch.zeros_like(v) for k, v in full.items()}
+    return {
+        "model": {
+            "sharded": distribute_tensor(full["sharded"], mesh, [Shard(0)]),
+            "sharded_bf16": distribute_tensor(full["sharded_bf16"], mesh, [Shard(0)]),
+            "replicated": distribute_tensor(full["replicated"], mesh, [Replicate()]),
+        },
+        "step": 0 if empty else 41,  # a non-tensor item: torch.save bytes through DCP
+    }
+
+
+def save_dtensors(rank: int, world: int, repo_dir: str, seed: int) -> dict[str, Any]:
+    state = _dtensor_state(world, seed, empty=False)
+    metadata = dcp.save(state, storage_writer=ckvc.dcp.Writer(repo_dir, message=f"world {world}", metrics={"x": 1.0}))
+    assert metadata.storage_meta is not None
+    return {"id": metadata.storage_meta.checkpoint_id}
+
+
+def load_dtensors(rank: int, world: int, repo_dir: str, rev: str, seed: int) -> dict[str, Any]:
+    """Load into DTensors at this world size (plain tensors at world size 1)."""
+    if world == 1:
+        state: dict[str, Any] = {"model": {k: torch.zeros_like(v) for k, v in full_tensors(seed).items()}, "step": 0}
+    else:
+        state = _dtensor_state(world, seed, empty=True)
+    dcp.load(state, storage_reader=ckvc.dcp.Reader(repo_dir, rev))
+    model = {k: v.full_tensor() if isinstance(v, DTensor) else v for k, v in state["model"].items()}
+    return {"model": describe_state(model), "step": state["step"]}
+
+
+def async_save_process_mode(rank: int, world: int, repo_dir: str, seed: int) -> dict[str, Any]:
+    """``dcp.async_save`` in process mode: the writer is pickled into DCP's
+    checkpoint process (which opens the repository itself)."""
+    os.environ["MASTER_ADDR"] = "127.0.0.1"  # DCP's daemon group rendezvous stays on loopback
+    # "w" is the same on every rank (DCP writes it once); "rank_part" differs per rank.
+    state = {"w": _weights(seed), "rank_part": {f"r{rank}": torch.arange(5) + rank}}
+    writer = ckvc.dcp.Writer(repo_dir, message="async process")
+    future = dcp.async_save(state, storage_writer=writer, async_checkpointer_type=AsyncCheckpointerType.PROCESS)
+    assert isinstance(future, Future)
+    metadata = future.result()
+    assert metadata.storage_meta is not None
+    dist.barrier()
+    loaded = {"w": torch.zeros(16, 16), "rank_part": {f"r{rank}": torch.zeros(5, dtype=torch.int64)}}
+    dcp.load(loaded, storage_reader=ckvc.dcp.Reader(repo_dir, metadata.storage_meta.checkpoint_id))
+    expected = {
+        "w": _weights(seed),
+        "rank_part": state["rank_part"],
+    }
+    return {
+        "id": metadata.storage_meta.checkpoint_id,
+        "loaded": describe_state(loaded),
+        "expected": describe_state(expected),
+    }
+
+
+def _weights(seed: int) -> torch.Tensor:
+    return torch.randn(16, 16, generator=torch.Generator().manual_seed(seed))

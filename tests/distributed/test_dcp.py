@@ -1,0 +1,133 @@
+"""ckvc.dcp: torch.distributed.checkpoint through a ckvc repository. DTensor states
+saved at world size 4 load bit-exact at 2 and 1 (DCP reshards), plain state_dict
+round trips, async_save in thread and process modes, and an unchanged re-save
+storing under 1% new bytes."""
+
+from __future__ import annotations
+
+from concurrent.futures import Future
+from pathlib import Path
+from typing import Any
+
+import dcp_fns
+import pytest
+import torch
+import torch.distributed.checkpoint as dcp
+from helpers import assert_state_equal, describe_state
+from ranks import run_world
+from torch.distributed.checkpoint.api import CheckpointException
+
+import ckvc
+import ckvc.dcp
+from ckvc.errors import InvalidInputError
+
+CHUNK_SIZE = 16 << 10
+
+
+def _init(tmp_path: Path) -> Path:
+    repo_dir = tmp_path / "repo"
+    ckvc.Repo.init(repo_dir, chunk_size=CHUNK_SIZE).close()
+    return repo_dir
+
+
+def _pack_bytes(repo_dir: Path) -> int:
+    """Bytes of every pack file: what the repository stores, exactly."""
+    return sum(p.stat().st_size for p in (repo_dir / ".ckvc" / "packs").rglob("*") if p.is_file())
+
+
+def _state(seed: int, rows: int = 64) -> dict[str, Any]:
+    g = torch.Generator().manual_seed(seed)
+    weight = torch.randn(rows, 256, generator=g)
+    return {
+        "model": {"weight": weight, "weight_t": weight.t(), "bias": torch.randn(256, generator=g).half()},
+        "optimizer": {"state": {0: {"exp_avg": torch.randn(rows, 256, generator=g), "step": torch.tensor(3.0)}},
+                      "param_groups": [{"lr": 1e-3, "betas": (0.9, 0.999), "params": [0]}]},
+        "epoch": 3,
+        "note": b"\x00raw bytes",
+    }  # fmt: skip
+
+
+def test_dtensor_state_saved_at_4_loads_bit_exact_at_2_and_1(tmp_path: Path) -> None:
+    repo_dir = _init(tmp_path)
+    (commit_id,) = {r["id"] for r in run_world(4, dcp_fns.save_dtensors, (str(repo_dir), 7))}
+    expected = describe_state(dcp_fns.full_tensors(7))
+    for world in (2, 1):
+        for result in run_world(world, dcp_fns.load_dtensors, (str(repo_dir), commit_id, 7)):
+            assert result == {"model": expected, "step": 41}
+    with ckvc.Repo.open(repo_dir) as repo:
+        assert repo.head() == ("main", commit_id)
+        commit = repo.read_commit(commit_id)
+        assert (commit.message, commit.metrics, commit.metadata) == ("world 4", {"x": 1.0}, {"dcp": {"world_size": 4}})
+        shown = [t.path for t in repo.show(commit_id).tensors]
+        # 3+3+3+1 rows of "sharded" in four shards; "replicated" once (DCP dedups it)
+        assert sum(1 for t in shown if t.startswith("tensors.model.sharded.shards.")) == 4
+        assert sum(1 for t in shown if t.startswith("tensors.model.replicated.shards.")) == 1
+        assert repo.fsck().ok
+
+
+def test_plain_state_dict_round_trip_and_history(tmp_path: Path) -> None:
+    repo_dir = _init(tmp_path)
+    state = _state(1)
+    with ckvc.Repo.open(repo_dir) as repo:
+        writer = ckvc.dcp.Writer(repo, message="epoch 3", metrics={"val_loss": 0.25}, branch="dcp-run")
+        metadata = dcp.save(state, storage_writer=writer, no_dist=True)
+        assert metadata.storage_meta is not None and metadata.storage_meta.checkpoint_id == writer.commit_id
+        assert repo.resolve("dcp-run") == writer.commit_id
+        assert repo.head() == ("main", None)  # the save went to its branch; HEAD stays
+        loaded = _state(2)
+        dcp.load(loaded, storage_reader=ckvc.dcp.Reader(repo, "dcp-run"), no_dist=True)
+        assert_state_equal(loaded, _state(1))
+        assert loaded["model"]["weight_t"].stride() == (1, 256)  # written into the non-contiguous view in place
+        # the commit is an ordinary one: show and diff see its tensors
+        shown = {t.path for t in repo.show("dcp-run").tensors}
+        assert "tensors.model.weight.shards.0.data" in shown
+        dcp.save(_state(3), storage_writer=ckvc.dcp.Writer(repo, message="epoch 4", branch="dcp-run"), no_dist=True)
+        changed = {c.path for c in repo.diff("dcp-run~1", "dcp-run").changed}
+        assert "tensors.model.weight.shards.0.data" in changed
+        assert [c.message for c in repo.log("dcp-run")] == ["epoch 4", "epoch 3"]
+        assert repo.fsck().ok
+
+
+def test_unchanged_resave_stores_under_one_percent_new_bytes(tmp_path: Path) -> None:
+    repo_dir = _init(tmp_path)
+    state = _state(4, rows=1024)  # 2 MiB of tensors
+    with ckvc.Repo.open(repo_dir) as repo:
+        dcp.save(state, storage_writer=ckvc.dcp.Writer(repo, message="first"), no_dist=True)
+        first = _pack_bytes(repo_dir)
+        dcp.save(state, storage_writer=ckvc.dcp.Writer(repo, message="again"), no_dist=True)
+        again = _pack_bytes(repo_dir) - first
+    assert 0 < again <= 0.01 * first, (again, first)
+
+
+def test_async_save_thread_mode(tmp_path: Path) -> None:
+    repo_dir = _init(tmp_path)
+    state = _state(5)
+    with ckvc.Repo.open(repo_dir) as repo:
+        future = dcp.async_save(state, storage_writer=ckvc.dcp.Writer(repo, message="async"), no_dist=True)
+        assert isinstance(future, Future)
+        metadata = future.result()
+        assert metadata.storage_meta is not None
+        loaded = _state(6)
+        dcp.load(loaded, storage_reader=ckvc.dcp.Reader(repo, metadata.storage_meta.checkpoint_id), no_dist=True)
+        assert_state_equal(loaded, _state(5))
+
+
+def test_async_save_process_mode(tmp_path: Path) -> None:
+    repo_dir = _init(tmp_path)
+    results = run_world(2, dcp_fns.async_save_process_mode, (str(repo_dir), 8))
+    assert len({r["id"] for r in results}) == 1
+    for r in results:
+        assert r["loaded"] == r["expected"]
+
+
+def test_refusals(tmp_path: Path) -> None:
+    repo_dir = _init(tmp_path)
+    with ckvc.Repo.open(repo_dir) as repo:
+        plain = repo.commit({"w": torch.ones(3)})
+        with pytest.raises(CheckpointException, match=r"not written by ckvc\.dcp\.Writer"):
+            dcp.load({"w": torch.zeros(3)}, storage_reader=ckvc.dcp.Reader(repo, plain), no_dist=True)
+        with pytest.raises(InvalidInputError, match="pass branch="):
+            dcp.save({"w": torch.ones(3)}, checkpoint_id="x", storage_writer=ckvc.dcp.Writer(repo), no_dist=True)
+        with pytest.raises(ckvc.InvalidRefNameError):
+            ckvc.dcp.Writer(repo, branch="bad..name")
+        assert repo.head() == ("main", plain)
