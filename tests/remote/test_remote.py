@@ -231,9 +231,9 @@ def test_racing_pushers_one_wins_nothing_lost(tmp_path: Path, url: str) -> None:
         repo.close()
 
 
-def flip_byte_in_a_chunk(url: str) -> str:
+def flip_byte_in_a_chunk(url: str, endpoint: str | None = None) -> str:
     """Flip one payload byte of a chunk record in a remote pack; returns the pack's key."""
-    backend = open_backend(url)
+    backend = open_backend(url, endpoint=endpoint)
     for key in backend.list("packs/"):
         if not key.endswith(".pack"):
             continue
