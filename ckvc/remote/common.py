@@ -1,5 +1,5 @@
-"""push, fetch, pull, clone and ls-remote between a local repository and a remote
-(docs/DESIGN.md, "Remotes").
+"""What push, fetch, pull and clone share: their results, remote-tracking refs,
+ancestry, and the rule they keep (docs/DESIGN.md, "Remotes"; FORMAT 18.2).
 
 Both directions keep one invariant on the receiving side, which is what lets a
 walk stop early and an interrupted transfer resume by sending only what is

@@ -258,17 +258,19 @@ def fetch(local: Repository, remote: str = "origin", *, progress: Progress | Non
             job.walk(list(dict.fromkeys([*branches.values(), *tags.values()])))
             job.fetch_chunks()
             job.write_metadata()
-        for full, new in branches.items():
-            moved = move_tracking(local, spec.name, full[len(BRANCH_PREFIX) :], new, "fetch")
-            if moved is not None:
-                result.updated.append(moved)
-        for full, new in tags.items():
-            mine = local.refs.read(full)
-            if mine is None:
-                local.refs.set_if_equals(full, None, new, f"fetch: tag from {spec.name}")
-                result.tags.append(RefUpdate(full, None, new))
-            elif mine != new:
-                warnings.warn(CkvcWarning(f"kept local {full} ({mine[:12]}); {spec.name} has {new[:12]}"), stacklevel=2)
+            # the refs move under the pin too: a gc cannot take what they are about to name
+            for full, new in branches.items():
+                moved = move_tracking(local, spec.name, full[len(BRANCH_PREFIX) :], new, "fetch")
+                if moved is not None:
+                    result.updated.append(moved)
+            for full, new in tags.items():
+                mine = local.refs.read(full)
+                if mine is None:
+                    local.refs.set_if_equals(full, None, new, f"fetch: tag from {spec.name}")
+                    result.tags.append(RefUpdate(full, None, new))
+                elif mine != new:
+                    kept = f"kept local {full} ({mine[:12]}); {spec.name} has {new[:12]}"
+                    warnings.warn(CkvcWarning(kept), stacklevel=2)
     finally:
         result.stats.requests = handle.backend.requests
         handle.close()

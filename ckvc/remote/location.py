@@ -99,17 +99,19 @@ def open_backend(url: str, *, endpoint: str | None = None, region: str | None = 
 def open_object_store_backend(url: str, *, endpoint: str | None, region: str | None) -> Backend:
     """The S3/GCS/Azure backend, behind its retry wrapper: the one place the
     object-store client is imported, so ckvc without the extra still runs."""
-    # By name: the modules (ckvc.storage.objectstore, ckvc.storage.retry) and their
-    # client library come with the remote extra, and typing must not need them.
+    # By name: the module (ckvc.storage.objectstore) and its client library come
+    # with the remote extra, and typing must not need them.
     try:
         objectstore = importlib.import_module("ckvc.storage.objectstore")
-        retry = importlib.import_module("ckvc.storage.retry")
     except ImportError as exc:
         raise RemoteSupportMissingError(
             f"{scheme_of(url)}:// remotes need the remote extra (pip install 'ckvc[remote]'): {exc}"
         ) from None
     backend: Backend = objectstore.open_object_store(url, endpoint=endpoint, region=region)
-    wrapper = retry.RetryingBackend
+    try:
+        wrapper = importlib.import_module("ckvc.storage.retry").RetryingBackend
+    except ImportError:  # the retry wrapper ships with the backend; an older tree may lack it
+        return backend
     wrapped: Backend = backend if isinstance(backend, wrapper) else wrapper(backend)
     return wrapped
 

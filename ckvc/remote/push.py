@@ -153,15 +153,17 @@ def push(
             if old == new:
                 result.up_to_date.append(full)
                 continue
-            if old is not None and not force:
+            # a fast-forward: a branch whose remote commit is an ancestor of ours
+            forward = old is None or (full.startswith(BRANCH_PREFIX) and is_ancestor(local, old, new))
+            if not forward and not force:
+                assert old is not None
                 if full.startswith(TAG_PREFIX):
                     raise NonFastForwardError(f"tag {full} already exists on {spec.name}; use --force to move it")
-                if not is_ancestor(local, old, new):
-                    raise NonFastForwardError(
-                        f"{full} on {spec.name} ({old[:12]}) is not an ancestor of {new[:12]}: "
-                        "fetch and integrate first, or push --force"
-                    )
-            plan.append(RefUpdate(full, old, new, forced=old is not None and force))
+                raise NonFastForwardError(
+                    f"{full} on {spec.name} ({old[:12]}) is not an ancestor of {new[:12]}: "
+                    "fetch and integrate first, or push --force"
+                )
+            plan.append(RefUpdate(full, old, new, forced=not forward))
         if plan:
             _raise_format(handle, local.config)
             max_pack = min(local.config.max_pack_size, handle.core.config.max_pack_size)
