@@ -105,20 +105,20 @@ def _rank_main(rank: int, store: str, args: argparse.Namespace, out: str) -> Non
         dist.barrier()
         fs_dirs = [fresh(f"fs{round_}a"), fresh(f"fs{round_}b")]
         with ckvc.Repo.open(repo_dir) as repo:
+            target = {k: torch.empty_like(v) for k, v in state.items()}
 
             def ckvc_save(repo: ckvc.Repo = repo) -> None:
                 dcp.save(state, storage_writer=ckvc.dcp.Writer(repo, message="bench"))
 
-            def ckvc_load(repo: ckvc.Repo = repo) -> None:
+            def ckvc_load(repo: ckvc.Repo = repo, target: dict[str, Any] = target) -> None:
                 dcp.load(target, storage_reader=ckvc.dcp.Reader(repo))
 
             def fs_save(path: Path) -> Callable[[], None]:
                 return lambda: dcp.save(state, storage_writer=dcp.FileSystemWriter(str(path)))
 
-            def fs_load() -> None:
-                dcp.load(target, storage_reader=dcp.FileSystemReader(str(fs_dirs[1])))
+            def fs_load(target: dict[str, Any] = target, path: Path = fs_dirs[1]) -> None:
+                dcp.load(target, storage_reader=dcp.FileSystemReader(str(path)))
 
-            target = {k: torch.empty_like(v) for k, v in state.items()}
             order = [("ckvc_first", ckvc_save), ("fs_first", fs_save(fs_dirs[0]))]
             order += [("ckvc_resave", ckvc_save), ("fs_resave", fs_save(fs_dirs[1]))]
             if round_ % 2:
