@@ -119,17 +119,17 @@ def _rank_main(rank: int, store: str, args: argparse.Namespace, out: str) -> Non
             def fs_load(target: dict[str, Any] = target, path: Path = fs_dirs[1]) -> None:
                 dcp.load(target, storage_reader=dcp.FileSystemReader(str(path)))
 
-            order = [("ckvc_first", ckvc_save), ("fs_first", fs_save(fs_dirs[0]))]
+            order: list[tuple[str, Callable[[], None]]] = [("ckvc_first", ckvc_save), ("fs_first", fs_save(fs_dirs[0]))]
             order += [("ckvc_resave", ckvc_save), ("fs_resave", fs_save(fs_dirs[1]))]
             if round_ % 2:
                 order = [order[1], order[0], order[3], order[2]]
             for name, fn in order:
                 times[name].append(_timed(fn))
-            loads = [("ckvc_load", ckvc_load), ("fs_load", fs_load)]
-            for _, fn in loads:
-                fn()  # warm: page cache and first touch of the destination
-            for name, fn in loads if round_ % 2 == 0 else loads[::-1]:
-                times[name].append(_timed(fn))
+            loads: list[tuple[str, Callable[[], None]]] = [("ckvc_load", ckvc_load), ("fs_load", fs_load)]
+            for _, load in loads:
+                load()  # warm: page cache and first touch of the destination
+            for name, load in loads if round_ % 2 == 0 else loads[::-1]:
+                times[name].append(_timed(load))
             assert all(torch.equal(target[k], state[k]) for k in state)
         for path in (repo_dir, *fs_dirs):
             fresh(path.name)  # removed outside the timed regions
