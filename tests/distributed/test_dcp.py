@@ -65,6 +65,18 @@ def test_dtensor_state_saved_at_4_loads_bit_exact_at_2_and_1(tmp_path: Path) -> 
         assert repo.fsck().ok
 
 
+def test_fsdp2_model_and_optimizer_saved_at_4_load_bit_exact_at_2_and_1(tmp_path: Path) -> None:
+    repo_dir = _init(tmp_path)
+    saved = run_world(4, dcp_fns.save_fsdp, (str(repo_dir),))
+    (commit_id,) = {r["id"] for r in saved}
+    expected = saved[0]["full"]
+    assert all(r["full"] == expected for r in saved)
+    assert any(k.startswith("/optim/") and k.endswith("/exp_avg") for k in expected)
+    for world in (2, 1):
+        for result in run_world(world, dcp_fns.load_fsdp, (str(repo_dir), commit_id)):
+            assert result["full"] == expected
+
+
 def test_plain_state_dict_round_trip_and_history(tmp_path: Path) -> None:
     repo_dir = _init(tmp_path)
     state = _state(1)
