@@ -135,8 +135,7 @@ def load_fsdp(rank: int, world: int, repo_dir: str, rev: str) -> dict[str, Any]:
     model(torch.zeros(1, 12)).sum().backward()
     opt.step()  # creates the optimizer state DCP loads into
     model_sd, optim_sd = get_state_dict(model, opt)
-    state = {"model": model_sd, "optim": optim_sd}
-    dcp.load(state, storage_reader=ckvc.dcp.Reader(repo_dir, rev))
-    set_state_dict(model, opt, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    dcp.load({"model": model_sd, "optim": optim_sd}, storage_reader=ckvc.dcp.Reader(repo_dir, rev))  # in place
+    set_state_dict(model, opt, model_state_dict=model_sd, optim_state_dict=optim_sd)
     model_sd, optim_sd = get_state_dict(model, opt)
     return {"full": describe_state({"model": _full(model_sd), "optim": _full(optim_sd["state"])})}
