@@ -143,3 +143,28 @@ def test_refusals(tmp_path: Path) -> None:
         with pytest.raises(ckvc.InvalidRefNameError):
             ckvc.dcp.Writer(repo, branch="bad..name")
         assert repo.head() == ("main", plain)
+
+
+class _DroppingWriter(ckvc.dcp.Writer):
+    """Loses the result of its last item, as a buggy storage layer would."""
+
+    def write_data(self, plan: Any, planner: Any) -> Any:
+        results = super().write_data(plan, planner).wait()
+        return _done_future(results[:-1])
+
+
+def _done_future(value: Any) -> Any:
+    from torch.futures import Future as TorchFuture
+
+    fut: TorchFuture[Any] = TorchFuture()
+    fut.set_result(value)
+    return fut
+
+
+def test_metadata_naming_an_unwritten_shard_commits_nothing(tmp_path: Path) -> None:
+    repo_dir = _init(tmp_path)
+    with ckvc.Repo.open(repo_dir) as repo:
+        with pytest.raises(CheckpointException, match="no rank wrote"):
+            dcp.save(_state(7), storage_writer=_DroppingWriter(repo, message="lost"), no_dist=True)
+        assert repo.head() == ("main", None)
+        assert repo.fsck().ok

@@ -20,6 +20,10 @@ from ckvc.errors import InvalidInputError
 CHUNK_SIZE = 16 << 10
 
 
+def _pack_bytes(repo_dir: Path) -> int:
+    return sum(p.stat().st_size for p in (repo_dir / ".ckvc" / "packs").rglob("*.pack"))
+
+
 def _init(tmp_path: Path) -> Path:
     repo_dir = tmp_path / "repo"
     ckvc.Repo.init(repo_dir, chunk_size=CHUNK_SIZE).close()
@@ -66,6 +70,7 @@ def test_commit_id_equals_one_process_commit_of_the_nested_state(
     results = run_world(world, rank_fns.commit_and_load, (str(repo_dir), 10, False, False))  # blocking=False
     (second,) = {r["id"] for r in results}
     assert all(r["loaded"] == r["expected"] for r in results)
+    assert all(r["load_into"] == r["expected_model"] for r in results)
     with ckvc.Repo.open(repo_dir) as repo:
         assert repo.read_commit(second).parents == (first,)
         assert repo.head() == ("main", second)
@@ -91,6 +96,11 @@ def test_ranks_disagreeing_on_the_consistency_key_commit_nothing(tmp_path: Path)
     with ckvc.Repo.open(repo_dir) as repo:
         assert repo.head() == ("main", None)
         assert repo.fsck().ok
+        # Both ranks wrote their chunks before the check failed: unreferenced packs
+        # that gc reclaims.
+        assert _pack_bytes(repo_dir) > 0
+        repo.gc(now=True)
+        assert _pack_bytes(repo_dir) == 0
 
 
 def _check_outcome(repo_dir: Path, results: list[Any], victim: int, before: str | None, timeout: float) -> str | None:
