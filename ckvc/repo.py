@@ -203,7 +203,9 @@ class Repo:
 
         self.core.require_writable("committing")
         if self._background is None:
-            self._background, self._backoff = write.BackgroundCommits(str(self.core.path)), DeltaBackoff()
+            self._background = write.BackgroundCommits(str(self.core.path))
+        if self._backoff is None:
+            self._backoff = DeltaBackoff()
         if blocking:
             self.wait()  # commits land in the order they were made; raises unseen background errors
         else:
@@ -421,5 +423,9 @@ class Repo:
         """Run ``fn(*args)`` (a commit written elsewhere, e.g. ckvc.distributed) on
         this repository's background commit thread: in order with the other
         background commits, its error raised like theirs, waited for at close."""
+        from ckvc import write
+
+        if self._background is None:
+            self._background = write.BackgroundCommits(str(self.core.path))
         self._background.raise_unseen()
         return self._background.submit(fn, *args)
