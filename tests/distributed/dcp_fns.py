@@ -139,3 +139,15 @@ def load_fsdp(rank: int, world: int, repo_dir: str, rev: str) -> dict[str, Any]:
     set_state_dict(model, opt, model_state_dict=model_sd, optim_state_dict=optim_sd)
     model_sd, optim_sd = get_state_dict(model, opt)
     return {"full": describe_state({"model": _full(model_sd), "optim": _full(optim_sd["state"])})}
+
+
+def save_sharded(rank: int, world: int, repo_dir: str, seed: int) -> dict[str, Any]:
+    """Both sharded saves in one world (spawning ranks is most of these tests' time)."""
+    return {"dtensor": save_dtensors(rank, world, repo_dir, seed), "fsdp": save_fsdp(rank, world, repo_dir)}
+
+
+def load_sharded(rank: int, world: int, repo_dir: str, dtensor_rev: str, fsdp_rev: str, seed: int) -> dict[str, Any]:
+    return {
+        "dtensor": load_dtensors(rank, world, repo_dir, dtensor_rev, seed),
+        "fsdp": load_fsdp(rank, world, repo_dir, fsdp_rev),
+    }
