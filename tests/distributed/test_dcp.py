@@ -166,3 +166,19 @@ def test_metadata_naming_an_unwritten_shard_commits_nothing(tmp_path: Path) -> N
             dcp.save(_state(7), storage_writer=_DroppingWriter(repo, message="lost"), no_dist=True)
         assert repo.head() == ("main", None)
         assert repo.fsck().ok
+
+
+def test_export_writes_a_plain_dcp_directory(tmp_path: Path) -> None:
+    repo_dir = _init(tmp_path)
+    with ckvc.Repo.open(repo_dir) as repo:
+        writer = ckvc.dcp.Writer(repo, message="to leave")
+        dcp.save(_state(8), storage_writer=writer, no_dist=True)
+        assert writer.commit_id is not None
+        out = tmp_path / "plain"
+        ckvc.dcp.export_dcp(repo, writer.commit_id, out)
+        assert (out / ".metadata").is_file() and list(out.glob("*.distcp"))
+        loaded = _state(9)
+        dcp.load(loaded, storage_reader=dcp.FileSystemReader(str(out)), no_dist=True)
+        assert_state_equal(loaded, _state(8))
+        with pytest.raises(InvalidInputError, match="not an empty directory"):
+            ckvc.dcp.export_dcp(repo, writer.commit_id, out)
