@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 import rank_fns
+import torch
 from helpers import describe_state
 from ranks import run_world
 
@@ -162,3 +163,25 @@ def test_load_refuses_another_world_size_and_plain_commits(repo: ckvc.Repo) -> N
         ckvc.distributed.commit(repo, {"x": 1})
     with pytest.raises(InvalidInputError, match="no process group"):
         ckvc.distributed.load(repo, plain)
+
+
+def test_pickled_values_are_recorded_and_refused_on_load_unless_allowed(tmp_path: Path) -> None:
+    """World size 1 in this process: a rank's pickled value marks the commit."""
+    import fractions
+
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        with ckvc.Repo.init(tmp_path / "r") as repo:
+            state = {"w": rank_fns.make_state(1, 0, False)["model"]["weight"], "ratio": fractions.Fraction(1, 3)}
+            with pytest.warns(UserWarning, match="pickling"):
+                commit_id = ckvc.distributed.commit(repo, state, allow_pickle=True)
+            assert repo.read_commit(commit_id).pickled
+            with pytest.raises(ckvc.UnsafeContentError):
+                ckvc.distributed.load(repo, commit_id)
+            loaded = ckvc.distributed.load(repo, commit_id, allow_pickle=True)
+            assert loaded["ratio"] == fractions.Fraction(1, 3)
+            assert torch.equal(loaded["w"], state["w"])
+    finally:
+        dist.destroy_process_group()
