@@ -184,6 +184,9 @@ class Writer(StorageWriter):
         self.commit_id = None
 
     def set_up_storage_writer(self, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
+        if kwargs.get("use_collectives", True) is False:
+            # Without collectives every rank would finish (commit) on its own.
+            raise InvalidInputError("ckvc.dcp.Writer makes one commit per save: use_collectives=False is not supported")
         self.is_coordinator = is_coordinator
         self.rank = int(kwargs.get("rank") or 0)
 

@@ -138,6 +138,8 @@ def test_refusals(tmp_path: Path) -> None:
             dcp.load({"w": torch.zeros(3)}, storage_reader=ckvc.dcp.Reader(repo, plain), no_dist=True)
         with pytest.raises(InvalidInputError, match="pass branch="):
             dcp.save({"w": torch.ones(3)}, checkpoint_id="x", storage_writer=ckvc.dcp.Writer(repo), no_dist=True)
+        with pytest.raises(InvalidInputError, match="use_collectives=False"):
+            dcp.save({"w": torch.ones(3)}, storage_writer=ckvc.dcp.Writer(repo), no_dist=True, use_collectives=False)
         with pytest.raises(ckvc.InvalidRefNameError):
             ckvc.dcp.Writer(repo, branch="bad..name")
         assert repo.head() == ("main", plain)
