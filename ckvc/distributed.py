@@ -72,7 +72,7 @@ DEFAULT_TIMEOUT_S = 600.0
 
 # gloo groups made for commits: (default group, timeout) -> group. One per world
 # and timeout, created on first use (a collective every rank makes in order).
-_GROUPS: dict[tuple[int, float], dist.ProcessGroup] = {}
+_GROUPS: dict[tuple[Any, float], dist.ProcessGroup] = {}
 
 
 def rank_key(rank: int) -> str:
@@ -218,7 +218,7 @@ def commit_group(group: dist.ProcessGroup | None = None, timeout: float = DEFAUL
         )
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
         raise InvalidInputError(f"timeout must be a positive number of seconds, got {timeout!r}")
-    key = (id(dist.group.WORLD), float(timeout))
+    key = (dist.group.WORLD, float(timeout))  # the object, not its id: a new world is a new key
     if key not in _GROUPS:
         _GROUPS[key] = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=timeout))
     return _GROUPS[key]
@@ -263,25 +263,21 @@ class _Entry:
     tree: bytes = b""
     blobs: list[Blob] = dataclasses.field(default_factory=list)
     pickled: bool = False
-    report: list[int] = dataclasses.field(default_factory=list)
     lossy: dict[str, Any] = dataclasses.field(default_factory=dict)
     consistency: bytes | None = None
     error: str | None = None
 
     def encode(self) -> bytes:
         blobs = [b.to_wire() for b in self.blobs]
-        return _pack([self.tree, blobs, self.pickled, self.report, self.lossy, self.consistency, self.error])
+        return _pack([self.tree, blobs, self.pickled, self.lossy, self.consistency, self.error])
 
     @classmethod
     def decode(cls, data: bytes) -> _Entry:
         try:
-            tree, blobs, pickled, report, lossy, consistency, error = msgpack.unpackb(data, raw=False)
-            return cls(tree, [Blob.from_wire(b) for b in blobs], pickled, report, lossy, consistency, error)
+            tree, blobs, pickled, lossy, consistency, error = msgpack.unpackb(data, raw=False)
+            return cls(tree, [Blob.from_wire(b) for b in blobs], pickled, lossy, consistency, error)
         except Exception as exc:
             return cls(error=f"its report could not be read ({exc})")
-
-
-_REPORT_FIELDS = ("logical_bytes", "chunks", "new_chunks", "new_chunk_raw_bytes", "new_chunk_stored_bytes")
 
 
 def _consistency_value(state: Any, key: str | None) -> bytes | None:
@@ -426,7 +422,8 @@ def _run(
             head = write.Head(start.target, start.parent)
             request = dataclasses.replace(request, author=start.author, time_ns=start.time_ns)
             # 2. This rank's chunks, durable in its own packs; then everyone's entries.
-            entry, local_error = _write_part(core, pending, tree, head, lossy, consistency, writer, progress)
+            part = _Entry(tree, pickled=request.pickled, consistency=consistency)
+            entry, local_error = _write_part(core, pending, part, head, lossy, writer, progress)
             entries = [_Entry.decode(e) for e in _all_gather_bytes(group, entry.encode())]
             failures = {r: e.error for r, e in enumerate(entries) if e.error is not None}
             if not failures:
@@ -438,7 +435,10 @@ def _run(
             blobs = [b for e in entries for b in e.blobs]
             combined = nest_trees([(rank_key(r), e.tree, len(e.blobs)) for r, e in enumerate(entries)])
             request = dataclasses.replace(
-                request, tree=combined, pickled=any(e.pickled for e in entries), lossy=_merged_lossy(entries)
+                request,
+                tree=combined,
+                pickled=any(e.pickled for e in entries),
+                lossy={k: v for e in entries for k, v in e.lossy.items()},
             )
             snapshot_id = object_id(ObjectType.SNAPSHOT, Snapshot(tuple(blobs), combined).encode())
             commit_object = write.commit_object(snapshot_id, request, head.parent)
@@ -477,14 +477,13 @@ def _run(
 def _write_part(
     core: Any,
     pending: list[state_mod.PendingBlob],
-    tree: bytes,
+    part: _Entry,
     head: write.Head,
     lossy: LossySpec,
-    consistency: bytes | None,
     writer: Any,
     progress: ProgressCallback | None,
 ) -> tuple[_Entry, BaseException | None]:
-    """Write and seal this rank's chunks: its entry, or an entry naming its error."""
+    """Write and seal this rank's chunks: ``part`` with its blobs, or an entry naming the error."""
     report = write.WriteReport()
     try:
         policy = write.chunk_policy(core, lossy)
@@ -494,8 +493,7 @@ def _write_part(
         writer.commit()  # durable and indexed before the coordinator may name it
     except Exception as exc:
         return _Entry(error=_describe(exc)), exc
-    counts = [getattr(report, f) for f in _REPORT_FIELDS]
-    return _Entry(tree, blobs, False, counts, report.lossy, consistency), None
+    return dataclasses.replace(part, blobs=blobs, lossy=report.lossy), None
 
 
 def _inconsistent(entries: Sequence[_Entry]) -> dict[int, str]:
@@ -508,13 +506,6 @@ def _inconsistent(entries: Sequence[_Entry]) -> dict[int, str]:
         for r in range(len(values))
         if values[r] != values[0]
     }
-
-
-def _merged_lossy(entries: Sequence[_Entry]) -> dict[str, Any]:
-    merged: dict[str, Any] = {}
-    for e in entries:
-        merged.update(e.lossy)
-    return merged
 
 
 def _failed_message(failures: Mapping[int, str], target: str | None) -> str:

@@ -184,6 +184,9 @@ class Writer(StorageWriter):
         self.commit_id = None
 
     def set_up_storage_writer(self, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
+        if kwargs.get("use_collectives", True) is False:
+            # Without collectives every rank would finish (commit) on its own.
+            raise InvalidInputError("ckvc.dcp.Writer makes one commit per save: use_collectives=False is not supported")
         self.is_coordinator = is_coordinator
         self.rank = int(kwargs.get("rank") or 0)
 
@@ -502,3 +505,59 @@ class Reader(StorageReader):
         for req, target in targets:
             planner.commit_tensor(req, target)
         return _done(None)
+
+
+# ---- leaving ckvc: a plain DCP directory ------------------------------------------
+
+
+class _CommitItems:
+    """The ``resolve_data`` side of a SavePlanner, over a DCP commit: what
+    FileSystemWriter asks for when it writes the commit out."""
+
+    def __init__(self, core: Repository, commit: Commit, storage: Mapping[MetadataIndex, _Stored]) -> None:
+        self.core = core
+        self.commit = commit
+        self.snapshot = core.read_snapshot(commit)
+        self.storage = storage
+
+    def resolve_data(self, item: Any) -> torch.Tensor | io.BytesIO:
+        stored = self.storage[item.index]
+        info = TensorInfo(stored.blob, stored.shape, None, 0, state_mod.KIND_TENSOR, "cpu", False)
+        (value,) = read.load_tensors(self.core, self.commit, self.snapshot, [info]).values()
+        if item.type == WriteItemType.BYTE_IO:
+            return io.BytesIO(value.numpy().tobytes())  # the torch.save bytes as stored, not unpickled
+        return value
+
+
+def export_dcp(repo: Repo | str | os.PathLike[str], rev: str, directory: str | os.PathLike[str]) -> Metadata:
+    """Write the DCP commit ``rev`` as a plain DCP checkpoint directory (DCP's own
+    FileSystemWriter layout: ``.distcp`` files and ``.metadata``), for
+    ``FileSystemReader`` and tools that know only that format. One process
+    writes it all; ``directory`` must be empty or missing."""
+    from torch.distributed.checkpoint import FileSystemWriter
+    from torch.distributed.checkpoint.planner import BytesIOWriteData, TensorWriteData, WriteItem
+
+    from ckvc import graph
+
+    target = Path(directory)
+    if target.exists() and (not target.is_dir() or any(target.iterdir())):
+        raise InvalidInputError(f"{target} exists and is not an empty directory")
+    core = _RepoHandle(repo).core
+    commit = graph.readable_commit(core, rev)
+    metadata = read_dcp_metadata(core, commit)
+    items: list[WriteItem] = []
+    for fqn, md in metadata.state_dict_metadata.items():
+        if isinstance(md, TensorStorageMetadata):
+            for chunk in md.chunks:
+                data = TensorWriteData(chunk=chunk, properties=md.properties, size=md.size)
+                items.append(WriteItem(MetadataIndex(fqn, chunk.offsets), WriteItemType.SHARD, tensor_data=data))
+        else:
+            nbytes = math.prod(metadata.storage_data[MetadataIndex(fqn)].shape)
+            items.append(WriteItem(MetadataIndex(fqn), WriteItemType.BYTE_IO, bytes_io_data=BytesIOWriteData(nbytes)))
+    writer = FileSystemWriter(str(target))
+    writer.set_up_storage_writer(True, rank=0)
+    (plan,) = writer.prepare_global_plan([writer.prepare_local_plan(SavePlan(items))])
+    planner: Any = _CommitItems(core, commit, metadata.storage_data)
+    results = writer.write_data(plan, planner).wait()
+    writer.finish(metadata, [results])
+    return metadata

@@ -86,3 +86,68 @@ def async_save_process_mode(rank: int, world: int, repo_dir: str, seed: int) -> 
 
 def _weights(seed: int) -> torch.Tensor:
     return torch.randn(16, 16, generator=torch.Generator().manual_seed(seed))
+
+
+def _fsdp_model(world: int) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    """A small MLP (FSDP2 ``fully_shard`` per layer above world size 1) after one
+    Adam step, the same on every world size (seeded, same batch)."""
+    from torch.distributed.fsdp import fully_shard
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(12, 20), torch.nn.ReLU(), torch.nn.Linear(20, 6))
+    if world > 1:
+        mesh = init_device_mesh("cpu", (world,))
+        for layer in model:
+            if isinstance(layer, torch.nn.Linear):
+                fully_shard(layer, mesh=mesh)
+        fully_shard(model, mesh=mesh)
+    return model, torch.optim.Adam(model.parameters(), lr=1e-2)
+
+
+def _full(value: Any) -> Any:
+    """Every DTensor in a state as its full tensor (a collective: same order on every rank)."""
+    if isinstance(value, DTensor):
+        return value.full_tensor()
+    if isinstance(value, dict):
+        return {k: _full(value[k]) for k in sorted(value, key=str)}
+    if isinstance(value, list):
+        return [_full(v) for v in value]
+    return value
+
+
+def save_fsdp(rank: int, world: int, repo_dir: str) -> dict[str, Any]:
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    model, opt = _fsdp_model(world)
+    model(torch.randn(5, 12, generator=torch.Generator().manual_seed(1))).sum().backward()
+    opt.step()
+    model_sd, optim_sd = get_state_dict(model, opt)
+    metadata = dcp.save({"model": model_sd, "optim": optim_sd}, storage_writer=ckvc.dcp.Writer(repo_dir))
+    assert metadata.storage_meta is not None
+    full = {"model": _full(model_sd), "optim": _full(optim_sd["state"])}
+    return {"id": metadata.storage_meta.checkpoint_id, "full": describe_state(full)}
+
+
+def load_fsdp(rank: int, world: int, repo_dir: str, rev: str) -> dict[str, Any]:
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+    model, opt = _fsdp_model(world)  # fresh: no step taken, so nothing matches until loaded
+    model(torch.zeros(1, 12)).sum().backward()
+    opt.step()  # creates the optimizer state DCP loads into
+    model_sd, optim_sd = get_state_dict(model, opt)
+    dcp.load({"model": model_sd, "optim": optim_sd}, storage_reader=ckvc.dcp.Reader(repo_dir, rev))  # in place
+    set_state_dict(model, opt, model_state_dict=model_sd, optim_state_dict=optim_sd)
+    model_sd, optim_sd = get_state_dict(model, opt)
+    return {"full": describe_state({"model": _full(model_sd), "optim": _full(optim_sd["state"])})}
+
+
+def save_sharded(rank: int, world: int, repo_dir: str, seed: int) -> dict[str, Any]:
+    """Both sharded saves in one world (spawning ranks is most of these tests' time)."""
+    return {"dtensor": save_dtensors(rank, world, repo_dir, seed), "fsdp": save_fsdp(rank, world, repo_dir)}
+
+
+def load_sharded(rank: int, world: int, repo_dir: str, dtensor_rev: str, fsdp_rev: str, seed: int) -> dict[str, Any]:
+    return {
+        "dtensor": load_dtensors(rank, world, repo_dir, dtensor_rev, seed),
+        "fsdp": load_fsdp(rank, world, repo_dir, fsdp_rev),
+    }

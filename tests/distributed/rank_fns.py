@@ -57,7 +57,17 @@ def commit_and_load(rank: int, world: int, repo_dir: str, seed: int, rich: bool,
             state["optimizer"]["exp_avg"].zero_()
             commit_id = pending.result()
         loaded = ckvc.distributed.load(repo, commit_id)
-        return {"id": commit_id, "loaded": describe(loaded), "expected": describe(make_state(seed, rank, rich))}
+        result = {"id": commit_id, "loaded": describe(loaded), "expected": describe(make_state(seed, rank, rich))}
+        if not rich:  # and in place, into a live module of this rank's shapes
+            module = torch.nn.Module()
+            module.weight = torch.nn.Parameter(torch.zeros(48, 64))
+            module.bias = torch.nn.Parameter(torch.zeros(64, dtype=torch.bfloat16))
+            pointer = module.weight.data_ptr()
+            ckvc.distributed.load_into(repo, commit_id, model=module)
+            assert module.weight.data_ptr() == pointer
+            result["load_into"] = describe(dict(module.state_dict()))
+            result["expected_model"] = describe(make_state(seed, rank, rich)["model"])
+        return result
 
 
 def commit_expecting_failure(rank: int, world: int, repo_dir: str, failing_rank: int, step_of: str) -> dict[str, Any]:

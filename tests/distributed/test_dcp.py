@@ -47,19 +47,29 @@ def _state(seed: int, rows: int = 64) -> dict[str, Any]:
     }  # fmt: skip
 
 
-def test_dtensor_state_saved_at_4_loads_bit_exact_at_2_and_1(tmp_path: Path) -> None:
+def test_dtensor_and_fsdp2_states_saved_at_4_load_bit_exact_at_2_and_1(tmp_path: Path) -> None:
+    """DTensors (Shard(0) over 10 rows: 3+3+3+1, Replicate), and an FSDP2 model with
+    its Adam state (get_state_dict/set_state_dict), each saved at world size 4 and
+    loaded into DTensors at 2 and into plain tensors at 1."""
     repo_dir = _init(tmp_path)
-    (commit_id,) = {r["id"] for r in run_world(4, dcp_fns.save_dtensors, (str(repo_dir), 7))}
-    expected = describe_state(dcp_fns.full_tensors(7))
+    saved = run_world(4, dcp_fns.save_sharded, (str(repo_dir), 7))
+    (dtensor_id,) = {r["dtensor"]["id"] for r in saved}
+    (fsdp_id,) = {r["fsdp"]["id"] for r in saved}
+    expected_fsdp = saved[0]["fsdp"]["full"]
+    assert all(r["fsdp"]["full"] == expected_fsdp for r in saved)
+    assert any(k.startswith("/optim/") and k.endswith("/exp_avg") for k in expected_fsdp)
+    expected = {"model": describe_state(dcp_fns.full_tensors(7)), "step": 41}
     for world in (2, 1):
-        for result in run_world(world, dcp_fns.load_dtensors, (str(repo_dir), commit_id, 7)):
-            assert result == {"model": expected, "step": 41}
+        for result in run_world(world, dcp_fns.load_sharded, (str(repo_dir), dtensor_id, fsdp_id, 7)):
+            assert result["dtensor"] == expected
+            assert result["fsdp"]["full"] == expected_fsdp
     with ckvc.Repo.open(repo_dir) as repo:
-        assert repo.head() == ("main", commit_id)
-        commit = repo.read_commit(commit_id)
+        assert repo.head() == ("main", fsdp_id)
+        assert repo.read_commit(fsdp_id).parents == (dtensor_id,)
+        commit = repo.read_commit(dtensor_id)
         assert (commit.message, commit.metrics, commit.metadata) == ("world 4", {"x": 1.0}, {"dcp": {"world_size": 4}})
-        shown = [t.path for t in repo.show(commit_id).tensors]
-        # 3+3+3+1 rows of "sharded" in four shards; "replicated" once (DCP dedups it)
+        shown = [t.path for t in repo.show(dtensor_id).tensors]
+        # four shards of "sharded"; "replicated" once (DCP dedups it)
         assert sum(1 for t in shown if t.startswith("tensors.model.sharded.shards.")) == 4
         assert sum(1 for t in shown if t.startswith("tensors.model.replicated.shards.")) == 1
         assert repo.fsck().ok
@@ -128,6 +138,49 @@ def test_refusals(tmp_path: Path) -> None:
             dcp.load({"w": torch.zeros(3)}, storage_reader=ckvc.dcp.Reader(repo, plain), no_dist=True)
         with pytest.raises(InvalidInputError, match="pass branch="):
             dcp.save({"w": torch.ones(3)}, checkpoint_id="x", storage_writer=ckvc.dcp.Writer(repo), no_dist=True)
+        with pytest.raises(InvalidInputError, match="use_collectives=False"):
+            dcp.save({"w": torch.ones(3)}, storage_writer=ckvc.dcp.Writer(repo), no_dist=True, use_collectives=False)
         with pytest.raises(ckvc.InvalidRefNameError):
             ckvc.dcp.Writer(repo, branch="bad..name")
         assert repo.head() == ("main", plain)
+
+
+class _DroppingWriter(ckvc.dcp.Writer):
+    """Loses the result of its last item, as a buggy storage layer would."""
+
+    def write_data(self, plan: Any, planner: Any) -> Any:
+        results = super().write_data(plan, planner).wait()
+        return _done_future(results[:-1])
+
+
+def _done_future(value: Any) -> Any:
+    from torch.futures import Future as TorchFuture
+
+    fut: TorchFuture[Any] = TorchFuture()
+    fut.set_result(value)
+    return fut
+
+
+def test_metadata_naming_an_unwritten_shard_commits_nothing(tmp_path: Path) -> None:
+    repo_dir = _init(tmp_path)
+    with ckvc.Repo.open(repo_dir) as repo:
+        with pytest.raises(CheckpointException, match="no rank wrote"):
+            dcp.save(_state(7), storage_writer=_DroppingWriter(repo, message="lost"), no_dist=True)
+        assert repo.head() == ("main", None)
+        assert repo.fsck().ok
+
+
+def test_export_writes_a_plain_dcp_directory(tmp_path: Path) -> None:
+    repo_dir = _init(tmp_path)
+    with ckvc.Repo.open(repo_dir) as repo:
+        writer = ckvc.dcp.Writer(repo, message="to leave")
+        dcp.save(_state(8), storage_writer=writer, no_dist=True)
+        assert writer.commit_id is not None
+        out = tmp_path / "plain"
+        ckvc.dcp.export_dcp(repo, writer.commit_id, out)
+        assert (out / ".metadata").is_file() and list(out.glob("*.distcp"))
+        loaded = _state(9)
+        dcp.load(loaded, storage_reader=dcp.FileSystemReader(str(out)), no_dist=True)
+        assert_state_equal(loaded, _state(8))
+        with pytest.raises(InvalidInputError, match="not an empty directory"):
+            ckvc.dcp.export_dcp(repo, writer.commit_id, out)

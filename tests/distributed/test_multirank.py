@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 import rank_fns
+import torch
 from helpers import describe_state
 from ranks import run_world
 
@@ -18,6 +19,10 @@ import ckvc.distributed
 from ckvc.errors import InvalidInputError
 
 CHUNK_SIZE = 16 << 10
+
+
+def _pack_bytes(repo_dir: Path) -> int:
+    return sum(p.stat().st_size for p in (repo_dir / ".ckvc" / "packs").rglob("*.pack"))
 
 
 def _init(tmp_path: Path) -> Path:
@@ -66,6 +71,7 @@ def test_commit_id_equals_one_process_commit_of_the_nested_state(
     results = run_world(world, rank_fns.commit_and_load, (str(repo_dir), 10, False, False))  # blocking=False
     (second,) = {r["id"] for r in results}
     assert all(r["loaded"] == r["expected"] for r in results)
+    assert all(r["load_into"] == r["expected_model"] for r in results)
     with ckvc.Repo.open(repo_dir) as repo:
         assert repo.read_commit(second).parents == (first,)
         assert repo.head() == ("main", second)
@@ -91,6 +97,11 @@ def test_ranks_disagreeing_on_the_consistency_key_commit_nothing(tmp_path: Path)
     with ckvc.Repo.open(repo_dir) as repo:
         assert repo.head() == ("main", None)
         assert repo.fsck().ok
+        # Both ranks wrote their chunks before the check failed: unreferenced packs
+        # that gc reclaims.
+        assert _pack_bytes(repo_dir) > 0
+        repo.gc(now=True)
+        assert _pack_bytes(repo_dir) == 0
 
 
 def _check_outcome(repo_dir: Path, results: list[Any], victim: int, before: str | None, timeout: float) -> str | None:
@@ -152,3 +163,25 @@ def test_load_refuses_another_world_size_and_plain_commits(repo: ckvc.Repo) -> N
         ckvc.distributed.commit(repo, {"x": 1})
     with pytest.raises(InvalidInputError, match="no process group"):
         ckvc.distributed.load(repo, plain)
+
+
+def test_pickled_values_are_recorded_and_refused_on_load_unless_allowed(tmp_path: Path) -> None:
+    """World size 1 in this process: a rank's pickled value marks the commit."""
+    import fractions
+
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        with ckvc.Repo.init(tmp_path / "r") as repo:
+            state = {"w": rank_fns.make_state(1, 0, False)["model"]["weight"], "ratio": fractions.Fraction(1, 3)}
+            with pytest.warns(UserWarning, match="pickling"):
+                commit_id = ckvc.distributed.commit(repo, state, allow_pickle=True)
+            assert repo.read_commit(commit_id).pickled
+            with pytest.raises(ckvc.UnsafeContentError):
+                ckvc.distributed.load(repo, commit_id)
+            loaded = ckvc.distributed.load(repo, commit_id, allow_pickle=True)
+            assert loaded["ratio"] == fractions.Fraction(1, 3)
+            assert torch.equal(loaded["w"], state["w"])
+    finally:
+        dist.destroy_process_group()
