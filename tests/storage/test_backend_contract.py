@@ -1,8 +1,8 @@
 """The Backend contract: one suite, run against every implementation.
 
-LocalBackend on a temporary directory, MemoryBackend, and MemoryBackend with
-object-store semantics (no rename, no append, no file locks). A remote object
-store joins the parameter list when it exists.
+LocalBackend on a temporary directory, MemoryBackend, MemoryBackend with
+object-store semantics (no rename, no append, no file locks), and the S3 backend
+(ObjectStoreBackend) on a real S3 server on loopback (tests/s3server.py).
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from s3server import s3_backend
 
 from ckvc.errors import (
     CorruptObjectError,
@@ -28,7 +29,7 @@ from ckvc.storage.backend import Backend
 from ckvc.storage.local import LocalBackend
 from ckvc.storage.memory import MemoryBackend
 
-KINDS = ["local", "memory", "memory-object-store"]
+KINDS = ["local", "memory", "memory-object-store", "s3"]
 
 
 @pytest.fixture(params=KINDS)
@@ -37,6 +38,8 @@ def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Backend]
         b: Backend = LocalBackend(tmp_path)
     elif request.param == "memory":
         b = MemoryBackend()
+    elif request.param == "s3":
+        b = s3_backend(request.getfixturevalue("s3_server"), request.getfixturevalue("s3_bucket"))
     else:
         b = MemoryBackend(object_store_semantics=True)
     yield b
