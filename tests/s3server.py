@@ -32,7 +32,7 @@ from typing import Any
 
 import pytest
 
-from ckvc.storage.backend import Backend
+from ckvc.storage.objectstore import ObjectStoreBackend
 
 # Fake credentials for the client only: moto accepts any, and with them set the
 # client never looks further (instance metadata, a user's real profile).
@@ -131,11 +131,12 @@ class S3Server:
             self.process.stdout.close()
 
 
-def s3_backend(server: S3Server, bucket: str, prefix: str = "repo", **options: Any) -> Backend:
-    """The ObjectStoreBackend of ``bucket``/``prefix`` on ``server``, opened as a user would."""
+def s3_backend(endpoint: str, bucket: str, prefix: str = "repo", **options: Any) -> ObjectStoreBackend:
+    """The ObjectStoreBackend of ``bucket``/``prefix`` at ``endpoint`` (the server's,
+    or a fault proxy's in front of it), opened as a user would."""
     from ckvc.storage.objectstore import open_object_store
 
-    return open_object_store(f"s3://{bucket}/{prefix}", endpoint=server.endpoint, **options)
+    return open_object_store(f"s3://{bucket}/{prefix}", endpoint=endpoint, **options)
 
 
 @contextlib.contextmanager

@@ -39,7 +39,7 @@ def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Backend]
         root.mkdir()
         b: Backend = LocalBackend(root)
     elif request.param == "s3":  # the object-store variant on a real S3 server (tests/s3server.py)
-        b = s3_backend(request.getfixturevalue("s3_server"), request.getfixturevalue("s3_bucket"))
+        b = s3_backend(request.getfixturevalue("s3_server").endpoint, request.getfixturevalue("s3_bucket"))
     else:
         b = MemoryBackend(object_store_semantics=request.param == "memory-object-store")
     yield b

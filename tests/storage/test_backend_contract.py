@@ -39,7 +39,7 @@ def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Backend]
     elif request.param == "memory":
         b = MemoryBackend()
     elif request.param == "s3":
-        b = s3_backend(request.getfixturevalue("s3_server"), request.getfixturevalue("s3_bucket"))
+        b = s3_backend(request.getfixturevalue("s3_server").endpoint, request.getfixturevalue("s3_bucket"))
     else:
         b = MemoryBackend(object_store_semantics=True)
     yield b
