@@ -52,6 +52,10 @@ def moto_available() -> bool:
     return importlib.util.find_spec("moto") is not None and importlib.util.find_spec("werkzeug") is not None
 
 
+def obstore_available() -> bool:
+    return importlib.util.find_spec("obstore") is not None
+
+
 def serialized(app: Callable[..., Any], methods: frozenset[str]) -> Callable[..., Any]:
     """``app`` with the requests of ``methods`` run one at a time (moto computes
     its whole response inside the call, so the lock covers check and write)."""
@@ -152,6 +156,8 @@ def fake_credentials(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 def s3_server() -> Iterator[S3Server]:
     if not moto_available():
         pytest.skip("moto[server] is not installed (pip install -e '.[test]'): no S3 test server")
+    if not obstore_available():
+        pytest.skip("obstore is not installed (pip install -e '.[remote]'): no object-store client")
     server = S3Server.start()
     yield server
     server.stop()

@@ -2,7 +2,8 @@
 
 LocalBackend on a temporary directory, MemoryBackend, MemoryBackend with
 object-store semantics (no rename, no append, no file locks), and the S3 backend
-(ObjectStoreBackend) on a real S3 server on loopback (tests/s3server.py).
+(ObjectStoreBackend) on a real S3 server on loopback (tests/s3server.py) and over
+obstore's in-process store.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from s3server import s3_backend
+from s3server import obstore_available, s3_backend
 
 from ckvc.errors import (
     CorruptObjectError,
@@ -28,8 +29,9 @@ from ckvc.storage import local
 from ckvc.storage.backend import Backend
 from ckvc.storage.local import LocalBackend
 from ckvc.storage.memory import MemoryBackend
+from ckvc.storage.objectstore import open_object_store
 
-KINDS = ["local", "memory", "memory-object-store", "s3"]
+KINDS = ["local", "memory", "memory-object-store", "s3", "obstore-memory"]
 
 
 @pytest.fixture(params=KINDS)
@@ -40,6 +42,8 @@ def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Backend]
         b = MemoryBackend()
     elif request.param == "s3":
         b = s3_backend(request.getfixturevalue("s3_server").endpoint, request.getfixturevalue("s3_bucket"))
+    elif request.param == "obstore-memory":  # the same backend over obstore's in-process store
+        b = open_object_store("memory://") if obstore_available() else pytest.skip("obstore is not installed")
     else:
         b = MemoryBackend(object_store_semantics=True)
     yield b
