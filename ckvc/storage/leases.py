@@ -15,7 +15,10 @@ takers that see each other both withdraw and retry after a random pause.
 An expired lease is a dead holder's: anyone may delete it. Expiry compares the
 holder's clock with the reader's, so the term must exceed the clock skew.
 Written against the Backend interface only (conditional writes, list, get,
-delete), so any backend with ``conditional_put`` can use it.
+delete), so any backend with ``conditional_put`` can use it. A transient store
+error while taking the lock is another look at it, until the deadline (a create
+whose answer was lost finds its own unique key); one while releasing leaves the
+lease to expire.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ckvc.errors import CkvcWarning, RefConflictError, RepositoryLockedError
+from ckvc.storage.backend import BackendError
 
 if TYPE_CHECKING:
     from ckvc.storage.backend import Backend, Version
@@ -92,15 +96,19 @@ class LeaseLocks:
         renewer: _Renewer | None = None
         try:
             while True:
-                if renewer is None:
-                    renewer = _Renewer(self, key, holder, shared)
-                others = [lease for lease in self.leases(name) if lease.key != key]
-                exclusive = [lease for lease in others if not lease.shared]
-                if not others or (shared and not exclusive):
-                    break
-                if exclusive:  # someone else holds or wants it exclusively: withdraw
-                    renewer.stop(delete=True)
-                    renewer = None
+                try:
+                    if renewer is None:
+                        renewer = _Renewer(self, key, holder, shared)
+                    others = [lease for lease in self.leases(name) if lease.key != key]
+                    exclusive = [lease for lease in others if not lease.shared]
+                    if not others or (shared and not exclusive):
+                        break
+                    if exclusive:  # someone else holds or wants it exclusively: withdraw
+                        renewer.stop(delete=True)
+                        renewer = None
+                except BackendError as exc:  # a store hiccup: look again, until the deadline
+                    if not exc.transient or time.monotonic() + poll > deadline:
+                        raise
                 if time.monotonic() + poll > deadline:
                     waited = f" (waited {timeout:.0f} s)" if timeout else ""
                     raise RepositoryLockedError(f"{name} is locked by another process{waited}")
@@ -127,7 +135,13 @@ class _Renewer:
 
     def __init__(self, locks: LeaseLocks, key: str, holder: str, shared: bool) -> None:
         self.locks, self.key, self.holder, self.shared = locks, key, holder, shared
-        self.version: Version = locks.backend.compare_and_swap(key, None, self._bytes())
+        try:
+            self.version: Version = locks.backend.compare_and_swap(key, None, self._bytes())
+        except RefConflictError:  # ours (the key is unique): an earlier try landed and its answer was lost
+            found = locks.backend.get_versioned(key)
+            if found is None:
+                raise BackendError(f"lease {key} vanished while being created", key=key, transient=True) from None
+            self.version = locks.backend.compare_and_swap(key, found[1], self._bytes())
         self.lost = False
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"ckvc-lease {key}", daemon=True)
@@ -151,5 +165,9 @@ class _Renewer:
         self._stop.set()
         self._thread.join()
         if delete and not self.lost:
-            self.locks.backend.delete(self.key)
+            try:
+                self.locks.backend.delete(self.key)
+            except BackendError as exc:  # left behind, it expires within its term
+                if not exc.transient:
+                    raise
         return self.lost

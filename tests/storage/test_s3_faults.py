@@ -12,7 +12,7 @@ import pytest
 from fault_proxy import FaultProxy, Rule
 from s3server import S3Server, s3_backend
 
-from ckvc.errors import CorruptObjectError
+from ckvc.errors import CorruptObjectError, RepositoryLockedError
 from ckvc.storage.backend import BackendError
 from ckvc.storage.objectstore import MIN_PART_SIZE, ObjectStoreBackend
 from ckvc.storage.retry import RetryingBackend, RetryPolicy
@@ -141,3 +141,20 @@ def test_a_multipart_upload_survives_failed_parts(proxy: FaultProxy, s3_bucket: 
     assert backend.get("packs/big.pack") == data
     uploads = [p for m, p in proxy.requests if m == "POST"]
     assert len(uploads) == 2  # one multipart upload: created, completed
+
+
+def test_a_lock_survives_store_hiccups(proxy: FaultProxy, s3_bucket: str) -> None:
+    """Taking a lease looks again after a transient error; a create whose answer
+    was lost finds its own lease; nothing is left after release."""
+    backend = through(proxy, s3_bucket)
+    proxy.rules = [
+        Rule("status", method="PUT", path="/locks/", status=503, count=1),
+        Rule("reset", method="PUT", path="/locks/", after=True, count=1),
+        Rule("status", method="GET", path="list-type", status=500, count=1),
+    ]
+    with backend.lock("gc.lock", timeout=30):
+        assert proxy.fired() == 3
+        assert len(list(backend.list("locks/gc.lock/"))) == 1
+        with pytest.raises(RepositoryLockedError), backend.lock("gc.lock", shared=True, timeout=0):
+            pass
+    assert list(backend.list("locks/")) == []
