@@ -20,9 +20,8 @@ import uuid
 import warnings
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, Concatenate, Generic, ParamSpec, Protocol, TypeVar, overload
+from typing import TYPE_CHECKING, Any, Concatenate, Generic, ParamSpec, Protocol, TypeVar, overload
 
-from ckvc.codecs import Codec, make_codec
 from ckvc.config import CODECS_VERSION, RepoConfig
 from ckvc.errors import (
     CkvcError,
@@ -38,8 +37,10 @@ from ckvc.objects import Commit, Snapshot, Tag
 from ckvc.pruned import PruneLog, PruneRecord
 from ckvc.refs import RefStore, branch_ref
 from ckvc.storage.files import require_writable
-from ckvc.storage.memory import MemoryBackend
 from ckvc.storage.object_store import ObjectStore
+
+if TYPE_CHECKING:
+    from ckvc.codecs import Codec
 
 REPO_DIR = ".ckvc"
 # flock targets a new repository holds from the start (gc, writer pins, refs, prune log)
@@ -127,9 +128,18 @@ class Repository:
         self.executor = executor
         self.path = path
         self.dir = dir
-        self.codec: Codec = make_codec(str(config.codec["name"]), config.codec.get("level"))
+        self._codec: Codec | None = None
         if self.refs.repair_pending(self.object_exists):
             self._repair_on_open()
+
+    @property
+    def codec(self) -> Codec:
+        """The configured encoder, made on first use: reading needs none (nor numpy)."""
+        if self._codec is None:
+            from ckvc.codecs import make_codec
+
+            self._codec = make_codec(str(self.config.codec["name"]), self.config.codec.get("level"))
+        return self._codec
 
     # ---- construction -------------------------------------------------------
     @classmethod
@@ -201,6 +211,8 @@ class Repository:
         a backend without rename, appends or OS locks, as an object store is."""
         executor = Executor(threads)
         config = new_config(chunk_size, codec, default_branch, keyframe_interval)
+        from ckvc.storage.memory import MemoryBackend
+
         backend = MemoryBackend(object_store_semantics=object_store_semantics)
         config.save(backend)
         refs = RefStore(backend)
@@ -285,10 +297,9 @@ class Repository:
         """Store ``config`` and use it from now on (its codec too)."""
         if self.dir is not None:
             config.save(self.dir)
-        codec_changed = config.codec != self.config.codec
+        if config.codec != self.config.codec:
+            self._codec = None
         self.config = config
-        if codec_changed:
-            self.codec = make_codec(str(config.codec["name"]), config.codec.get("level"))
 
     def set_config(self, **values: Any) -> RepoConfig:
         """Change settings: reflog_expiry_s, gc_grace_s, repack_threshold (lifecycle),

@@ -380,13 +380,20 @@ def best(
 # ---- moving refs by name --------------------------------------------------------
 
 
+def check_new_branch(core: Repository, name: str) -> str:
+    """The full ref of a branch to be created; RefConflictError if it exists (the
+    check a command makes before doing anything, and create_branch's own)."""
+    full = branch_ref(name)
+    if core.refs.read(full) is not None:
+        raise RefConflictError(f"branch {name!r} already exists")
+    return full
+
+
 def create_branch(core: Repository, name: str, rev: str = "HEAD") -> str:
     """Create branch ``name`` at ``rev``; RefConflictError if it exists."""
-    full = branch_ref(name)
     with core.store.pin():  # the commit may be one gc is about to collect
         commit_id = resolve(core, rev)
-        if core.refs.read(full) is not None:
-            raise RefConflictError(f"branch {name!r} already exists")
+        full = check_new_branch(core, name)
         try:
             core.refs.set_if_equals(full, None, commit_id, f"branch: created from {rev}")
         except RefConflictError:

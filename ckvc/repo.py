@@ -12,19 +12,20 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Protocol, overload
 
-from ckvc import graph, inspect, retention, write
-from ckvc.codecs.policy import DeltaBackoff, LossySpec, chunk_size_for
+from ckvc import graph, inspect, retention
 from ckvc.core import REPO_DIR, OnCore, Part, ProgressCallback, Repository, find_repo_root
 from ckvc.errors import InvalidInputError, InvalidRevisionError, storage_errors
 from ckvc.graph import Reached, did_you_mean
 from ckvc.inspect import CommitInfo, StateDiff, TensorChange, TensorSummary, is_rng_path
-from ckvc.write import CommitStats, PendingCommit
 
-# torch is imported only where tensors are made or read (ckvc.state, ckvc.view, the
-# bodies of commit/load/show/diff), so log, status, branch and tag start fast.
+# torch, numpy and the codecs are imported only where tensors are made or read
+# (ckvc.write, ckvc.state, ckvc.view, the bodies of commit/load/show/diff), so log,
+# status, branch and tag start fast (tests/cli/test_cli_startup.py).
 if TYPE_CHECKING:
     import torch
 
+    from ckvc import write
+    from ckvc.codecs.policy import DeltaBackoff, LossySpec
     from ckvc.config import RepoConfig
     from ckvc.executor import Executor
     from ckvc.fsck import FsckReport
@@ -36,11 +37,20 @@ if TYPE_CHECKING:
     from ckvc.state import MapLocation, PendingBlob
     from ckvc.storage.object_store import ObjectStore
     from ckvc.view import CommitView
+    from ckvc.write import CommitStats, PendingCommit
 
 __all__ = [
     "REPO_DIR", "CommitInfo", "CommitStats", "PendingCommit", "ProgressCallback", "Reached", "Repo", "StateDiff",
     "TensorChange", "TensorSummary", "did_you_mean", "find_repo_root", "is_rng_path",
 ]  # fmt: skip
+
+
+def __getattr__(name: str) -> Any:
+    if name in ("CommitStats", "PendingCommit"):  # re-exported, loaded on first use
+        from ckvc import write
+
+        return getattr(write, name)
+    raise AttributeError(f"module 'ckvc.repo' has no attribute {name!r}")
 
 
 class _OpenRepo(Protocol):
@@ -76,8 +86,8 @@ class Repo:
 
     def __init__(self, core: Repository) -> None:
         self.core = core
-        self._background = write.BackgroundCommits(str(core.path))
-        self._backoff = DeltaBackoff()  # per tensor path, across this Repo's commits
+        self._background: write.BackgroundCommits | None = None  # made by the first commit
+        self._backoff: DeltaBackoff | None = None  # per tensor path, across this Repo's commits
         self.last_commit_stats: CommitStats | None = None
 
     path: Part[Path] = Part("local_path")  # the directory holding .ckvc
@@ -120,13 +130,15 @@ class Repo:
     def close(self) -> None:
         """Finish pending background commits (raising the first error), then close."""
         try:
-            self._background.close()
+            if self._background is not None:
+                self._background.close()
         finally:
             self.core.close()
 
     def wait(self) -> None:
         """Wait for every pending background commit; raise the first error not yet seen."""
-        self._background.wait()
+        if self._background is not None:
+            self._background.wait()
 
     def __enter__(self) -> Repo:
         return self
@@ -138,6 +150,8 @@ class Repo:
         return f"Repo({str(self.core.path)!r})" if self.core.path is not None else "Repo(in memory)"
 
     def _chunk_size_for(self, itemsize: int) -> int:  # the writer's rule, as tests/test_format_vectors.py calls it
+        from ckvc.codecs.policy import chunk_size_for
+
         return chunk_size_for(self.config.chunk_size, itemsize)
 
     # ---- commit -------------------------------------------------------------
@@ -184,7 +198,12 @@ class Repo:
         are copied, so training may change its tensors at once; the commit is
         written in the background, in order with other commits. Its errors
         surface on ``.result()`` and at the next commit, ``wait()`` or close."""
+        from ckvc import write
+        from ckvc.codecs.policy import DeltaBackoff
+
         self.core.require_writable("committing")
+        if self._background is None:
+            self._background, self._backoff = write.BackgroundCommits(str(self.core.path)), DeltaBackoff()
         if blocking:
             self.wait()  # commits land in the order they were made; raises unseen background errors
         else:
@@ -211,6 +230,9 @@ class Repo:
         """write_blobs then finish, in one batch. The outcome is exact (docs/GUIDE.md,
         "Errors and exit codes"): an error means the branch did not move; once it
         has moved the commit is reported, a failing follow-up step being a warning."""
+        from ckvc import write
+
+        assert self._backoff is not None  # commit() made it
         outcome, report = write.Outcome(), write.WriteReport()
         try:
             with write.batch(self.core) as writer:

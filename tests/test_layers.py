@@ -338,6 +338,24 @@ def torch_free_modules() -> list[str]:
     return sorted({*TORCH_FREE, *(m for m in discover(ROOT, "ckvc") if m.startswith("ckvc.storage"))})
 
 
+# Reading metadata (log, status, branch, du) needs no codec: these load neither
+# numpy nor a codec module (the CLI's history commands gain about 0.3 s).
+NUMPY_FREE: tuple[str, ...] = (
+    "ckvc.core", "ckvc.graph", "ckvc.repo", "ckvc.inspect", "ckvc.retention", "ckvc.config", "ckvc.codecs",
+    "ckvc.codecs.records", "ckvc.storage.object_store", "ckvc.storage.object_writer",
+)  # fmt: skip
+
+
+def test_metadata_reads_import_without_numpy() -> None:
+    code = (
+        f"import sys; import {', '.join(NUMPY_FREE)}; from ckvc.codecs import registry;"
+        "print(sorted(m for m in sys.modules if m == 'numpy' or m.startswith('ckvc.codecs.')"
+        " and m.rsplit('.', 1)[1] in registry.CODEC_MODULES))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)
+    assert out.stdout.strip() == "[]", out.stderr
+
+
 def test_storage_and_metadata_import_without_torch() -> None:
     modules = torch_free_modules()
     assert "ckvc.storage.object_store" in modules and "ckvc.storage.backend" in modules

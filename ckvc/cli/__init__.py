@@ -754,11 +754,9 @@ def checkout(obj: Context, rev: str | None, output: Path | None, new_branch: str
     # before any file is written, so a refused checkout leaves everything as it was.
     was_branch, _ = repo.head()
     if new_branch is not None:
-        from ckvc.errors import RefConflictError
-        from ckvc.refs import branch_ref
+        from ckvc.graph import check_new_branch
 
-        if repo.refs.read(branch_ref(new_branch)) is not None:
-            raise RefConflictError(f"branch {new_branch!r} already exists")
+        check_new_branch(repo.core, new_branch)
     if output is not None:
         from ckvc.errors import ReadOnlyRepositoryError
         from ckvc.files import export_commit

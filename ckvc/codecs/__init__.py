@@ -11,52 +11,66 @@ A repository's encoder is chosen by name ("raw", "zstd", "auto": auto.py, the
 tensor-aware one) through :func:`make_codec`. Decoding never produces more than
 the declared raw size, and any malformed input raises
 :class:`ckvc.errors.CorruptObjectError`. Codecs do no I/O: a delta's base bytes
-are handed in by the object store. Importing this package registers every codec.
+are handed in by the object store. Importing this package loads no codec (nor numpy): each name below is imported on
+first use (PEP 562), and the first registry lookup registers every codec.
 """
 
 from __future__ import annotations
 
-from ckvc.codecs import bytegroup, lossy, raw, sparse, zstd  # noqa: F401  (each registers its codec)
-from ckvc.codecs.auto import DELTA_MIN_GAIN, SPARSE_MIN_ZERO_FRACTION, TensorCodec
-from ckvc.codecs.base import (
-    BYTEGROUP,
-    BYTES,
-    DELTA,
-    QUANT,
-    RAW,
-    SPARSE,
-    ZSTD,
-    ChunkLayout,
-    Codec,
-    DeltaBase,
-    encode_smallest,
-    layout_for,
-)
-from ckvc.codecs.delta import (
-    DELTA_HEAD_SIZE,
-    DELTA_INNER_CODECS,
-    MAX_AGE,
-    MAX_CHAIN_DEPTH,
-    DeltaHeader,
-    apply_delta,
-    delta_header,
-)
-from ckvc.codecs.raw import RawCodec
-from ckvc.codecs.registry import (
-    RecordCodec,
-    decode_chunk,
-    decode_chunk_into,
-    decoder_for,
-    make_codec,
-    record_codec,
-    registered,
-)
-from ckvc.codecs.zstd import ZstdCodec
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from ckvc.codecs.ids import BYTEGROUP, CODEC_NAMES, DELTA, MAX_AGE, QUANT, RAW, SPARSE, WHOLE_CODECS, ZSTD
 from ckvc.ids import Buffer
 
-CODEC_NAMES = {codec_id: registered()[codec_id].name for codec_id in sorted(registered())}
-# Codecs whose plain bytes need no other object: only these may serve as keyframes.
-WHOLE_CODECS = frozenset(c.codec_id for c in registered().values() if c.whole)
+# Name -> the module that defines it (ckvc.codecs.<module>).
+_LAZY: dict[str, str] = {
+    **dict.fromkeys(("DELTA_MIN_GAIN", "SPARSE_MIN_ZERO_FRACTION", "TensorCodec"), "auto"),
+    **dict.fromkeys(("BYTES", "ChunkLayout", "Codec", "DeltaBase", "encode_smallest", "layout_for"), "base"),
+    **dict.fromkeys(
+        ("DELTA_HEAD_SIZE", "DELTA_INNER_CODECS", "MAX_CHAIN_DEPTH", "DeltaHeader", "apply_delta", "delta_header"),
+        "delta",
+    ),
+    "RawCodec": "raw",
+    **dict.fromkeys(
+        ("RecordCodec", "decode_chunk", "decode_chunk_into", "decoder_for", "make_codec", "record_codec", "registered"),
+        "registry",
+    ),
+    "ZstdCodec": "zstd",
+}
+
+if TYPE_CHECKING:
+    from ckvc.codecs.auto import DELTA_MIN_GAIN, SPARSE_MIN_ZERO_FRACTION, TensorCodec
+    from ckvc.codecs.base import BYTES, ChunkLayout, Codec, DeltaBase, encode_smallest, layout_for
+    from ckvc.codecs.delta import (
+        DELTA_HEAD_SIZE,
+        DELTA_INNER_CODECS,
+        MAX_CHAIN_DEPTH,
+        DeltaHeader,
+        apply_delta,
+        delta_header,
+    )
+    from ckvc.codecs.raw import RawCodec
+    from ckvc.codecs.registry import (
+        RecordCodec,
+        decode_chunk,
+        decode_chunk_into,
+        decoder_for,
+        make_codec,
+        record_codec,
+        registered,
+    )
+    from ckvc.codecs.zstd import ZstdCodec
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'ckvc.codecs' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"ckvc.codecs.{module}"), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
 
 __all__ = [
     "BYTEGROUP",

@@ -19,13 +19,13 @@ age, inner codec) and the residual stored with the inner codec.
 
 from __future__ import annotations
 
-import struct
 from typing import Any, NamedTuple
 
 import numpy as np
 
 from ckvc.codecs import planes
 from ckvc.codecs.base import BYTEGROUP, DELTA, RAW, SPARSE, ZSTD
+from ckvc.codecs.ids import DELTA_HEAD
 from ckvc.codecs.planes import SUPPORTED_WIDTHS, add_residual_planes, as_u8, decode_plane_set, join_planes, scratch
 from ckvc.codecs.registry import RecordCodec, decode_chunk_into, register
 from ckvc.errors import CorruptObjectError
@@ -90,11 +90,9 @@ class DeltaHeader(NamedTuple):
     inner: int  # the codec of the residual
 
 
-DELTA_HEAD = struct.Struct("<BBBBB")
 DELTA_HEAD_SIZE = DELTA_HEAD.size
 DELTA_INNER_CODECS = (RAW, ZSTD, BYTEGROUP, SPARSE)
 MAX_CHAIN_DEPTH = 255  # one byte; ckvc writes depth 1 (deltas against keyframes, docs/DESIGN.md)
-MAX_AGE = 255
 
 
 def delta_header(payload: Buffer) -> DeltaHeader:

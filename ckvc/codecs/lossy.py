@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     import torch  # imported where used: reading a store must not import torch (fast CLI)
 
 from ckvc.codecs.base import QUANT
+from ckvc.codecs.ids import QUANT_HEAD
 from ckvc.codecs.planes import as_u8, zstd_decode, zstd_plane_encode
 from ckvc.codecs.registry import RecordCodec, register
 from ckvc.errors import CorruptObjectError
@@ -41,7 +42,7 @@ SIGNED = 1
 SQRT = 2
 FLAG_RESIDUAL = 1
 DEFAULT_BLOCK = 128
-_HEAD = struct.Struct("<BBBBBIQ")
+_HEAD = QUANT_HEAD
 _CODES = struct.Struct("<BI")
 QUANT_HEAD_SIZE = _HEAD.size  # >= the delta head: the store reads this much of any based record
 _DTYPE_NAMES = {1: "float32", 2: "float16", 3: "bfloat16"}

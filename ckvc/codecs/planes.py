@@ -32,6 +32,7 @@ from typing import Any, NamedTuple
 import numpy as np
 import zstandard
 
+from ckvc.codecs.frames import zstd_decode
 from ckvc.errors import CorruptObjectError
 from ckvc.ids import Buffer
 
@@ -86,13 +87,6 @@ def _compressor() -> zstandard.ZstdCompressor:
     if c is None:
         c = _local.compressor = zstandard.ZstdCompressor(compression_params=_PLANE_PARAMS)
     return c
-
-
-def _decompressor() -> zstandard.ZstdDecompressor:
-    d = getattr(_local, "decompressor", None)
-    if d is None:
-        d = _local.decompressor = zstandard.ZstdDecompressor()
-    return d
 
 
 def native() -> ModuleType | None:
@@ -276,23 +270,6 @@ def _decode_plane(codec: int, chunk: memoryview, n: int) -> np.ndarray:
     if codec == PLANE_ZSTD:
         return as_u8(zstd_decode(chunk, n))
     raise CorruptObjectError(f"unknown plane codec {codec}")
-
-
-def zstd_decode(frame: Buffer, raw_size: int) -> bytes:
-    """Decode one zstd frame that must declare and hold exactly ``raw_size`` bytes."""
-    try:
-        declared = zstandard.get_frame_parameters(frame).content_size
-    except zstandard.ZstdError as exc:
-        raise CorruptObjectError(f"bad zstd frame header: {exc}") from None
-    if declared != raw_size:
-        raise CorruptObjectError(f"zstd frame declares {declared} bytes, expected {raw_size}")
-    try:
-        plain = _decompressor().decompress(frame, max_output_size=raw_size)
-    except zstandard.ZstdError as exc:
-        raise CorruptObjectError(f"zstd decode failed: {exc}") from None
-    if len(plain) != raw_size:
-        raise CorruptObjectError(f"zstd produced {len(plain)} bytes, expected {raw_size}")
-    return plain
 
 
 def zstd_plane_encode(data: Buffer) -> bytes:

@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 
 from ckvc.codecs.base import RAW, Codec
+from ckvc.codecs.frames import raw_decode
 from ckvc.codecs.planes import as_u8
 from ckvc.codecs.registry import RecordCodec, register, register_encoder
-from ckvc.errors import CorruptObjectError
 from ckvc.ids import Buffer
 
 
@@ -19,9 +19,7 @@ class RawCodec(Codec):
         return data
 
     def decode(self, data: Buffer, raw_size: int) -> Buffer:
-        if len(data) != raw_size:
-            raise CorruptObjectError(f"raw payload is {len(data)} bytes, expected {raw_size}")
-        return data
+        return raw_decode(data, raw_size)
 
 
 def decode_raw_into(payload: Buffer, out: np.ndarray, base: Buffer | np.ndarray | None = None) -> None:

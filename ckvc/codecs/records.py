@@ -6,14 +6,13 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from ckvc.codecs import CODEC_NAMES, DELTA, QUANT, WHOLE_CODECS, delta_header
-from ckvc.codecs.lossy import QUANT_HEAD_SIZE, quant_header
+from ckvc.codecs.ids import CODEC_NAMES, DELTA, DELTA_HEAD, QUANT, QUANT_HEAD, WHOLE_CODECS
 from ckvc.errors import CorruptObjectError, UnsupportedFormatError
 from ckvc.ids import Buffer
 
 # How much of a based record's payload base_info needs: the longest codec head
 # (the quant head is at least the delta head).
-BASE_HEAD_SIZE = QUANT_HEAD_SIZE
+BASE_HEAD_SIZE = max(QUANT_HEAD.size, DELTA_HEAD.size)
 
 
 class BaseInfo(NamedTuple):
@@ -37,15 +36,25 @@ def base_info(codec: int, base: bytes | None, payload_head: Buffer) -> BaseInfo:
     if codec == DELTA:
         if base is None:
             raise CorruptObjectError("delta record names no base")
-        return BaseInfo(base, delta_header(payload_head).age, False)
+        return BaseInfo(base, delta_depth_age(payload_head)[1], False)
     if codec == QUANT:
+        from ckvc.codecs.lossy import quant_header  # numpy: loaded with the first chunk, not with the store
+
         return BaseInfo(base, quant_header(payload_head).age, False)
     raise UnsupportedFormatError(f"unknown codec id {codec}")
 
 
+def delta_depth_age(payload: Buffer) -> tuple[int, int]:
+    """A delta record's (links down to a chunk stored whole, age), its header checked."""
+    from ckvc.codecs.delta import delta_header  # numpy: loaded with the first chunk, not with the store
+
+    head = delta_header(payload)
+    return head.depth, head.age
+
+
 def delta_depth(payload: Buffer) -> int:
     """Links from a delta record down to a chunk stored whole (checked header)."""
-    return delta_header(payload).depth
+    return delta_depth_age(payload)[0]
 
 
 def is_keyframe_delta(codec: int, base: bytes | None, payload: Buffer) -> bool:

@@ -1,22 +1,27 @@
 """The codec table: codec id -> how its records decode, and configured name ->
-encoder. Each codec's module registers itself (ckvc.codecs imports them all, so
-the table is complete once any codec module is imported); decoding looks the id
-up here and nowhere else, so a new codec is one module and one register call."""
+encoder. Each codec's module registers itself, and the first lookup imports them
+all (CODEC_MODULES), so the table is complete whatever was imported first;
+decoding looks the id up here and nowhere else, so a new codec is one module, one
+register call and its id in ids.py."""
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
+from typing import TYPE_CHECKING
 
-import numpy as np
-
-from ckvc.codecs.base import Codec
 from ckvc.errors import UnsupportedFormatError
 from ckvc.ids import Buffer
 
+if TYPE_CHECKING:  # numpy loads with the codecs, not with the table
+    import numpy as np
+
+    from ckvc.codecs.base import Codec
+
 # (payload, out: uint8 of exactly the raw size, the base's plain bytes or None)
-DecodeInto = Callable[[Buffer, np.ndarray, "Buffer | np.ndarray | None"], None]
+DecodeInto = Callable[[Buffer, "np.ndarray", "Buffer | np.ndarray | None"], None]
 
 
 @dataclass(frozen=True)
@@ -32,6 +37,17 @@ class RecordCodec:
 
 _BY_ID: dict[int, RecordCodec] = {}
 _ENCODERS: dict[str, Callable[[int | None], Codec]] = {}
+# Every module that registers a codec or an encoder.
+CODEC_MODULES = ("raw", "zstd", "bytegroup", "delta", "sparse", "lossy", "auto")
+_complete = False
+
+
+def _load_all() -> None:
+    global _complete
+    if not _complete:
+        for name in CODEC_MODULES:
+            importlib.import_module(f"ckvc.codecs.{name}")
+        _complete = True
 
 
 def register(codec: RecordCodec) -> RecordCodec:
@@ -49,10 +65,17 @@ def register_encoder(name: str, make: Callable[[int | None], Codec]) -> None:
 
 
 def registered() -> Mapping[int, RecordCodec]:
+    _load_all()
     return MappingProxyType(_BY_ID)
 
 
+def encoder_names() -> frozenset[str]:
+    _load_all()
+    return frozenset(_ENCODERS)
+
+
 def record_codec(codec_id: int) -> RecordCodec:
+    _load_all()
     try:
         return _BY_ID[codec_id]
     except KeyError:
@@ -70,6 +93,8 @@ def decode_chunk(codec_id: int, payload: Buffer, raw_size: int, base: Buffer | n
     codec = record_codec(codec_id)
     if codec.decoder is not None:
         return codec.decoder.decode(payload, raw_size)
+    import numpy as np
+
     out = np.empty(raw_size, dtype=np.uint8)
     codec.decode_into(payload, out, base)
     return out.data
@@ -77,6 +102,7 @@ def decode_chunk(codec_id: int, payload: Buffer, raw_size: int, base: Buffer | n
 
 def decoder_for(codec_id: int) -> Codec:
     """The codec that decodes whole-buffer records (raw, zstd) stored with ``codec_id``."""
+    _load_all()
     decoder = _BY_ID[codec_id].decoder if codec_id in _BY_ID else None
     if decoder is None:
         raise UnsupportedFormatError(f"unknown codec id {codec_id}")
@@ -85,6 +111,7 @@ def decoder_for(codec_id: int) -> Codec:
 
 def make_codec(name: str, level: int | None = None) -> Codec:
     """An encoder configured by the repo config (``{"name": ..., "level": ...}``)."""
+    _load_all()
     try:
         make = _ENCODERS[name]
     except KeyError:

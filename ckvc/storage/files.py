@@ -29,13 +29,19 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def _atomic_tmp_name(path: Path) -> str:
-    # Cut short so that the temporary name fits wherever ``path`` does (255 bytes).
+def atomic_tmp_name(path: Path) -> str:
+    """The hidden temporary a write of ``path`` goes through before its rename or
+    link. Cut short so that it fits wherever ``path`` does (255 bytes)."""
     return f".{path.name[:64]}.{uuid.uuid4().hex}.tmp"
 
 
+_TMP_TAIL = r"\.[0-9a-f]{32}\.tmp"  # atomic_tmp_name's uuid and suffix
+_ATOMIC_TMP = re.compile(rf"^\..+{_TMP_TAIL}$")
+
+
 def _stale_temporaries(path: Path) -> list[Path]:
-    return list(path.parent.glob(f".{glob.escape(path.name[:64])}.*.tmp"))
+    own = re.compile(rf"^\.{re.escape(path.name[:64])}{_TMP_TAIL}$")
+    return [tmp for tmp in path.parent.glob(f".{glob.escape(path.name[:64])}.*.tmp") if own.match(tmp.name)]
 
 
 def has_stale_temporaries(path: Path) -> bool:
@@ -49,9 +55,6 @@ def remove_stale_temporaries(path: Path) -> None:
     for tmp in _stale_temporaries(path):
         with contextlib.suppress(OSError):
             tmp.unlink()
-
-
-_ATOMIC_TMP = re.compile(r"^\..+\.[0-9a-f]{32}\.tmp$")  # _atomic_tmp_name's form
 
 
 def remove_stale_temporaries_in(directory: Path, *, recursive: bool = False) -> None:
@@ -75,7 +78,7 @@ def write_atomic(path: Path, data: bytes, *, sync_dir: bool = True) -> None:
     """Replace ``path`` with ``data`` so a crash leaves the old or the new bytes, never a mix.
     ``sync_dir=False`` leaves the directory fsync to the caller, which can then
     tell a failure before the rename (nothing changed) from one after it."""
-    tmp = path.with_name(_atomic_tmp_name(path))
+    tmp = path.with_name(atomic_tmp_name(path))
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
     try:
         view = memoryview(data)

@@ -39,6 +39,7 @@ from ckvc.storage.backend import (
 )
 from ckvc.storage.files import (
     append_durable,
+    atomic_tmp_name,
     file_lock,
     fsync_dir,
     has_stale_temporaries,
@@ -319,7 +320,7 @@ class LocalBackend(Backend):
         created: list[bool] = []
 
         def create(path: Path) -> None:
-            tmp = path.with_name(f".{path.name[:64]}.{os.urandom(8).hex()}{TEMP_SUFFIX}")
+            tmp = path.with_name(atomic_tmp_name(path))
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
             try:
                 try:

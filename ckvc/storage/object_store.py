@@ -12,20 +12,12 @@ import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-
-import numpy as np
+from typing import TYPE_CHECKING
 
 from ckvc.chunking import MAX_CHUNK_SIZE
-from ckvc.codecs import (
-    CODEC_NAMES,
-    RAW,
-    WHOLE_CODECS,
-    ZSTD,
-    Buffer,
-    Codec,
-    apply_delta,
-    decode_chunk_into,
-)
+from ckvc.codecs import registry
+from ckvc.codecs.frames import WHOLE_DECODERS
+from ckvc.codecs.ids import CODEC_NAMES, RAW, WHOLE_CODECS, ZSTD
 from ckvc.codecs.records import (
     BASE_HEAD_SIZE,
     WHOLE,
@@ -36,7 +28,7 @@ from ckvc.codecs.records import (
     is_keyframe_delta,
 )
 from ckvc.errors import CorruptObjectError, DamagedIndexError, ObjectNotFoundError, ReadOnlyRepositoryError
-from ckvc.ids import ObjectType, object_id
+from ckvc.ids import Buffer, ObjectType, object_id
 from ckvc.storage.backend import Backend, KeyInfo
 from ckvc.storage.index import AnyIndex, Index, IndexEntry, MemoryIndex, rebuild_local_index
 from ckvc.storage.local import LocalBackend
@@ -53,6 +45,11 @@ from ckvc.storage.packs import (
     parse_record,
     parse_record_header,
 )
+
+if TYPE_CHECKING:  # numpy and the codecs load with the first chunk: metadata reads need neither
+    import numpy as np
+
+    from ckvc.codecs import Codec
 
 # Names other modules import from here.
 __all__ = ["GC_INTENT_LOCK", "GC_LOCK", "PIN_TIMEOUT_S", "BaseInfo", "ObjectStore", "ObjectWriter", "StoredObject"]
@@ -167,6 +164,8 @@ class _PlainCache:
         for i, buf in enumerate(spare):
             if len(buf) == size:
                 return spare.pop(i)
+        import numpy as np
+
         return np.empty(size, dtype=np.uint8)
 
     def put(self, oid: bytes, plain: np.ndarray) -> None:
@@ -401,6 +400,16 @@ class ObjectStore:
             return self._read_entry(oid, retry, kind)
 
     def _read_entry(self, oid: bytes, entry: IndexEntry, kind: ObjectType | None) -> Buffer:
+        decode_whole = WHOLE_DECODERS.get(entry.codec)
+        if decode_whole is not None:  # raw or one zstd frame, as every metadata object: no numpy
+            with self._naming(oid, entry):
+                record = self._record(oid, entry, kind)
+                if record.base is None:
+                    plain = bytes(decode_whole(record.payload, entry.raw_size))  # the record's buffer is reused
+                    self._verify(oid, record.kind, plain, None)
+                    return plain
+        import numpy as np
+
         out = np.empty(entry.raw_size, dtype=np.uint8)
         self._decode_entry(oid, entry, kind, out)
         return out.data
@@ -428,7 +437,7 @@ class ObjectStore:
         """Decode the object into ``out`` and verify it against ``oid``."""
         with self._naming(oid, entry):
             if _raw_direct(entry, len(out)):
-                self._verify(oid, self._read_raw_into(oid, entry, kind, out), out, None)
+                self._verify(oid, self._read_raw_into(oid, entry, kind, out), out.data, None)
             else:
                 self._decode_record(oid, entry, self._record(oid, entry, kind), out)
 
@@ -436,11 +445,11 @@ class ObjectStore:
         """Decode a parsed record (through its base chain) into ``out`` and verify it."""
         if not self._decode_on_keyframe(record, out):
             base = self._base_plain(record, len(out))
-            decode_chunk_into(record.codec, record.payload, out, base)
-        self._verify(oid, record.kind, out, record.base)
+            registry.decode_chunk_into(record.codec, record.payload, out, base)
+        self._verify(oid, record.kind, out.data, record.base)
 
-    def _verify(self, oid: bytes, record_kind: int, out: np.ndarray, base_oid: bytes | None) -> None:
-        if object_id(ObjectType(record_kind), out.data) != oid:
+    def _verify(self, oid: bytes, record_kind: int, plain: Buffer, base_oid: bytes | None) -> None:
+        if object_id(ObjectType(record_kind), plain) != oid:
             # A delta whose base chain is damaged decodes to wrong bytes: name the culprit.
             if base_oid is not None:
                 self._verify_chain(base_oid)
@@ -479,7 +488,9 @@ class ObjectStore:
         keyframe = self._base_record(record.base, len(out), slot=1)
         if keyframe.codec not in WHOLE_CODECS:  # depth 1: the base must be stored whole
             raise CorruptObjectError("delta chain depth 1 where its base is not whole", object_id=record.base.hex())
-        decode_chunk_into(keyframe.codec, keyframe.payload, out)
+        from ckvc.codecs.delta import apply_delta
+
+        registry.decode_chunk_into(keyframe.codec, keyframe.payload, out)
         apply_delta(record.payload, out, None)
         return True
 
@@ -498,7 +509,7 @@ class ObjectStore:
         below = check_base_link(oid, record.codec, record.base, record.payload, depth)
         base = None if below is None else self._plain_unverified(below, size, depth - 1)
         out = self._base_cache.buffer(size)
-        decode_chunk_into(record.codec, record.payload, out, base)
+        registry.decode_chunk_into(record.codec, record.payload, out, base)
         self._base_cache.put(oid, out)
         return out
 
@@ -533,6 +544,8 @@ class ObjectStore:
 
     def read_into(self, oid: bytes, out: memoryview) -> None:
         """Read a chunk straight into ``out``, which must be exactly its size."""
+        import numpy as np
+
         target = np.frombuffer(out, dtype=np.uint8)
         entry = self.locate(oid)
         if entry.raw_size != len(target):
@@ -558,6 +571,8 @@ class ObjectStore:
         their base as :meth:`read_into` does, and the errors are its errors
         (``object_id`` names the object). Thread-safe: callers run batches on
         an executor."""
+        import numpy as np
+
         plan: dict[str, list[tuple[IndexEntry, bytes, np.ndarray]]] = {}
         for oid, out in items:
             target = np.frombuffer(out, dtype=np.uint8)
@@ -600,7 +615,9 @@ class ObjectStore:
                 if _raw_direct(entry, len(out)):
                     head = next(part)
                     next(part)
-                    self._verify(oid, self._check_raw_head(head, oid, entry, ObjectType.CHUNK, len(out)), out, None)
+                    self._verify(
+                        oid, self._check_raw_head(head, oid, entry, ObjectType.CHUNK, len(out)), out.data, None
+                    )
                 else:
                     self._decode_record(oid, entry, _parse_checked(next(part), oid, entry, ObjectType.CHUNK), out)
 

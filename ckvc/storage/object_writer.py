@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import contextlib
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
-from ckvc.codecs import Buffer, ChunkLayout, Codec, DeltaBase, encode_smallest
-from ckvc.ids import ObjectType, object_id
+from ckvc.ids import Buffer, ObjectType, object_id
 from ckvc.storage.backend import Backend
 from ckvc.storage.index import AnyIndex
 from ckvc.storage.packs import PackWriter
+
+if TYPE_CHECKING:  # the codecs (and numpy) load with the first write, not with the store
+    from ckvc.codecs import ChunkLayout, Codec, DeltaBase
 
 
 class WriteTarget(Protocol):
@@ -59,6 +61,8 @@ class ObjectWriter:
         """(codec id, payload) for ``data``: thread-safe, to run on a pool. Without a
         layout (metadata objects) only codecs 0 and 1 are used (docs/FORMAT.md §6)."""
         if layout is None:
+            from ckvc.codecs.base import encode_smallest
+
             return encode_smallest(self.codec, data)
         return self.codec.encode_chunk(data, layout, base)
 

@@ -3,6 +3,9 @@ registered once, by its own module, and decoding dispatches through it."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
@@ -15,11 +18,12 @@ from ckvc.codecs import (
     ZstdCodec,
     decode_chunk,
     decoder_for,
+    ids,
     make_codec,
     record_codec,
     registered,
 )
-from ckvc.codecs.registry import register, register_encoder
+from ckvc.codecs.registry import CODEC_MODULES, encoder_names, register, register_encoder
 from ckvc.errors import UnsupportedFormatError
 
 
@@ -32,6 +36,31 @@ def test_every_format_id_is_registered_once() -> None:
     assert {i for i, c in registered().items() if c.decoder is not None} == {0, 1}
     modules = {record_codec(i).decode_into.__module__ for i in registered()}
     assert modules == {f"ckvc.codecs.{m}" for m in ("raw", "zstd", "bytegroup", "delta", "sparse", "lossy")}
+
+
+def test_the_numpy_free_tables_agree_with_the_codecs() -> None:
+    """ids.py repeats what the codec modules register, so that reading metadata,
+    du and a config check need no codec (nor numpy): the two must agree."""
+    assert {i: c.name for i, c in registered().items()} == ids.CODEC_NAMES
+    assert {i for i, c in registered().items() if c.whole} == ids.WHOLE_CODECS
+    assert encoder_names() == ids.ENCODER_NAMES
+    # The store reads BASE_HEAD_SIZE bytes of a based record: enough for either head.
+    from ckvc.codecs.delta import DELTA_HEAD_SIZE
+    from ckvc.codecs.lossy import QUANT_HEAD_SIZE
+    from ckvc.codecs.records import BASE_HEAD_SIZE
+
+    assert BASE_HEAD_SIZE == max(DELTA_HEAD_SIZE, QUANT_HEAD_SIZE) == 17
+
+
+def test_the_first_lookup_registers_every_codec() -> None:
+    """Whatever a process imports first, a lookup sees the whole table."""
+    code = (
+        "import sys; from ckvc.codecs import registry; assert 'numpy' not in sys.modules;"
+        "print(sorted(registry.registered()), sorted(m.rsplit('.', 1)[1] for m in sys.modules"
+        " if m.startswith('ckvc.codecs.') and m.rsplit('.', 1)[1] in registry.CODEC_MODULES))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)
+    assert out.stdout.strip() == f"[0, 1, 2, 3, 4, 5] {sorted(CODEC_MODULES)}"
 
 
 def test_a_second_registration_of_an_id_or_name_is_refused() -> None:
