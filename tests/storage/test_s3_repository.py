@@ -43,8 +43,9 @@ def test_commit_checkout_and_reopen_on_s3(s3_server: S3Server, s3_bucket: str) -
         return RetryingBackend(s3_backend(s3_server.endpoint, s3_bucket, part_size=MIN_PART_SIZE))
 
     g = torch.Generator().manual_seed(0)
-    first = {"w": torch.randn(2_000_000, generator=g), "b": torch.randn(300, generator=g), "step": 1}
-    second = {**first, "b": first["b"] + 1, "step": 2}
+    w, b = torch.randn(2_000_000, generator=g), torch.randn(300, generator=g)  # 8 MiB: a multipart pack
+    first = {"w": w, "b": b, "step": 1}
+    second = {"w": w, "b": b + 1, "step": 2}
     repo = assemble(backend(), new=True)
     try:
         one = repo.commit(first, message="one")
