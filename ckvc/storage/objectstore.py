@@ -28,6 +28,7 @@ import concurrent.futures
 import contextlib
 import ipaddress
 import os
+import queue
 import re
 import threading
 import urllib.parse
@@ -129,8 +130,6 @@ class ObjectStoreSink(Sink):
     _END = object()
 
     def __init__(self, backend: ObjectStoreBackend, key: str, part_size: int, queue_parts: int = 2) -> None:
-        import queue
-
         self._backend = backend
         self.key = key
         self._part_size = part_size
@@ -155,11 +154,7 @@ class ObjectStoreSink(Sink):
     def _failure(self) -> BaseException:
         err = self._error
         assert err is not None
-        return (
-            err
-            if isinstance(err, BackendError | ObjectNotFoundError)
-            else self._backend.map_error(err, "upload", self.key)
-        )
+        return err if isinstance(err, CkvcError) else self._backend.map_error(err, "upload", self.key)
 
     def write(self, data: Buffer) -> None:
         self._check_open("write to")
@@ -173,15 +168,16 @@ class ObjectStoreSink(Sink):
                 self._send(self._buf)
                 self._buf = bytearray()
 
-    def _send(self, part: bytearray) -> None:
+    def _send(self, item: object) -> None:
+        """Queue a part (or the end) for the worker, started by the first part."""
         if self._worker is None:
             self._worker = threading.Thread(target=self._upload, name=f"ckvc-upload {self.key}", daemon=True)
             self._worker.start()
         while True:  # put with a timeout, so that a failed upload does not block the writer forever
             if self._error is not None:
                 raise self._failure()
-            with contextlib.suppress(Exception):
-                self._queue.put(part, timeout=0.1)
+            with contextlib.suppress(queue.Full):
+                self._queue.put(item, timeout=0.1)
                 return
 
     def _feed(self) -> Iterator[Buffer]:
@@ -213,7 +209,7 @@ class ObjectStoreSink(Sink):
         if self._buf:
             self._send(self._buf)
             self._buf = bytearray()
-        self._queue.put(self._END)
+        self._send(self._END)
         self._worker.join()
         if self._error is not None:
             raise self._failure()
@@ -225,7 +221,8 @@ class ObjectStoreSink(Sink):
         self._buf = bytearray()
         if self._worker is not None:
             self._aborting.set()
-            self._queue.put(None)  # wakes the feed, which raises: obstore aborts the upload
+            with contextlib.suppress(CkvcError):  # the upload failed already: nothing to abort
+                self._send(None)  # wakes the feed, which raises: obstore aborts the upload
             self._worker.join()
 
 

@@ -158,3 +158,19 @@ def test_a_lock_survives_store_hiccups(proxy: FaultProxy, s3_bucket: str) -> Non
         with pytest.raises(RepositoryLockedError), backend.lock("gc.lock", shared=True, timeout=0):
             pass
     assert list(backend.list("locks/")) == []
+
+
+def test_a_failed_multipart_upload_raises_typed(proxy: FaultProxy, s3_server: S3Server, s3_bucket: str) -> None:
+    """Parts refused for good: the writer gets the permanent error (at a write or
+    at publish), and the upload is aborted, not left behind."""
+    backend = through(proxy, s3_bucket, part_size=MIN_PART_SIZE, upload_retries=0)
+    proxy.rules = [Rule("status", method="PUT", path="partNumber=", status=403, count=None)]
+    sink = backend.open_sink("packs/f.pack")
+    with pytest.raises(BackendError, match=r"PUT packs/f\.pack failed: access denied") as info:
+        for _ in range(3):
+            sink.write(os.urandom(MIN_PART_SIZE))
+        sink.publish()
+    assert not info.value.transient
+    sink.abort()
+    assert backend.stat("packs/f.pack") is None
+    assert "<UploadId>" not in s3_server.request("GET", f"/{s3_bucket}?uploads").decode()  # aborted
