@@ -535,10 +535,12 @@ def open_object_store(
         def make(retries: dict[str, Any]) -> Any:
             return stores.from_url(f"{scheme}://{bucket}", config=config, client_options=client, retry_config=retries)
 
-    no_retries = {"max_retries": 0}
-    store = make(no_retries)
-    upload_store = make({"max_retries": upload_retries}) if upload_retries else store
     shown = f"{scheme}://{bucket}/{prefix}".rstrip("/")
+    try:
+        store = make({"max_retries": 0})
+        upload_store = make({"max_retries": upload_retries}) if upload_retries else store
+    except (obstore.exceptions.BaseError, ValueError) as exc:  # configuration: no account, a bad setting
+        raise InvalidInputError(f"cannot open {shown}: {read_failure(exc).summary}") from exc
     return ObjectStoreBackend(store, url=shown, prefix=prefix, upload_store=upload_store, **tuning)
 
 

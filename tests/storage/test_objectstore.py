@@ -37,7 +37,7 @@ def credentials(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 
 
 @pytest.mark.usefixtures("credentials")
-def test_urls_and_options_are_checked() -> None:
+def test_urls_and_options_are_checked(monkeypatch: pytest.MonkeyPatch) -> None:
     for url in ["/tmp/x", "http://bucket/x", "s3:///prefix", "file:///tmp"]:
         with pytest.raises(InvalidInputError):
             open_object_store(url)
@@ -47,6 +47,9 @@ def test_urls_and_options_are_checked() -> None:
         open_object_store("s3://b/p", endpoint="ftp://127.0.0.1")
     with pytest.raises(InvalidInputError, match="unknown object store option"):
         open_object_store("s3://b/p", endpoint="http://127.0.0.1:1", colour="blue")
+    monkeypatch.delenv("AZURE_STORAGE_ACCOUNT_NAME", raising=False)
+    with pytest.raises(InvalidInputError, match=r"^cannot open az://container/x: .*Account must be specified"):
+        open_object_store("az://container/x")
     with pytest.raises(InvalidInputError, match="minimum of 5 MiB"):
         open_object_store("memory://", part_size=1 << 20)
     assert open_object_store("s3://b/p", endpoint="http://10.0.0.8:9000", allow_http=True).url == "s3://b/p"
