@@ -519,7 +519,7 @@ def open_object_store(
         region = region or os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
         if region:
             config["region"] = region
-        provider = _aws_profile_credentials()
+        provider = aws_profile_credentials()
         if provider is not None:
             kwargs["credential_provider"] = provider
 
@@ -547,7 +547,7 @@ def open_object_store(
 _TUNING = ("max_connections", "part_size", "coalesce_gap", "max_request", "lease_seconds")
 
 
-def _aws_profile_credentials() -> Any:
+def aws_profile_credentials() -> Any:
     """boto3's credential chain (profiles, ~/.aws/config and credentials, SSO) when
     the environment has no keys of its own and boto3 is installed; None lets
     obstore's own chain (environment, web identity, container and instance

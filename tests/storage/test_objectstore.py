@@ -10,6 +10,7 @@ import os
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from fault_proxy import FaultProxy
@@ -18,7 +19,7 @@ from s3server import S3Server, fake_credentials, obstore_available, s3_backend
 from ckvc.errors import InvalidInputError, RepositoryLockedError
 from ckvc.storage.leases import LeaseLocks, lease_bytes
 from ckvc.storage.memory import MemoryBackend
-from ckvc.storage.objectstore import MIN_PART_SIZE, open_object_store
+from ckvc.storage.objectstore import MIN_PART_SIZE, aws_profile_credentials, open_object_store
 
 
 @pytest.fixture
@@ -163,3 +164,25 @@ def test_a_held_lease_is_renewed() -> None:
         t.join()
     with locks.hold("gc.lock", timeout=0):
         pass
+
+
+def test_credentials_from_an_aws_profile_file(
+    s3_server: S3Server, s3_bucket: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No keys in the environment, a named profile in a credentials file: read
+    through boto3's chain (files only here: the keys are found there)."""
+    pytest.importorskip("boto3")
+    creds = tmp_path / "credentials"
+    creds.write_text("[ckvc-test]\naws_access_key_id = fromfile\naws_secret_access_key = fromfile\n")
+    monkeypatch.delenv("AWS_ACCESS_KEY_ID")
+    monkeypatch.delenv("AWS_SECRET_ACCESS_KEY")
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(creds))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "config"))
+    monkeypatch.setenv("AWS_PROFILE", "ckvc-test")
+    provider = aws_profile_credentials()
+    assert provider is not None and provider()["access_key_id"] == "fromfile"
+    backend = open_object_store(f"s3://{s3_bucket}/p", endpoint=s3_server.endpoint)
+    backend.put("config", b"{}")
+    assert backend.get("config") == b"{}"
+    listing = s3_server.request("GET", f"/{s3_bucket}?list-type=2").decode()
+    assert "<Key>p/config</Key>" in listing
