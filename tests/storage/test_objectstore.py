@@ -23,12 +23,6 @@ from ckvc.storage.objectstore import MIN_PART_SIZE, aws_profile_credentials, ope
 
 
 @pytest.fixture
-def proxy(s3_server: S3Server) -> Iterator[FaultProxy]:
-    with FaultProxy(s3_server.endpoint) as p:
-        yield p
-
-
-@pytest.fixture
 def credentials(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """Fake keys, so that nothing looks for real ones (opening makes no request)."""
     if not obstore_available():
@@ -75,16 +69,16 @@ def test_endpoint_variable_and_prefix(s3_server: S3Server, s3_bucket: str, monke
     assert "<Key>team/models/config</Key>" in listing
 
 
-def test_read_ranges_coalesce_into_few_requests(proxy: FaultProxy, s3_bucket: str) -> None:
+def test_read_ranges_coalesce_into_few_requests(s3_proxy: FaultProxy, s3_bucket: str) -> None:
     data = os.urandom(12 << 20)
-    backend = s3_backend(proxy.endpoint, s3_bucket, max_request=1 << 20)
+    backend = s3_backend(s3_proxy.endpoint, s3_bucket, max_request=1 << 20)
     backend.put("packs/p.pack", data)
 
     def gets(ranges: list[tuple[int, int]]) -> int:
-        before = len(proxy.requests)
+        before = len(s3_proxy.requests)
         got = [(o, bytes(b)) for o, b in backend.read_ranges("packs/p.pack", ranges)]
         assert got == [(o, data[o : o + n]) for o, n in ranges]
-        return sum(1 for m, _ in proxy.requests[before:] if m == "GET")
+        return sum(1 for m, _ in s3_proxy.requests[before:] if m == "GET")
 
     adjacent = [(i * 4096, 4096) for i in range(64)]  # 256 KiB back to back
     assert gets(adjacent) == 1
