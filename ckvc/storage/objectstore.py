@@ -333,13 +333,30 @@ class ObjectStoreBackend(Backend):
 
     # ---- reads --------------------------------------------------------------------
     def read_into(self, key: str, offset: int, out: memoryview) -> None:
-        out.cast("B")[:] = self._range(key, offset, out.nbytes)
+        self.readv_into(key, offset, [out])
 
     def readv_into(self, key: str, offset: int, buffers: Sequence[memoryview]) -> None:
-        got = self._range(key, offset, sum(b.nbytes for b in buffers))
+        """One ranged GET scattered into ``buffers``; a read over ``max_request`` is
+        GETs of that size in parallel (a request stays short enough for the
+        per-request timeout on a slow link, and the pieces use the connections)."""
+        total = sum(b.nbytes for b in buffers)
+        starts = range(offset, offset + total, self.max_request)
+        if len(starts) <= 1:
+            pieces = [self._range(key, offset, total)]
+        else:
+            end = offset + total
+            pieces = list(self.pool().map(lambda at: self._range(key, at, min(self.max_request, end - at)), starts))
+        piece = 0
+        got = pieces[0]
         for buf in buffers:
-            buf.cast("B")[:] = got[: buf.nbytes]
-            got = got[buf.nbytes :]
+            out = buf.cast("B")
+            while out.nbytes:
+                if not got.nbytes:
+                    piece += 1
+                    got = pieces[piece]
+                n = min(out.nbytes, got.nbytes)
+                out[:n] = got[:n]
+                out, got = out[n:], got[n:]
 
     def read_ranges(self, key: str, ranges: Sequence[tuple[int, int]]) -> Iterator[tuple[int, memoryview]]:
         """Neighbouring ranges (``coalesce_gap`` apart or less, ``max_request`` at

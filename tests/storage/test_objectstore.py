@@ -90,6 +90,14 @@ def test_read_ranges_coalesce_into_few_requests(s3_proxy: FaultProxy, s3_bucket:
     capped = [(i * 65536, 65536) for i in range(48)]  # 3 MiB contiguous, 1 MiB per request
     assert gets(capped) == 3
     assert gets([]) == 0
+    # One large read is GETs of max_request in parallel, scattered across buffers.
+    before = len(s3_proxy.requests)
+    out = bytearray(3_500_000)
+    backend.readv_into(
+        "packs/p.pack", 777, [memoryview(out)[:10], memoryview(out)[10:2_000_000], memoryview(out)[2_000_000:]]
+    )
+    assert out == data[777 : 777 + len(out)]
+    assert sum(1 for m, _ in s3_proxy.requests[before:] if m == "GET") == 4
 
 
 def test_multipart_sink_publish_and_abort(s3_server: S3Server, s3_bucket: str) -> None:
