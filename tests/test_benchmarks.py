@@ -36,6 +36,7 @@ RUNS = {
     "cli-startup": ("cli_startup.py --repeats 1 --commits 2 --dir {tmp}", "acceptance (<= 0.3 s, no torch):"),
     "ab-trees": ("ab_trees.py --before {root} --after {root} --size-mb 4 --rounds 1 --dir {tmp}", "after/before"),
     "distributed": ("distributed.py --size-mb 8 --rounds 1 --saves 2 --dir {tmp}", "goals (ratio to FileSystemWriter"),
+    "s3-client": ("s3_client.py --size-mib 1 --rounds 1 --small 2 --ranged-mib 1", "conditional writes on moto:"),
 }
 
 
