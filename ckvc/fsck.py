@@ -9,7 +9,6 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ckvc import graph
-from ckvc import state as state_mod
 from ckvc.chunking import chunk_spans
 from ckvc.core import ProgressCallback, Repository
 from ckvc.errors import CkvcError, CorruptObjectError, InvalidInputError, ObjectNotFoundError, UnsafeContentError
@@ -206,6 +205,8 @@ def run_fsck(
         try:
             # Never unpickles. A commit that does not declare pickles must hold none:
             # load refuses such a tree (UnsafeContentError), so fsck calls it damage.
+            from ckvc import state as state_mod  # torch: only once there is a tree to parse
+
             state_mod.parse_snapshot(snapshot, oid, allow_pickle=None if commit.pickled else False)
         except CorruptObjectError as exc:
             add(BAD_STATE, oid, str(exc))
