@@ -127,9 +127,13 @@ class CkvcCheckpointIO(CheckpointIO, Callback):
         self._last = (step, metrics)
         previous = paths.get(key)
         paths[key] = made
-        self._landings.add(made, lambda _: self._release_held())
-        if previous is not None:  # an overwrite (last.ckpt): the old content is gone, as on disk
-            self._release(previous, f"{Path(key).name} overwritten")
+
+        def landed(_: str) -> None:
+            if previous is not None:  # an overwrite (last.ckpt): the old content goes once the new is durable
+                self._release(previous, f"{Path(key).name} overwritten")
+            self._release_held()  # heads have moved on
+
+        self._landings.add(made, landed)
 
     def load_checkpoint(self, path: Any, map_location: Any | None = None, weights_only: bool | None = None) -> Any:
         """The checkpoint dict of ``ckvc:REV``, of a path saved through this plugin, or

@@ -38,9 +38,10 @@ def open_repo(repo_or_path: Repo | str | os.PathLike[str]) -> Repo:
     return Repo.init(path)
 
 
-def use_branch(repo: Repo, branch: str | None) -> None:
+def use_branch(repo: Repo, branch: str | None, start: str | None = None) -> None:
     """Make the next commits land on ``branch`` (None: wherever HEAD is): HEAD moves
-    onto it, and a branch that does not exist yet starts at HEAD's commit."""
+    onto it, and a branch that does not exist yet starts at ``start`` (a revision;
+    default HEAD's commit)."""
     if branch is None:
         return
     name, commit_id = repo.head()
@@ -49,7 +50,7 @@ def use_branch(repo: Repo, branch: str | None) -> None:
     if branch in repo.branches():
         repo.switch(branch)
     elif commit_id is not None:
-        repo.switch("HEAD", new_branch=branch)
+        repo.switch(start or "HEAD", new_branch=branch)
     else:  # an empty repository: the branch is born with the first commit
         repo.refs.set_head(branch=branch_ref(branch), message=f"checkout: moving to {branch}")
 

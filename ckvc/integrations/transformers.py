@@ -53,7 +53,8 @@ class CkvcCallback(TrainerCallback):
     """Commits each ``checkpoint-N`` folder right after the Trainer saved it.
 
     ``repo_or_path``: a Repo, or the path of one (created when missing). ``branch``:
-    commit there (created at HEAD when missing; default: HEAD's branch).
+    commit there (default: HEAD's branch); a missing branch is created at the commit
+    of the step the Trainer resumed from (the newest on HEAD's history), else at HEAD.
     ``keep_local``: how many of the newest local checkpoint folders to keep (None:
     all); older ones are deleted once their commit is durable, never the Trainer's
     ``best_model_checkpoint``, never a folder no commit on the branch holds.
@@ -101,12 +102,14 @@ class CkvcCallback(TrainerCallback):
     def on_train_begin(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any) -> None:
         if not state.is_world_process_zero:
             return
-        use_branch(self.repo, self.branch)
-        if self.repo.head()[1] is not None:  # a resumed run: its folders came from these commits
-            for commit in reversed(self.repo.log("HEAD", first_parent=True)):
-                name = commit.metadata.get(CHECKPOINT_KEY)
-                if isinstance(name, str):
-                    self.commits[name] = commit.id
+        history = self.repo.log("HEAD", first_parent=True) if self.repo.head()[1] is not None else []
+        # A resumed run (the Trainer has loaded the step) starts a new branch at the commit of that step.
+        resumed = next((c.id for c in history if c.metadata.get(STEP_KEY) == state.global_step), None)
+        use_branch(self.repo, self.branch, resumed if state.global_step else None)
+        for c in reversed(self.repo.log("HEAD", first_parent=True) if history else []):
+            name = c.metadata.get(CHECKPOINT_KEY)
+            if isinstance(name, str):  # folders these commits hold may go once they are old
+                self.commits[name] = c.id
 
     def on_save(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any) -> None:
         _barrier()  # every rank has written its part of the folder (rng_state_K.pth, shards)

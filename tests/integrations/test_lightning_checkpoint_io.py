@@ -16,6 +16,7 @@ MODE: "stock" (Lightning's own files), "blocking" or "async".
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import signal
@@ -29,7 +30,7 @@ import pytest
 pytest.importorskip("lightning")
 
 import ckvc
-from ckvc.errors import InvalidInputError, PrunedCommitError
+from ckvc.errors import CkvcError, InvalidInputError, PrunedCommitError
 
 EPOCHS = 4  # 2 steps each
 KILL_AFTER = 5
@@ -206,6 +207,31 @@ def test_ckvc_paths_are_checked(tmp_path: Path) -> None:
     assert io.repo.pruned() == {}
     io.save_checkpoint({"epoch": 1, "global_step": 4}, tmp_path / "b.ckpt")
     assert list(io.repo.pruned()) == [io.repo.resolve("main~1")]
+
+
+def test_background_failure_surfaces_and_releases_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A background commit that fails raises in the training process (the next save or
+    teardown), and the checkpoint it would have replaced stays loadable."""
+    import torch
+
+    import ckvc.write
+    from ckvc.integrations.lightning import CkvcCheckpointIO
+
+    io = CkvcCheckpointIO(tmp_path / "repo", blocking=False)
+    io.save_checkpoint({"epoch": 0, "global_step": 1, "state_dict": {"w": torch.zeros(3)}}, tmp_path / "last.ckpt")
+    io.wait()
+    first = io.repo.resolve("main")
+
+    def disk_full(*args: Any, **kwargs: Any) -> Any:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(ckvc.write, "write_blobs", disk_full)
+    with pytest.raises(CkvcError, match="nothing was committed"):  # at the save itself when it failed already
+        io.save_checkpoint({"epoch": 0, "global_step": 2, "state_dict": {"w": torch.ones(3)}}, tmp_path / "last.ckpt")
+        io.teardown()
+    monkeypatch.undo()
+    assert io.repo.resolve("main") == first and io.repo.pruned() == {}
+    assert io.load_checkpoint("ckvc:main")["global_step"] == 1
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ MODE: "stock" (no callback), "blocking" or "async".
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -28,7 +29,7 @@ pytest.importorskip("transformers")
 pytest.importorskip("accelerate")
 
 import ckvc
-from ckvc.errors import InvalidInputError, PrunedCommitError
+from ckvc.errors import CkvcError, InvalidInputError, PrunedCommitError
 
 MAX_STEPS = 8
 SAVE_STEPS = 2
@@ -200,6 +201,40 @@ def test_checkout_for_resume_refuses_what_is_not_a_trainer_folder(tmp_path: Path
         with pytest.raises(InvalidInputError, match=r"trainer_state\.json"):
             checkout_for_resume(repo, "HEAD", tmp_path / "out")
     assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
+
+
+def test_background_failure_surfaces_and_keeps_the_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The Trainer's hooks called as the Trainer calls them: a failed background commit
+    raises in the training process, and its folder stays on disk."""
+    from hf_models import training_args
+    from transformers import TrainerControl, TrainerState
+
+    import ckvc.write
+    from ckvc.integrations.transformers import CkvcCallback
+
+    args = training_args(str(tmp_path / "out"), 4, 2)
+    state, control = TrainerState(), TrainerControl()
+    callback = CkvcCallback(tmp_path / "repo", keep_local=1, blocking=False)
+    callback.on_train_begin(args, state, control)
+    for step in (2, 4):
+        folder = tmp_path / "out" / f"checkpoint-{step}"
+        folder.mkdir(parents=True)
+        (folder / "trainer_state.json").write_text(json.dumps({"global_step": step}))
+    state.global_step = 2
+    callback.on_save(args, state, control)
+    callback.wait()
+
+    def disk_full(*args: Any, **kwargs: Any) -> Any:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(ckvc.write, "write_blobs", disk_full)
+    state.global_step = 4
+    with pytest.raises(CkvcError, match="nothing was committed"):
+        callback.on_save(args, state, control)
+        callback.on_train_end(args, state, control)
+    monkeypatch.undo()
+    assert [c.message for c in callback.repo.log("main")] == ["checkpoint-2"]
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["checkpoint-4"]  # 2 is in the repository
 
 
 if __name__ == "__main__":
