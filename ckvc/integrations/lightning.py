@@ -138,7 +138,8 @@ class CkvcCheckpointIO(CheckpointIO, Callback):
     def load_checkpoint(self, path: Any, map_location: Any | None = None, weights_only: bool | None = None) -> Any:
         """The checkpoint dict of ``ckvc:REV``, of a path saved through this plugin, or
         of a file on disk; ``weights_only`` only matters for files (a commit holds no
-        pickle unless ``allow_pickle``)."""
+        pickle unless ``allow_pickle``). Tensors load to the CPU unless
+        ``map_location`` (ckvc.state.MapLocation) says otherwise."""
         text = os.fspath(path)
         if text.startswith(PREFIX):
             rev = text[len(PREFIX) :]
@@ -149,7 +150,8 @@ class CkvcCheckpointIO(CheckpointIO, Callback):
             if found is None:
                 return TorchCheckpointIO().load_checkpoint(text, map_location=map_location, weights_only=weights_only)
             rev = found
-        state = self.repo.load(rev, map_location, allow_pickle=self.allow_pickle)
+        # Lightning's own default loads to the CPU and lets the strategy move the model.
+        state = self.repo.load(rev, "cpu" if map_location is None else map_location, allow_pickle=self.allow_pickle)
         rng = state.pop(RNG_KEY, None)
         if rng is not None and self.restore_rng:
             set_rng_state(rng)

@@ -189,7 +189,8 @@ def checkout_for_resume(repo: Repo | str | os.PathLike[str], rev: str, output_di
     """Write commit ``rev`` (a Trainer checkpoint folder) to ``output_dir/checkpoint-N``
     byte for byte, without moving HEAD, and return that path, for
     ``trainer.train(resume_from_checkpoint=...)``. N is the commit's global step. A
-    folder already there is replaced. InvalidInputError when ``rev`` is not a
+    folder already there is replaced. Under torch.distributed, call it on every
+    process: rank 0 writes, the others wait. InvalidInputError when ``rev`` is not a
     checkpoint folder; PrunedCommitError when retention released its data."""
     from ckvc.repo import Repo
 
@@ -208,8 +209,10 @@ def checkout_for_resume(repo: Repo | str | os.PathLike[str], rev: str, output_di
             ) from None
         name = f"{PREFIX_CHECKPOINT_DIR}-{int(step)}"
     out = Path(output_dir) / name
-    out.parent.mkdir(parents=True, exist_ok=True)
-    export_commit(repo, commit.id, out)
+    if _rank() == 0:  # under torchrun every process asks; one writes, the others wait for it
+        out.parent.mkdir(parents=True, exist_ok=True)
+        export_commit(repo, commit.id, out)
+    _barrier()
     return str(out)
 
 
@@ -222,6 +225,12 @@ def _recorded_args(args: TrainingArguments) -> dict[str, Any]:
         if value is None or isinstance(value, (bool, int, float, str)):
             out[key] = value
     return out
+
+
+def _rank() -> int:
+    import torch.distributed as dist
+
+    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
 
 
 def _barrier() -> None:
