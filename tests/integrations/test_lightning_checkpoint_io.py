@@ -234,6 +234,24 @@ def test_background_failure_surfaces_and_releases_nothing(tmp_path: Path, monkey
     assert io.load_checkpoint("ckvc:main")["global_step"] == 1
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["blocking", "async"])
+@pytest.mark.parametrize(("kill_after", "rev"), [(3, "ckvc:main"), (7, "ckvc:main"), (7, "ckvc:main~3")])
+def test_soak_kill_anywhere_resume_from_a_commit(
+    uninterrupted: dict[str, Any], tmp_path: Path, mode: str, kill_after: int, rev: str
+) -> None:
+    """CKVC_SOAK=1: killed after other steps, resumed from the tip (last.ckpt) or an
+    older top-k save: the losses from there on match the run that never stopped."""
+    killed = _run(tmp_path, "run", mode, str(kill_after))
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
+    with ckvc.Repo.open(tmp_path / "run.repo") as repo:
+        step = repo.read_commit(repo.resolve(rev[len("ckvc:") :])).metadata["lightning.global_step"]
+    resumed = _run(tmp_path, "run", mode, f"resume:{rev}")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    after = _result(tmp_path, "run")
+    assert after["first_step"] == step and after["losses"] == uninterrupted["losses"][step:]
+
+
 if __name__ == "__main__":
     root_dir, repo_dir, result_path, run_mode, *rest = sys.argv[1:]
     arg = rest[0] if rest else None

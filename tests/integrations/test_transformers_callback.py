@@ -237,6 +237,25 @@ def test_background_failure_surfaces_and_keeps_the_folder(tmp_path: Path, monkey
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["checkpoint-4"]  # 2 is in the repository
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["blocking", "async"])
+@pytest.mark.parametrize("kill_after", [1, 3, 7])
+def test_soak_kill_anywhere_resume_from_tip(
+    uninterrupted: list[float], tmp_path: Path, mode: str, kill_after: int
+) -> None:
+    """CKVC_SOAK=1: killed after any step, a resume from the newest commit (or from
+    scratch when there is none) ends with the same losses."""
+    killed = _run(tmp_path, "run", mode, str(kill_after))
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
+    saved = kill_after - kill_after % SAVE_STEPS
+    resumed = _run(tmp_path, "run", mode, "resume:main" if saved else None)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    after = _result(tmp_path, "run")
+    assert after["first_step"] == saved and after["losses"] == uninterrupted[saved:]
+    with ckvc.Repo.open(tmp_path / "run.repo") as repo:
+        assert [c.metadata["hf.global_step"] for c in repo.log("main")] == list(range(MAX_STEPS, 0, -SAVE_STEPS))
+
+
 if __name__ == "__main__":
     out_dir, repo_dir, result_path, run_mode, *rest = sys.argv[1:]
     arg = rest[0] if rest else None
