@@ -151,7 +151,8 @@ class CkvcCallback(TrainerCallback):
     def _tidy(self, args: TrainingArguments, state: TrainerState) -> None:
         """Retention over the commits that have landed, then the local folders."""
         self._landings.settle()
-        policy = retention_for(args, self.repo.head()[0])
+        branch = self.repo.head()[0]
+        policy = retention_for(args, branch) if branch in self.repo.branches() else None  # born once a commit landed
         if policy is not None:
             self.repo.retain(policy)
         if self.keep_local is None:

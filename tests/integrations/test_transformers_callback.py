@@ -147,7 +147,8 @@ def test_killed_run_resumes_bit_exact_from_commit(uninterrupted: list[float], tm
         assert c["metadata"]["hf.args"]["save_steps"] == SAVE_STEPS
 
 
-def test_retention_keeps_last_and_best(tmp_path: Path) -> None:
+@pytest.mark.parametrize("blocking", [True, False])
+def test_retention_keeps_last_and_best(tmp_path: Path, blocking: bool) -> None:
     """save_total_limit=1 with metric_for_best_model: ckvc keeps the newest commit and
     the best one (the Trainer alone keeps one folder, transformers#35070); the others
     are released and keep their history and metrics."""
@@ -159,7 +160,7 @@ def test_retention_keeps_last_and_best(tmp_path: Path) -> None:
         str(tmp_path / "out"), 6, 2, eval_strategy="steps", eval_steps=2, save_total_limit=1,
         metric_for_best_model="loss", load_best_model_at_end=True, per_device_eval_batch_size=8,
     )  # fmt: skip
-    callback = CkvcCallback(tmp_path / "repo", keep_local=0)
+    callback = CkvcCallback(tmp_path / "repo", keep_local=0, blocking=blocking)
     data = random_tokens()
     trainer = recording_trainer(
         model=tiny_bert(), args=args, train_dataset=data, eval_dataset=random_tokens(16, seed=2), callbacks=[callback]
