@@ -191,6 +191,25 @@ def mark(repo: Repository, live: set[bytes], visited: set[str], *, reflog_expiry
     return added
 
 
+def collect_garbage(
+    repo: Repository, *, dry_run: bool = False, now: bool = False, grace_s: float | None = None
+) -> GcReport:
+    """Delete what nothing reachable needs and repack mostly-dead packs (``Repo.gc``).
+    ``now`` skips the grace period (only when nothing else is writing)."""
+    if not dry_run:
+        repo.require_writable("running gc")
+    grace = 0.0 if now else (repo.config.gc_grace_s if grace_s is None else grace_s)
+    expiry = repo.config.reflog_expiry_s
+    # One gc at a time (store.locks.one_gc). OS errors up to gc's index swap
+    # delete nothing (execute_gc says what happened after it).
+    with (
+        storage_errors("running gc", "gc deleted nothing; the repository is unchanged"),
+        repo.store.locks.one_gc(),
+    ):
+        plan = plan_gc(repo, grace_s=grace, repack_threshold=repo.config.repack_threshold, reflog_expiry_s=expiry)
+        return GcReport(plan) if dry_run else execute_gc(repo, plan, reflog_expiry_s=expiry)
+
+
 def plan_gc(repo: Repository, *, grace_s: float, repack_threshold: float, reflog_expiry_s: float) -> GcPlan:
     """Decide what to delete and repack. Writes nothing."""
     store = repo.store

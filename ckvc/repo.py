@@ -14,7 +14,8 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol, overload
 
 from ckvc import graph, inspect, retention
 from ckvc.core import REPO_DIR, OnCore, Part, ProgressCallback, Repository, find_repo_root
-from ckvc.errors import InvalidInputError, InvalidRevisionError, storage_errors
+from ckvc.errors import InvalidInputError, InvalidRevisionError
+from ckvc.gc import collect_garbage
 from ckvc.graph import Reached, did_you_mean
 from ckvc.inspect import CommitInfo, StateDiff, TensorChange, TensorSummary, is_rng_path
 
@@ -29,7 +30,6 @@ if TYPE_CHECKING:
     from ckvc.config import RepoConfig
     from ckvc.executor import Executor
     from ckvc.fsck import FsckReport
-    from ckvc.gc import GcReport
     from ckvc.integrations.torch_nn import IncompatibleKeys
     from ckvc.pruned import PruneLog
     from ckvc.refs import RefStore
@@ -148,11 +148,6 @@ class Repo:
 
     def __repr__(self) -> str:
         return f"Repo({str(self.core.path)!r})" if self.core.path is not None else "Repo(in memory)"
-
-    def _chunk_size_for(self, itemsize: int) -> int:  # the writer's rule, as tests/test_format_vectors.py calls it
-        from ckvc.codecs.policy import chunk_size_for
-
-        return chunk_size_for(self.config.chunk_size, itemsize)
 
     # ---- commit -------------------------------------------------------------
     @overload
@@ -383,26 +378,7 @@ class Repo:
     set_config = OnCore(Repository.set_config)
     retain = OnCore(retention.retain)
 
-    def gc(self, *, dry_run: bool = False, now: bool = False, grace_s: float | None = None) -> GcReport:
-        """Delete what nothing reachable needs and repack mostly-dead packs.
-        ``now`` skips the grace period (only when nothing else is writing)."""
-        from ckvc.gc import GcReport, execute_gc, plan_gc
-
-        if not dry_run:
-            self.core.require_writable("running gc")
-        grace = 0.0 if now else (self.config.gc_grace_s if grace_s is None else grace_s)
-        expiry = self.config.reflog_expiry_s
-        # One gc at a time (store.locks.one_gc).
-        # OS errors up to gc's index swap delete nothing (execute_gc says what happened after it).
-        with (
-            storage_errors("running gc", "gc deleted nothing; the repository is unchanged"),
-            self.store.locks.one_gc(),
-        ):
-            threshold = self.config.repack_threshold
-            plan = plan_gc(self.core, grace_s=grace, repack_threshold=threshold, reflog_expiry_s=expiry)
-            if dry_run:
-                return GcReport(plan)
-            return execute_gc(self.core, plan, reflog_expiry_s=expiry)
+    gc = OnCore(collect_garbage)
 
     def fsck(
         self, *, rebuild_index: bool = False, level: str = "full", sample: float | None = None,

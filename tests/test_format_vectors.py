@@ -17,7 +17,6 @@ import uuid
 import warnings
 import zlib
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import blake3
@@ -29,6 +28,7 @@ import zstandard
 
 from ckvc.chunking import chunk_count, chunk_spans, size_batches, validate_chunk_size
 from ckvc.codecs import decode_chunk, decoder_for, encode_smallest, make_codec
+from ckvc.codecs.policy import chunk_size_for
 from ckvc.config import RepoConfig
 from ckvc.errors import CorruptObjectError, UnsupportedFormatError
 from ckvc.ids import ObjectType, object_id
@@ -219,8 +219,7 @@ def test_chunking(vec: Vector) -> None:
     validate_chunk_size(config_size)
     # The rule of section 5, computed here, and the writer's own helper.
     assert (config_size - config_size % itemsize if itemsize > 1 else config_size) == expected_size
-    stub = SimpleNamespace(config=SimpleNamespace(chunk_size=config_size))
-    assert Repo._chunk_size_for(stub, itemsize) == expected_size  # type: ignore[arg-type]
+    assert chunk_size_for(config_size, itemsize) == expected_size
     assert list(chunk_spans(nbytes, expected_size)) == expected_spans
     assert chunk_count(nbytes, expected_size) == len(expected_spans)
 
