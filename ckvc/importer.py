@@ -382,6 +382,13 @@ def _trainer_state_metrics(path: Path) -> dict[str, float]:
     state = _load_json(path)
     if not isinstance(state, dict) or not isinstance(state.get("global_step"), int):
         raise InvalidInputError(f"{path}: not a Trainer state (no integer global_step)")
+    return trainer_log_metrics(state)
+
+
+def trainer_log_metrics(state: dict[str, Any]) -> dict[str, float]:
+    """The numbers of a Trainer state (``trainer_state.json`` as a dict) logged at its
+    ``global_step``, plus ``epoch`` and ``step``: a commit's metrics (also
+    ckvc.integrations.transformers's)."""
     step = state["global_step"]
     out: dict[str, float] = {}
     for entry in state.get("log_history") or []:

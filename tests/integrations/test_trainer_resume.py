@@ -2,9 +2,9 @@
 from the CLI with no flags, export it, resume from the export in a fresh process, and
 get the same losses bit for bit as the run that never stopped (and the same weights).
 
-The model is a tiny BERT made from a config (no download), trained on CPU on random
-tokens with dropout on, so a resume that lost the RNG state, the optimizer or the data
-position would show in the losses. Run as a script, this file is the training process:
+The model is a tiny BERT made from a config (no download, tests/integrations/hf_models.py),
+trained on CPU on random tokens with dropout on, so a resume that lost the RNG state, the
+optimizer or the data position would show in the losses. Run as a script, this file is the training process:
 
     python tests/integrations/test_trainer_resume.py OUT_DIR MAX_STEPS SAVE_STEPS RESULT_JSON [RESUME_DIR]
 """
@@ -32,63 +32,16 @@ def train(out_dir: str, max_steps: int, save_steps: int, resume: str | None) -> 
     """Train the tiny BERT; returns each step's loss (exact float) and the final weights' hashes."""
     import hashlib
 
-    import torch
-    from transformers import BertConfig, BertForSequenceClassification, Trainer, TrainingArguments
-    from transformers.utils import logging as hf_logging
+    from hf_models import random_tokens, recording_trainer, tiny_bert, training_args
 
-    hf_logging.set_verbosity_error()
-    hf_logging.disable_progress_bar()
-    torch.manual_seed(0)
-    config = BertConfig(
-        vocab_size=97,
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        intermediate_size=64,
-        max_position_embeddings=32,
-        num_labels=2,
-    )
-    model = BertForSequenceClassification(config)
-    g = torch.Generator().manual_seed(1)
-    data = [
-        {
-            "input_ids": torch.randint(0, 97, (16,), generator=g),
-            "attention_mask": torch.ones(16, dtype=torch.long),
-            "labels": torch.randint(0, 2, (), generator=g),
-        }
-        for _ in range(64)
-    ]
-
-    class Recording(Trainer):
-        losses: list[float] = []
-
-        def compute_loss(self, *args: Any, **kwargs: Any) -> Any:
-            loss = super().compute_loss(*args, **kwargs)
-            self.losses.append(float(loss.detach()))
-            return loss
-
-    args = TrainingArguments(
-        output_dir=out_dir,
-        max_steps=max_steps,
-        per_device_train_batch_size=8,
-        learning_rate=1e-3,
-        logging_steps=1,
-        save_strategy="steps",
-        save_steps=save_steps,
-        seed=0,
-        data_seed=0,
-        full_determinism=True,
-        use_cpu=True,
-        dataloader_num_workers=0,
-        report_to=[],
-        disable_tqdm=True,
-    )
-    trainer = Recording(model=model, args=args, train_dataset=data)
+    model = tiny_bert()
+    args = training_args(out_dir, max_steps, save_steps)
+    trainer = recording_trainer(model=model, args=args, train_dataset=random_tokens())
     trainer.train(resume_from_checkpoint=resume)
     weights = {k: hashlib.sha256(v.contiguous().numpy().tobytes()).hexdigest() for k, v in model.state_dict().items()}
     return {
-        "first_step": trainer.state.global_step - len(Recording.losses),
-        "losses": Recording.losses,
+        "first_step": trainer.state.global_step - len(trainer.losses),
+        "losses": trainer.losses,
         "weights": weights,
     }
 
