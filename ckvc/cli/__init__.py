@@ -773,8 +773,11 @@ def checkout(obj: Context, rev: str | None, output: Path | None, new_branch: str
             if new_branch is not None:
                 raise  # -b asks for a write: refused before any output
             read_only = True
-        with _progress_bar("checkout", not as_json) as progress:
-            written = export_commit(repo, rev, output, progress=progress)
+        if _is_dcp(repo, rev):
+            written = _export_dcp(repo, rev, output)
+        else:
+            with _progress_bar("checkout", not as_json) as progress:
+                written = export_commit(repo, rev, output, progress=progress)
         if read_only:
             # What the caller can have from a repository it cannot write: the files.
             _warn(f"the repository is read-only: HEAD was not moved (ckvc export {rev} OUT says so up front)")
@@ -832,6 +835,22 @@ def switch(obj: Context, name: str, start: str | None, create: bool, as_json: bo
         click.echo(f"Switched to {'a new ' if create else ''}branch '{name}'")
 
 
+def _is_dcp(repo: Repo, rev: str) -> bool:
+    """A commit torch.distributed.checkpoint wrote through ckvc.dcp.Writer."""
+    from ckvc.integrations.dcp import METADATA_KEY
+
+    return METADATA_KEY in repo.read_commit(repo.resolve(rev)).metadata
+
+
+def _export_dcp(repo: Repo, rev: str, output: Path) -> list[Path]:
+    """A DCP commit leaves as a plain DCP directory (FileSystemWriter's layout), for
+    dcp.load with FileSystemReader and the tools that read only that."""
+    from ckvc.integrations.dcp import export_dcp
+
+    export_dcp(repo, rev, output)
+    return sorted(p for p in output.iterdir() if p.is_file())
+
+
 @cli.command()
 @click.argument("rev")
 @click.argument("output", type=click.Path(path_type=Path))
@@ -857,8 +876,11 @@ def export(obj: Context, rev: str, output: Path, prefix: str | None, fmt: str | 
         output = Path(obj.directory) / output
     if prefix is not None and not prefix.endswith("."):
         prefix += "."  # "model" means the leaves under model
-    with _progress_bar("export", not as_json) as progress:
-        written = export_commit(repo, rev, output, format=fmt, prefix=prefix, progress=progress)  # type: ignore[arg-type]
+    if fmt is None and prefix is None and _is_dcp(repo, rev):
+        written = _export_dcp(repo, rev, output)
+    else:
+        with _progress_bar("export", not as_json) as progress:
+            written = export_commit(repo, rev, output, format=fmt, prefix=prefix, progress=progress)  # type: ignore[arg-type]
     commit_id = repo.resolve(rev)
     if as_json:
         _emit_json({"commit": commit_id, "written": [str(p) for p in written]})

@@ -13,7 +13,7 @@ import dcp_fns
 import pytest
 import torch
 import torch.distributed.checkpoint as dcp
-from helpers import assert_state_equal, describe_state
+from helpers import assert_state_equal, describe_state, run
 from ranks import run_world
 from torch.distributed.checkpoint.api import CheckpointException
 
@@ -184,3 +184,12 @@ def test_export_writes_a_plain_dcp_directory(tmp_path: Path) -> None:
         assert_state_equal(loaded, _state(8))
         with pytest.raises(InvalidInputError, match="not an empty directory"):
             ckvc.dcp.export_dcp(repo, writer.commit_id, out)
+    # The CLI's checkout -o and export write a DCP commit the same way (HEAD moves only for checkout).
+    for args in (["checkout", "main", "-o", "by-checkout"], ["export", "main", "by-export"]):
+        done = run(repo_dir, *args)
+        assert done.exit_code == 0, done.output
+        cli_out = repo_dir / args[-1]
+        assert sorted(p.name for p in cli_out.iterdir()) == sorted(p.name for p in out.iterdir())
+        loaded = _state(9)
+        dcp.load(loaded, storage_reader=dcp.FileSystemReader(str(cli_out)), no_dist=True)
+        assert_state_equal(loaded, _state(8))
