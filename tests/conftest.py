@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import torch
 from fault_proxy import s3_proxy  # noqa: F401 (fixture: a fault-injecting proxy in front of it)
 from s3server import s3_bucket, s3_server  # noqa: F401 (fixtures: the S3 test server on loopback)
 
@@ -31,3 +32,17 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "slow" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True)
+def restore_torch_switches() -> Iterator[None]:
+    """The frameworks set process-wide torch switches and leave them set (the HF
+    Trainer's full_determinism and Lightning's deterministic=True call
+    torch.use_deterministic_algorithms(True)); under them later tests fail (empty
+    float4 tensors have no deterministic fill). Every test gets them back as they were."""
+    deterministic = torch.are_deterministic_algorithms_enabled()
+    warn_only = torch.is_deterministic_algorithms_warn_only_enabled()
+    cudnn = (torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark)
+    yield
+    torch.use_deterministic_algorithms(deterministic, warn_only=warn_only)
+    torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = cudnn
