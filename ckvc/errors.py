@@ -241,6 +241,25 @@ class InvalidConfigError(UnsupportedFormatError):
     exit_code = 24
 
 
+class NonFastForwardError(RefConflictError):
+    """A push or pull that would drop commits from a branch (the other side has
+    commits this one lacks), or move an existing tag; refused unless forced."""
+
+    exit_code = 30
+
+
+class UnknownRemoteError(InvalidInputError):
+    """No remote of that name is configured, or its URL names no ckvc repository."""
+
+    exit_code = 31
+
+
+class RemoteSupportMissingError(CkvcError):
+    """A remote URL whose backend is not installed (the ``remote`` extra for s3://, gs://, az://)."""
+
+    exit_code = 32
+
+
 class UnexpectedError(CkvcError):
     """Exit code of the CLI's last-resort handler: an exception ckvc did not expect (a bug)."""
 

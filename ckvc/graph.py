@@ -130,7 +130,11 @@ def _resolve_base(core: Repository, rev: str, base: str) -> str:
         return commit_id
     if is_full_hex_id(base):
         return _peel_checked(core, rev, base)
-    candidates = [base] if base.startswith("refs/") else [BRANCH_PREFIX + base, TAG_PREFIX + base, "refs/" + base]
+    candidates = (
+        [base]
+        if base.startswith("refs/")
+        else [BRANCH_PREFIX + base, TAG_PREFIX + base, "refs/" + base, "refs/remotes/" + base]  # origin/main
+    )
     for full in candidates:
         try:
             check_ref_name(full)

@@ -33,6 +33,8 @@ if TYPE_CHECKING:
     from ckvc.integrations.torch_nn import IncompatibleKeys
     from ckvc.pruned import PruneLog
     from ckvc.refs import RefStore
+    from ckvc.remote.common import FetchResult, PullResult, PushResult
+    from ckvc.remote.location import RemoteList
     from ckvc.retention_policy import RetentionPolicy
     from ckvc.state import MapLocation, PendingBlob
     from ckvc.storage.object_store import ObjectStore
@@ -392,3 +394,66 @@ class Repo:
         return run_fsck(self.core, rebuild_index=rebuild_index, level=level, sample=sample, progress=progress)
 
     du = OnCore(inspect.disk_usage)
+
+    # ---- remotes (ckvc.remote; docs/DESIGN.md, "Remotes") ----------------------
+    @property
+    def remotes(self) -> RemoteList:
+        """The configured remotes: ``add(name, url, endpoint=, region=)``, ``remove``, ``list``, ``get``."""
+        from ckvc.remote.common import remotes_of
+
+        return remotes_of(self.core)
+
+    def push(
+        self, remote: str = "origin", refs: Sequence[str] | None = None, *, force: bool = False, tags: bool = False,
+        progress: ProgressCallback | None = None,
+    ) -> PushResult:  # fmt: skip
+        """Send what ``remote`` lacks of ``refs`` (default: HEAD's branch; ``tags``: every
+        tag), then move its refs by compare-and-swap, only forward unless ``force``."""
+        from ckvc.remote.push import push
+
+        return push(self.core, remote, refs, force=force, tags=tags, progress=progress)
+
+    def fetch(self, remote: str = "origin", *, progress: ProgressCallback | None = None) -> FetchResult:
+        """Copy what ``remote``'s branches and tags reach, verified, and move ``refs/remotes/<remote>/*``."""
+        from ckvc.remote.fetch import fetch
+
+        return fetch(self.core, remote, progress=progress)
+
+    def pull(self, remote: str = "origin", *, progress: ProgressCallback | None = None) -> PullResult:
+        """fetch, then fast-forward HEAD's branch to ``remote``'s (NonFastForwardError if diverged)."""
+        from ckvc.remote.fetch import pull
+
+        return pull(self.core, remote, progress=progress)
+
+    def ls_remote(self, remote: str = "origin") -> dict[str, str]:
+        """A remote's refs (full name -> id, and HEAD), by configured name or URL."""
+        from ckvc.remote.clone import ls_remote
+
+        return ls_remote(self.core, remote)
+
+    def remote_branches(self) -> dict[str, str]:
+        """Remote-tracking branches: "origin/main" -> commit id."""
+        from ckvc.remote.common import remote_branches
+
+        return remote_branches(self.core)
+
+    def fsck_remote(
+        self, remote: str = "origin", *, level: str = "full", sample: float | None = None,
+        progress: ProgressCallback | None = None,
+    ) -> FsckReport:  # fmt: skip
+        """fsck of a remote: its refs, graph and (level "full") every object read back
+        through its backend and re-hashed; ``sample``: that fraction of them."""
+        from ckvc.remote.clone import fsck_remote
+
+        return fsck_remote(self.core, remote, level=level, sample=sample, progress=progress)
+
+    @classmethod
+    def clone(
+        cls, url: str, path: str | os.PathLike[str], *, endpoint: str | None = None, region: str | None = None,
+        threads: int | None = None, progress: ProgressCallback | None = None,
+    ) -> Repo:  # fmt: skip
+        """A new repository at ``path`` from the remote at ``url`` (as ``origin``), with
+        the remote HEAD's branch checked out, like git clone."""
+        from ckvc.remote.clone import clone
+
+        return cls(clone(url, path, endpoint=endpoint, region=region, threads=threads, progress=progress))

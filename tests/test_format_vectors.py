@@ -99,6 +99,8 @@ KINDS = {
     "record-header",
     "pack",
     "index-value",
+    "remote-layout",
+    "remote-local",
 }
 
 
@@ -678,3 +680,68 @@ def test_size_batches_group_small_chunks_in_order() -> None:
     assert batches == [[100, 200], [1 << 20], [300, (1 << 20) - 300], [1], [5 << 20]]
     assert list(size_batches([], lambda n: n)) == []
     assert list(size_batches([3, 3, 3], lambda n: n, limit=6)) == [[3, 3], [3]]
+
+
+# ---- remotes (section 18) --------------------------------------------------------
+
+
+def _pushed_to_memory_remote(root: Path) -> tuple[Repo, str, set[str]]:
+    """Section 18.6's steps; the repository, the remote URL, and the local files before the push."""
+    from ckvc.remote.location import forget_memory_remote
+
+    url = "memory://vec"
+    forget_memory_remote(url)
+    repo = Repo.init(root)
+    repo.commit({"w": torch.zeros(4)}, message="m")
+    repo.tag("v1", message="release")
+    before = {p.relative_to(root / ".ckvc").as_posix() for p in (root / ".ckvc").rglob("*") if p.is_file()}
+    repo.remotes.add("origin", url)
+    repo.push("origin", ["main"], tags=True)
+    return repo, url, before
+
+
+@pytest.mark.parametrize("vec", of_kind("remote-layout"))
+def test_remote_layout(vec: Vector, tmp_path: Path) -> None:
+    from ckvc.remote.location import forget_memory_remote, open_backend
+
+    repo, url, _ = _pushed_to_memory_remote(tmp_path)
+    backend = open_backend(url)
+    keys = sorted(
+        re.sub(r"/~\d{20}-[0-9a-f]{16}$", "/~<entry>", re.sub(r"pack-[0-9a-f]{32}\.pack", "pack-<uuid>.pack", k))
+        for k in backend.list("")
+    )
+    assert keys == sorted(vec.lines("key"))
+    # Contents as sections 3, 7, 11 and 18.3 describe them.
+    assert backend.get("HEAD") == b"ref: refs/heads/main\n"
+    assert backend.get("refs/heads/main") == f"{repo.head()[1]}\n".encode()
+    assert backend.get("refs/tags/v1") == f"{repo.refs.read('refs/tags/v1')}\n".encode()
+    remote_config = RepoConfig.load(backend)
+    assert remote_config.repo_id != repo.config.repo_id
+    assert {**vars(remote_config), "repo_id": None} == {**vars(repo.config), "repo_id": None}
+    for key in backend.list("logs/"):
+        entry = json.loads(backend.get(key) or b"")
+        assert entry["message"] == f"push: from {repo.config.repo_id}" and entry["old"] is None
+    for key in backend.list("packs/"):
+        assert packs.read_toc(backend, key) is not None
+    repo.close()
+    forget_memory_remote(url)
+
+
+@pytest.mark.parametrize("vec", of_kind("remote-local"))
+def test_remote_local_files(vec: Vector, tmp_path: Path) -> None:
+    from ckvc.remote.location import forget_memory_remote
+
+    repo, url, before = _pushed_to_memory_remote(tmp_path)
+    root = tmp_path / ".ckvc"
+    after = {p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file()}
+    assert sorted(after - before) == sorted(vec.lines("file")) and before <= after
+    written = (root / "remotes.json").read_bytes()
+    assert written == (json.dumps(vec.json("json"), indent=2, sort_keys=True) + "\n").encode()
+    assert (root / "refs/remotes/origin/main").read_bytes() == f"{repo.head()[1]}\n".encode()
+    catalog = Index(root / "remotes/origin/catalog")
+    try:
+        assert catalog.count() == 4  # chunk, snapshot, commit, tag
+    finally:
+        catalog.close()
+    repo.close()
+    forget_memory_remote(url)

@@ -45,6 +45,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("read",),
     ("view", "inspect", "stats"),
     ("fsck", "gc", "retention"),
+    ("remote",),
     ("files",),
     # load_into (the facade's Repo.load_into) works on the core alone, so it sits
     # above repo; the framework integrations (dcp, lightning, ...) take a Repo.

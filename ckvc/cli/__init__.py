@@ -533,6 +533,8 @@ def _labels(repo: Repo) -> dict[str, list[str]]:
             labels.setdefault(oid, []).append(name)
     for name, oid in repo.tags().items():
         labels.setdefault(oid, []).append(f"tag: {name}")
+    for name, oid in repo.remote_branches().items():
+        labels.setdefault(oid, []).append(name)
     return labels
 
 
@@ -867,23 +869,27 @@ def export(obj: Context, rev: str, output: Path, prefix: str | None, fmt: str | 
 
 @cli.command()
 @click.option("-d", "--delete", is_flag=True, help="Delete the branch NAME.")
+@click.option("-a", "--all", "all_branches", is_flag=True, help="Also list remote-tracking branches.")
 @click.argument("name", required=False)
 @click.argument("rev", required=False, default="HEAD")
 @json_option
 @click.pass_obj
-def branch(obj: Context, delete: bool, name: str | None, rev: str, as_json: bool) -> None:
-    """List branches, create NAME at REV, or delete NAME with -d."""
+def branch(obj: Context, delete: bool, all_branches: bool, name: str | None, rev: str, as_json: bool) -> None:
+    """List branches (with -a remote-tracking ones too), create NAME at REV, or delete NAME with -d."""
     repo = obj.repo
     if name is None:
         if delete:
             raise InvalidInputError("branch -d needs a NAME")
         current, _ = repo.head()
         branches = repo.branches()
+        remotes = repo.remote_branches() if all_branches else {}
         if as_json:
-            _emit_json({"current": current, "branches": branches})
+            _emit_json({"current": current, "branches": branches, **({"remotes": remotes} if all_branches else {})})
         else:
             for n, oid in branches.items():
                 click.echo(f"{'*' if n == current else ' '} {n:<20} {oid[:12]}")
+            for n, oid in remotes.items():
+                click.echo(f"  {'remotes/' + n:<20} {oid[:12]}")
         return
     if delete:
         oid = repo.delete_branch(name)
@@ -978,9 +984,18 @@ def _parse_fraction(text: str | None) -> float | None:
 )
 @click.option("--full", "full_flag", is_flag=True, help="Same as --level full (the default).")
 @click.option("--sample", default=None, metavar="PCT", help="Re-hash a random sample of objects, e.g. 10%.")
+@click.option("--remote", "remote_name", default=None, metavar="NAME", help="Check remote NAME instead.")
 @json_option
 @click.pass_obj
-def fsck(obj: Context, rebuild_index: bool, level: str, full_flag: bool, sample: str | None, as_json: bool) -> None:
+def fsck(
+    obj: Context,
+    rebuild_index: bool,
+    level: str,
+    full_flag: bool,
+    sample: str | None,
+    remote_name: str | None,
+    as_json: bool,
+) -> None:
     """Verify the refs, the commit graph and every stored byte against its hash.
     Exits 1 and names each damaged object when anything is wrong."""
     fraction = _parse_fraction(sample)
@@ -988,8 +1003,13 @@ def fsck(obj: Context, rebuild_index: bool, level: str, full_flag: bool, sample:
         level = "full"
     elif fraction is not None and level == "full":
         level = "metadata"  # the sample replaces the full read
+    if remote_name is not None and rebuild_index:
+        raise InvalidInputError("--rebuild-index checks the local index; a remote has none (its catalog is rebuilt)")
     with _progress_bar("fsck", not as_json) as progress:
-        report = obj.repo.fsck(rebuild_index=rebuild_index, level=level, sample=fraction, progress=progress)
+        if remote_name is not None:
+            report = obj.repo.fsck_remote(remote_name, level=level, sample=fraction, progress=progress)
+        else:
+            report = obj.repo.fsck(rebuild_index=rebuild_index, level=level, sample=fraction, progress=progress)
     if as_json:
         _emit_json(report.to_json())
     else:
@@ -1277,6 +1297,10 @@ def import_cmd(obj: Context, source: Path, branch: str | None, glob: str | None,
         + (f" ({len(plan.done)} already there)" if plan.done else "")
     )
 
+
+from ckvc.cli import remote as remote_commands  # noqa: E402  (registered once the group and helpers exist)
+
+remote_commands.register(cli, remote_commands.CliTools(_progress_bar, _emit_json, human_bytes, json_option))
 
 _quiet_shutdown_registered: list[bool] = []
 

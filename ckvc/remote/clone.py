@@ -1,0 +1,137 @@
+"""clone, ls-remote and fsck of a remote."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from ckvc.config import RepoConfig
+from ckvc.core import Repository
+from ckvc.errors import (
+    CkvcError,
+    InvalidInputError,
+)
+from ckvc.ids import is_full_hex_id
+from ckvc.refs import BRANCH_PREFIX, HEAD, RefStore, branch_ref
+from ckvc.remote.common import Progress, remotes_of, tracking_ref
+from ckvc.remote.fetch import fetch
+from ckvc.remote.location import RemoteSpec, normalize_url, open_backend
+from ckvc.remote.repository import open_remote, remote_exists
+
+if TYPE_CHECKING:
+    from ckvc.fsck import FsckReport
+
+# ---- clone and listing -----------------------------------------------------------
+
+
+def remote_head_branch(refs: RefStore, fallback: str) -> str:
+    """The branch a remote's HEAD names (short), else ``fallback``."""
+    try:
+        target, _ = refs.head()
+    except CkvcError:
+        return fallback
+    if target is None or not target.startswith(BRANCH_PREFIX):
+        return fallback
+    return target[len(BRANCH_PREFIX) :]
+
+
+def clone(
+    url: str,
+    path: str | os.PathLike[str],
+    *,
+    endpoint: str | None = None,
+    region: str | None = None,
+    threads: int | None = None,
+    progress: Progress | None = None,
+) -> Repository:
+    """A new repository at ``path`` with the remote as ``origin``, everything
+    fetched, and the remote HEAD's branch created and checked out (HEAD on it),
+    like git. The remote is checked before anything is created; a clone that
+    fails removes what it created."""
+    import shutil
+
+    from ckvc.core import REPO_DIR
+
+    target = Path(path).resolve()
+    if target.exists() and (not target.is_dir() or any(target.iterdir())):
+        raise InvalidInputError(f"cannot clone into {target}: it exists and is not an empty directory")
+    normalized = normalize_url(url)
+    backend = open_backend(normalized, endpoint=endpoint, region=region)
+    try:
+        if not remote_exists(backend):
+            raise InvalidInputError(f"{url} holds no ckvc repository")
+        config = RepoConfig.load(backend)
+        branch = remote_head_branch(RefStore(backend), config.default_branch)
+        names = RefStore(backend).list_refs(BRANCH_PREFIX)
+        if BRANCH_PREFIX + branch not in names and names:
+            branch = next(iter(names))[len(BRANCH_PREFIX) :]
+    finally:
+        backend.close()
+    created = not target.exists()
+    core = Repository.init_local(
+        target,
+        chunk_size=config.chunk_size,
+        codec=config.codec,
+        default_branch=branch,
+        keyframe_interval=config.keyframe_interval,
+        threads=threads,
+    )
+    try:
+        core.upgrade_format(config.format_version)
+        remotes_of(core).add("origin", normalized, endpoint=endpoint, region=region)
+        fetch(core, "origin", progress=progress)
+        tip = core.refs.read(tracking_ref("origin", branch))
+        if tip is not None:
+            core.refs.set_if_equals(branch_ref(branch), None, tip, f"clone: from {url}")
+    except BaseException:
+        core.close()
+        shutil.rmtree(target if created else target / REPO_DIR, ignore_errors=True)
+        raise
+    return core
+
+
+def ls_remote(local: Repository | None, remote: str) -> dict[str, str]:
+    """The remote's refs (full name -> id) and HEAD's commit, from a configured
+    remote's name or a URL."""
+    if local is not None and remote in remotes_of(local):
+        spec = remotes_of(local).get(remote)
+    else:
+        spec = RemoteSpec("(url)", normalize_url(remote, None if local is None else local.path))
+    backend = open_backend(spec.url, endpoint=spec.endpoint, region=spec.region)
+    try:
+        if not remote_exists(backend):
+            raise InvalidInputError(f"{spec.url} holds no ckvc repository")
+        RepoConfig.load(backend)  # an unknown format version is refused here too
+        refs = RefStore(backend)
+        out: dict[str, str] = {}
+        try:
+            _, head_id = refs.head()
+        except CkvcError:
+            head_id = None
+        if head_id is not None and is_full_hex_id(head_id):
+            out[HEAD] = head_id
+        out.update(refs.list_refs("refs/"))
+        return out
+    finally:
+        backend.close()
+
+
+def fsck_remote(
+    local: Repository,
+    remote: str = "origin",
+    *,
+    level: str = "full",
+    sample: float | None = None,
+    progress: Progress | None = None,
+) -> FsckReport:
+    """fsck of the remote ``remote`` itself: its refs, its commit graph and (level
+    "full") every object re-read through its backend and re-hashed, or a
+    ``sample`` fraction of them. Nothing local is read or changed but the catalog."""
+    from ckvc.fsck import run_fsck
+
+    handle = open_remote(local, remotes_of(local).get(remote))
+    try:
+        return run_fsck(handle.core, level=level, sample=sample, progress=progress)
+    finally:
+        handle.close()

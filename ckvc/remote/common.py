@@ -1,0 +1,180 @@
+"""What push, fetch, pull and clone share: their results, remote-tracking refs,
+ancestry, and the rule they keep (docs/DESIGN.md, "Remotes"; FORMAT 18.2).
+
+Both directions keep one invariant on the receiving side, which is what lets a
+walk stop early and an interrupted transfer resume by sending only what is
+missing: *an object there means everything it needs is there*. A delta's base
+is published before the delta (packs in waves by chain depth, or one pack),
+chunks before the snapshots naming them, snapshots before commits, commits
+before tag objects; and a ref moves (compare-and-swap) only after all of it.
+A transfer killed at any instant leaves whole packs of whole records and no
+ref naming anything incomplete.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from ckvc import graph
+from ckvc.core import Repository
+from ckvc.errors import (
+    ObjectNotFoundError,
+)
+from ckvc.refs import check_ref_name
+from ckvc.remote.location import RemoteList, check_remote_name
+from ckvc.remote.repository import drop_catalog
+from ckvc.storage.packs import FOOTER, PACK_HEADER, TOC_ENTRY, TOC_HEADER
+
+REMOTES_PREFIX = "refs/remotes/"
+# done bytes, total bytes (of stored records)
+Progress = Callable[[int, int], None]
+
+
+def pack_framing(records: int) -> int:
+    """Bytes a pack of ``records`` records adds around them: header, TOC and footer."""
+    return PACK_HEADER.size + TOC_HEADER.size + records * TOC_ENTRY.size + FOOTER.size
+
+
+def remotes_of(core: Repository) -> RemoteList:
+    """The remotes configured in ``core`` (``repo.remotes``); removing one also
+    deletes its remote-tracking refs and its catalog."""
+
+    def forget(name: str) -> None:
+        for ref, value in core.refs.list_refs(f"{REMOTES_PREFIX}{name}/").items():
+            core.refs.delete_if_equals(ref, value, f"remote remove {name}")
+        drop_catalog(core, name)
+
+    return RemoteList(core.refs.backend, core.path, on_remove=forget)
+
+
+def tracking_ref(remote: str, branch: str) -> str:
+    """``refs/remotes/<remote>/<branch>``, the local copy of a remote branch."""
+    return check_ref_name(f"{REMOTES_PREFIX}{check_remote_name(remote)}/{branch}")
+
+
+def remote_branches(core: Repository) -> dict[str, str]:
+    """Remote-tracking branches: "origin/main" -> commit id."""
+    return {k[len(REMOTES_PREFIX) :]: v for k, v in core.refs.list_refs(REMOTES_PREFIX).items()}
+
+
+@dataclass(frozen=True)
+class RefUpdate:
+    ref: str
+    old: str | None
+    new: str
+    forced: bool = False
+
+    def to_json(self) -> dict[str, Any]:
+        return {"ref": self.ref, "old": self.old, "new": self.new, "forced": self.forced}
+
+
+@dataclass
+class TransferStats:
+    """What moved: records, their stored bytes, the bytes on the wire (records plus
+    pack framing for a push; the records read for a fetch), packs written,
+    backend requests, seconds."""
+
+    objects: int = 0
+    record_bytes: int = 0
+    wire_bytes: int = 0
+    packs: int = 0
+    requests: int = 0
+    seconds: float = 0.0
+
+
+@dataclass
+class PushResult:
+    remote: str
+    url: str
+    updated: list[RefUpdate] = field(default_factory=list)
+    up_to_date: list[str] = field(default_factory=list)
+    stats: TransferStats = field(default_factory=TransferStats)
+
+    @property
+    def bytes_sent(self) -> int:
+        return self.stats.wire_bytes
+
+    def to_json(self) -> dict[str, Any]:
+        s = self.stats
+        return {
+            "remote": self.remote,
+            "url": self.url,
+            "updated": [u.to_json() for u in self.updated],
+            "up_to_date": self.up_to_date,
+            "objects": s.objects,
+            "record_bytes": s.record_bytes,
+            "bytes_sent": s.wire_bytes,
+            "packs": s.packs,
+            "requests": s.requests,
+            "seconds": s.seconds,
+        }
+
+
+@dataclass
+class FetchResult:
+    remote: str
+    url: str
+    updated: list[RefUpdate] = field(default_factory=list)
+    tags: list[RefUpdate] = field(default_factory=list)
+    stats: TransferStats = field(default_factory=TransferStats)
+
+    @property
+    def bytes_received(self) -> int:
+        return self.stats.wire_bytes
+
+    def to_json(self) -> dict[str, Any]:
+        s = self.stats
+        return {
+            "remote": self.remote,
+            "url": self.url,
+            "updated": [u.to_json() for u in self.updated],
+            "tags": [u.to_json() for u in self.tags],
+            "objects": s.objects,
+            "record_bytes": s.record_bytes,
+            "bytes_received": s.wire_bytes,
+            "packs": s.packs,
+            "requests": s.requests,
+            "seconds": s.seconds,
+        }
+
+
+@dataclass
+class PullResult:
+    fetch: FetchResult
+    branch: str
+    old: str | None
+    new: str | None
+    fast_forward: bool
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            **self.fetch.to_json(),
+            "branch": self.branch,
+            "old": self.old,
+            "new": self.new,
+            "fast_forward": self.fast_forward,
+        }
+
+
+# ---- history questions -----------------------------------------------------------
+
+
+def is_ancestor(core: Repository, ancestor: str, descendant: str) -> bool:
+    """Whether ``ancestor`` is ``descendant`` or one of its ancestors (tags peeled;
+    False when either is not in ``core``)."""
+    try:
+        ancestor = graph.peel(core, ancestor)
+    except ObjectNotFoundError:
+        return False
+    return any(reached.oid == ancestor and reached.commit is not None for reached in graph.walk(core, [descendant]))
+
+
+def move_tracking(local: Repository, remote: str, branch: str, new: str, action: str) -> RefUpdate | None:
+    ref = tracking_ref(remote, branch)
+    old = local.refs.read(ref)
+    if old == new:
+        return None
+    local.refs.set_if_equals(ref, old, new, f"{action}: {remote}/{branch}")
+    return RefUpdate(ref, old, new)

@@ -1,0 +1,302 @@
+"""fetch and pull: copy what the remote's refs reach, verified record by record,
+then move the remote-tracking refs (the order of writes: ckvc.remote.common)."""
+
+from __future__ import annotations
+
+import time
+import warnings
+from collections.abc import Iterator
+from typing import Any
+
+from ckvc.core import Repository
+from ckvc.errors import (
+    CkvcWarning,
+    CorruptObjectError,
+    InvalidInputError,
+    NonFastForwardError,
+    ObjectNotFoundError,
+    RefNotFoundError,
+)
+from ckvc.ids import ObjectType
+from ckvc.objects import Commit, Snapshot, Tag
+from ckvc.refs import BRANCH_PREFIX, TAG_PREFIX
+from ckvc.remote.common import (
+    FetchResult,
+    Progress,
+    PullResult,
+    RefUpdate,
+    TransferStats,
+    is_ancestor,
+    move_tracking,
+    remotes_of,
+    tracking_ref,
+)
+from ckvc.remote.repository import Remote, open_remote
+from ckvc.remote.transfer import Located, Verifier, locate_all, records_in
+from ckvc.storage.packs import RECORD_HEADER_SIZE, Record
+
+# ---- fetch -----------------------------------------------------------------------
+
+
+class Fetch:
+    """One fetch: the remote metadata walk, then the chunks in rounds (a delta
+    whose base is neither local nor just verified waits for it), every record
+    verified before it is written, metadata last."""
+
+    def __init__(self, local: Repository, handle: Remote, stats: TransferStats, progress: Progress | None) -> None:
+        self.local = local
+        self.handle = handle
+        self.stats = stats
+        self.progress = progress
+        self.verifier = Verifier(local.store)
+        self.snapshots: list[tuple[bytes, Record]] = []
+        self.commits: list[tuple[bytes, Record]] = []
+        self.tags: list[tuple[bytes, Record]] = []
+        self.pruned: dict[str, list[str]] = {}
+        self.chunks: dict[bytes, None] = {}
+        self.done = 0
+        self.total = 0  # bytes known to be wanted so far (grows as the walk finds more)
+        self.snapshot_ids: set[bytes] = set()
+        self.prefetched: dict[bytes, tuple[Located, Record]] = {}
+        self.metadata_by_pack: dict[str, list[bytes]] | None = None
+
+    def _stream(self, items: list[Located]) -> Iterator[tuple[Located, Record]]:
+        """The items' records as they arrive (one pack batch in memory at a time)."""
+        self.total += sum(item.entry.record_size for item in items)
+        for item, record in records_in(self.handle.core.store, items, self.handle.describe):
+            self.stats.wire_bytes += item.entry.record_size
+            self.done += item.entry.record_size
+            if self.progress is not None:
+                self.progress(self.done, self.total)
+            yield item, record
+
+    def _read(self, items: list[Located]) -> list[tuple[Located, Record]]:
+        return list(self._stream(items))
+
+    def _locate(self, oids: list[bytes]) -> list[Located]:
+        try:
+            return locate_all(self.handle.core.store, oids)
+        except ObjectNotFoundError as exc:
+            if self.handle.damaged:  # a truncated or damaged pack is the likely reason
+                key = f"packs/{self.handle.damaged[0]}"
+                raise CorruptObjectError(
+                    f"{self.handle.describe(key)}: pack is damaged (its table of contents cannot be read) "
+                    "and a needed object is in no readable pack",
+                    object_id=exc.object_id,
+                ) from None
+            raise ObjectNotFoundError(
+                f"{self.handle.describe('packs/')}: object {exc.object_id} is missing", object_id=exc.object_id
+            ) from None
+
+    def _verified(self, item: Located, record: Record) -> Any:
+        try:
+            return self.verifier.plain(item.oid, record)
+        except CorruptObjectError as exc:
+            key = f"packs/{item.entry.pack}"
+            raise CorruptObjectError(f"{self.handle.describe(key)}: {exc.reason}", object_id=item.oid.hex()) from None
+
+    def _metadata(self, oid: bytes) -> tuple[Located, Record]:
+        """The record of a metadata object. Reading one reads every metadata record
+        of its pack that is not here yet, in one coalesced request: pushes put a
+        history's commits, snapshots and tags in packs of their own, so a walk
+        costs about one request per pack rather than one per object."""
+        found = self.prefetched.pop(oid, None)
+        if found is not None:
+            return found
+        (item,) = self._locate([oid])
+        if self.metadata_by_pack is None:
+            self.metadata_by_pack = {}
+            for other, entry in self.handle.core.store.index.iter_entries():
+                if entry.kind != ObjectType.CHUNK:
+                    self.metadata_by_pack.setdefault(entry.pack, []).append(other)
+        wanted = [m for m in self.metadata_by_pack.get(item.entry.pack, []) if m != oid and not self.local.store.has(m)]
+        for got, record in self._stream(sorted([item, *self._locate(wanted)], key=lambda x: x.entry.offset)):
+            self.prefetched[got.oid] = (got, record)
+        self.metadata_by_pack.pop(item.entry.pack, None)  # read once
+        return self.prefetched.pop(oid)
+
+    def walk(self, tips: list[str]) -> None:
+        remote_pruned = self.handle.core.pruned()
+        seen: set[str] = set()
+        stack = list(tips)
+        while stack:
+            oid = stack.pop()
+            if oid in seen:
+                continue
+            seen.add(oid)
+            raw = bytes.fromhex(oid)
+            if self.local.store.has(raw):
+                continue  # there with everything it needs (the invariant)
+            item, record = self._metadata(raw)
+            plain = self._verified(item, record)
+            if record.kind == ObjectType.TAG:
+                self.tags.append((raw, record))
+                stack.append(Tag.decode(plain.data, oid).target)
+            elif record.kind == ObjectType.COMMIT:
+                commit = Commit.decode(plain.data, oid)
+                self.commits.append((raw, record))
+                stack.extend(commit.parents)
+                if oid in remote_pruned:
+                    self.pruned.setdefault(remote_pruned[oid].policy, []).append(oid)
+                else:
+                    self._snapshot(bytes.fromhex(commit.tree))
+            else:
+                raise CorruptObjectError(
+                    f"{self.handle.describe('refs/')}: a ref or parent names a {ObjectType(record.kind).name.lower()}",
+                    object_id=oid,
+                )
+
+    def _snapshot(self, tree: bytes) -> None:
+        if tree in self.snapshot_ids or self.local.store.has(tree):
+            return
+        self.snapshot_ids.add(tree)
+        item, record = self._metadata(tree)
+        if record.kind != ObjectType.SNAPSHOT:
+            raise CorruptObjectError(f"{self.handle.describe('packs/' + item.entry.pack)}: not a snapshot")
+        snapshot = Snapshot.decode(self._verified(item, record).data)
+        self.snapshots.append((tree, record))
+        for blob in snapshot.blobs:
+            for chunk in blob.chunks:
+                if chunk not in self.chunks and not self.local.store.has(chunk):
+                    self.chunks[chunk] = None
+
+    def fetch_chunks(self) -> None:
+        store = self.local.store
+        writer = store.writer(self.local.codec, self.local.config.max_pack_size)
+        want = list(self.chunks)
+        asked: set[bytes] = set(want)
+        waiting: dict[bytes, tuple[Located, Record]] = {}
+        try:
+            while want or waiting:
+                for item, record in self._stream(self._locate(want)) if want else ():
+                    if record.kind != ObjectType.CHUNK:
+                        raise CorruptObjectError(f"{self.handle.describe('packs/' + item.entry.pack)}: not a chunk")
+                    if not self._write(writer, item, record):
+                        waiting[item.oid] = (item, record)
+                want = []
+                self._retry(writer, waiting)
+                if not waiting:
+                    break
+                self._commit(writer)  # what was verified becomes local: bases for the rest
+                writer = store.writer(self.local.codec, self.local.config.max_pack_size)
+                self._retry(writer, waiting)
+                for _item, record in waiting.values():
+                    base = self.verifier.needs(record)
+                    if base is not None and base not in asked:
+                        asked.add(base)
+                        want.append(base)
+                if waiting and not want:
+                    oid = next(iter(waiting))
+                    raise CorruptObjectError(
+                        f"{self.handle.describe('packs/')}: the delta base chain of an object cannot be resolved",
+                        object_id=oid.hex(),
+                    )
+            self._commit(writer)
+        except BaseException:
+            writer.abort()
+            raise
+
+    def _retry(self, writer: Any, waiting: dict[bytes, tuple[Located, Record]]) -> None:
+        progress = True
+        while waiting and progress:
+            progress = False
+            for oid, (item, record) in list(waiting.items()):
+                if self._write(writer, item, record):
+                    del waiting[oid]
+                    progress = True
+
+    def _write(self, writer: Any, item: Located, record: Record) -> bool:
+        if self._verified(item, record) is None:
+            return False
+        if writer.add_encoded(
+            ObjectType(record.kind), item.oid, record.raw_size, record.codec, record.payload, record.base
+        ):
+            self.stats.objects += 1
+            self.stats.record_bytes += item.entry.record_size
+        return True
+
+    def _commit(self, writer: Any) -> None:
+        before = len(self.local.store.index.indexed_packs())
+        writer.commit()
+        self.stats.packs += len(self.local.store.index.indexed_packs()) - before
+
+    def write_metadata(self) -> None:
+        for policy, commits in self.pruned.items():  # before the commits, as on the remote
+            self.local.prune_log.add(commits, policy)
+        writer = self.local.store.writer(self.local.codec, self.local.config.max_pack_size)
+        try:
+            for oid, record in [*self.snapshots, *self.commits[::-1], *self.tags]:
+                if writer.add_encoded(
+                    ObjectType(record.kind), oid, record.raw_size, record.codec, record.payload, record.base
+                ):
+                    self.stats.objects += 1
+                    self.stats.record_bytes += RECORD_HEADER_SIZE + len(record.payload)
+            self._commit(writer)
+        except BaseException:
+            writer.abort()
+            raise
+
+
+def fetch(local: Repository, remote: str = "origin", *, progress: Progress | None = None) -> FetchResult:
+    """Copy what the remote's branches and tags reach and this repository lacks,
+    every record verified against its id before it is written (CorruptObjectError
+    naming the remote and the key otherwise, nothing stored); then move the
+    remote-tracking refs ``refs/remotes/<remote>/*`` and create the remote's tags
+    that do not exist here (an existing tag that differs is kept, with a warning).
+    An interrupted fetch keeps the packs it sealed and the next one resumes."""
+    started = time.monotonic()
+    spec = remotes_of(local).get(remote)
+    handle = open_remote(local, spec)
+    result = FetchResult(spec.name, spec.url)
+    try:
+        branches = handle.core.refs.list_refs(BRANCH_PREFIX)
+        tags = handle.core.refs.list_refs(TAG_PREFIX)
+        local.upgrade_format(handle.core.config.format_version)
+        local.store.refresh()  # packs an interrupted fetch sealed
+        job = Fetch(local, handle, result.stats, progress)
+        with local.store.pin():
+            job.walk(list(dict.fromkeys([*branches.values(), *tags.values()])))
+            job.fetch_chunks()
+            job.write_metadata()
+            # the refs move under the pin too: a gc cannot take what they are about to name
+            for full, new in branches.items():
+                moved = move_tracking(local, spec.name, full[len(BRANCH_PREFIX) :], new, "fetch")
+                if moved is not None:
+                    result.updated.append(moved)
+            for full, new in tags.items():
+                mine = local.refs.read(full)
+                if mine is None:
+                    local.refs.set_if_equals(full, None, new, f"fetch: tag from {spec.name}")
+                    result.tags.append(RefUpdate(full, None, new))
+                elif mine != new:
+                    kept = f"kept local {full} ({mine[:12]}); {spec.name} has {new[:12]}"
+                    warnings.warn(CkvcWarning(kept), stacklevel=2)
+    finally:
+        result.stats.requests = handle.backend.requests
+        handle.close()
+    result.stats.seconds = time.monotonic() - started
+    return result
+
+
+def pull(local: Repository, remote: str = "origin", *, progress: Progress | None = None) -> PullResult:
+    """fetch, then fast-forward HEAD's branch to its remote-tracking branch (an
+    unborn branch is set to it). A branch with commits the remote lacks and the
+    remote with commits it lacks: NonFastForwardError, nothing moved."""
+    target, _ = local.refs.head()
+    if target is None or not target.startswith(BRANCH_PREFIX):
+        raise InvalidInputError("HEAD is detached: pull needs a branch")
+    branch = target[len(BRANCH_PREFIX) :]
+    fetched = fetch(local, remote, progress=progress)
+    theirs = local.refs.read(tracking_ref(remote, branch))
+    if theirs is None:
+        raise RefNotFoundError(f"remote {remote} has no branch {branch!r}")
+    ours = local.refs.read(target)
+    if ours == theirs or (ours is not None and is_ancestor(local, theirs, ours)):
+        return PullResult(fetched, branch, ours, ours, fast_forward=False)
+    if ours is not None and not is_ancestor(local, ours, theirs):
+        raise NonFastForwardError(
+            f"{branch} ({ours[:12]}) and {remote}/{branch} ({theirs[:12]}) have diverged; ckvc does not merge: "
+            f"move the branch by hand (ckvc branch) or push --force"
+        )
+    local.refs.set_if_equals(target, ours, theirs, f"pull: fast-forward to {remote}/{branch}")
+    return PullResult(fetched, branch, ours, theirs, fast_forward=True)

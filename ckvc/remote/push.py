@@ -1,0 +1,222 @@
+"""push: send what the remote lacks, then move its refs by compare-and-swap (the
+order of publication: ckvc.remote.common)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from ckvc import graph
+from ckvc.config import RepoConfig
+from ckvc.core import Repository
+from ckvc.errors import (
+    InvalidInputError,
+    NonFastForwardError,
+    RefNotFoundError,
+)
+from ckvc.ids import ObjectType
+from ckvc.refs import BRANCH_PREFIX, TAG_PREFIX, check_ref_name
+from ckvc.remote.common import Progress, PushResult, RefUpdate, TransferStats, is_ancestor, move_tracking, remotes_of
+from ckvc.remote.repository import Remote, open_remote
+from ckvc.remote.transfer import Located, UploadedPack, locate_all, split_groups, upload_packs
+
+# ---- push ------------------------------------------------------------------------
+
+
+def _push_refs(core: Repository, refs: Sequence[str] | None, tags: bool) -> list[tuple[str, str]]:
+    """(full ref name, id) for each ref to push: the named ones (branch or tag,
+    short or full), else HEAD's branch; with ``tags`` every tag too."""
+    out: dict[str, str] = {}
+    if refs:
+        for name in refs:
+            if name.startswith("refs/"):
+                candidates = [name]
+            else:
+                candidates = [BRANCH_PREFIX + name, TAG_PREFIX + name]
+            for full in candidates:
+                check_ref_name(full)
+                value = core.refs.read(full)
+                if value is not None:
+                    out[full] = value
+                    break
+            else:
+                raise RefNotFoundError(f"no branch or tag {name!r} to push{graph.ref_hint(core, name)}")
+    elif not tags:
+        target, commit_id = core.refs.head()
+        if target is None:
+            raise InvalidInputError("HEAD is detached: name the branch to push")
+        if commit_id is None:
+            raise RefNotFoundError(f"branch {target[len(BRANCH_PREFIX) :]} has no commits to push")
+        out[target] = commit_id
+    if tags:
+        out.update(core.refs.list_refs(TAG_PREFIX))
+    return list(out.items())
+
+
+@dataclass
+class _PushPlan:
+    waves: list[list[Located]]  # each wave's packs published before the next wave starts
+    pruned: dict[str, list[str]]  # policy -> commits sent without their data
+
+
+def _plan_push(local: Repository, remote: Remote, tips: list[str], max_pack: int) -> _PushPlan:
+    """What the remote lacks of what ``tips`` reach, in publication waves. The walk
+    stops at objects the remote has (the invariant makes their closure complete)."""
+    there = remote.core.store.has
+    pruned = local.pruned()
+    snapshots: list[bytes] = []
+    commits: list[bytes] = []
+    tag_objects: list[bytes] = []
+    chunks: dict[bytes, int] = {}  # id -> delta depth over what the remote has
+    sent_pruned: dict[str, list[str]] = {}
+    seen: set[str] = set()
+    stack = list(tips)
+    while stack:
+        oid = stack.pop()
+        if oid in seen:
+            continue
+        seen.add(oid)
+        raw = bytes.fromhex(oid)
+        if there(raw):
+            continue
+        if local.store.stat(raw).kind == ObjectType.TAG:
+            tag_objects.append(raw)
+            stack.append(local.read_tag(oid).target)
+            continue
+        commit = local.read_commit(oid)
+        commits.append(raw)
+        stack.extend(commit.parents)
+        if oid in pruned:
+            sent_pruned.setdefault(pruned[oid].policy, []).append(oid)
+            continue
+        tree = bytes.fromhex(commit.tree)
+        if there(tree) or tree in snapshots:
+            continue
+        snapshots.append(tree)
+        for blob in local.read_snapshot(commit).blobs:
+            for chunk in blob.chunks:
+                _add_chunk(local, chunk, chunks, there)
+    by_depth: dict[int, list[bytes]] = {}
+    for chunk, depth in chunks.items():
+        by_depth.setdefault(depth, []).append(chunk)
+    chunk_items = [locate_all(local.store, by_depth[d]) for d in sorted(by_depth)]
+    meta_items = [locate_all(local.store, ids) for ids in (snapshots, commits, tag_objects) if ids]
+    waves: list[list[Located]] = []
+    for items in (chunk_items, meta_items):
+        # One pack is published whole, so what fits in one needs no order inside it.
+        flat = [item for group in items for item in group]
+        if sum(item.entry.record_size for item in flat) <= max_pack:
+            waves.append(flat)
+        else:
+            waves.extend(items)
+    return _PushPlan([w for w in waves if w], sent_pruned)
+
+
+def _add_chunk(local: Repository, chunk: bytes, chunks: dict[bytes, int], there: Callable[[bytes], bool]) -> int:
+    """Add ``chunk`` and its delta bases the remote lacks; returns its depth
+    (links down to a record already there or stored whole)."""
+    if chunk in chunks:
+        return chunks[chunk]
+    if there(chunk):
+        return -1
+    base = local.store.delta_base(chunk)
+    depth = 0 if base is None else _add_chunk(local, base, chunks, there) + 1
+    chunks[chunk] = depth
+    return depth
+
+
+def push(
+    local: Repository,
+    remote: str = "origin",
+    refs: Sequence[str] | None = None,
+    *,
+    force: bool = False,
+    tags: bool = False,
+    progress: Progress | None = None,
+) -> PushResult:
+    """Send what the remote lacks of ``refs`` (default: HEAD's branch; ``tags``: every
+    tag too), then move the remote refs by compare-and-swap: a branch only
+    forward (its remote commit must be an ancestor of ours) and an existing tag
+    never, unless ``force`` (NonFastForwardError). A racing pusher that moved a
+    ref first makes this one's swap fail (RefConflictError); what was uploaded
+    stays and is not sent again."""
+    started = time.monotonic()
+    spec = remotes_of(local).get(remote)
+    updates = _push_refs(local, refs, tags)
+    handle = open_remote(local, spec, create_from=local.config)
+    result = PushResult(spec.name, spec.url)
+    try:
+        plan: list[RefUpdate] = []
+        for full, new in updates:
+            old = handle.core.refs.read(full)
+            if old == new:
+                result.up_to_date.append(full)
+                continue
+            # a fast-forward: a branch whose remote commit is an ancestor of ours
+            forward = old is None or (full.startswith(BRANCH_PREFIX) and is_ancestor(local, old, new))
+            if not forward and not force:
+                assert old is not None
+                if full.startswith(TAG_PREFIX):
+                    raise NonFastForwardError(f"tag {full} already exists on {spec.name}; use --force to move it")
+                raise NonFastForwardError(
+                    f"{full} on {spec.name} ({old[:12]}) is not an ancestor of {new[:12]}: "
+                    "fetch and integrate first, or push --force"
+                )
+            plan.append(RefUpdate(full, old, new, forced=not forward))
+        if plan:
+            _raise_format(handle, local.config)
+            max_pack = min(local.config.max_pack_size, handle.core.config.max_pack_size)
+            work = _plan_push(local, handle, [u.new for u in plan], max_pack)
+            _upload(local, handle, work, max_pack, result.stats, progress)
+            for update in plan:
+                handle.core.refs.set_if_equals(update.ref, update.old, update.new, f"push: from {local.config.repo_id}")
+                result.updated.append(update)
+                if update.ref.startswith(BRANCH_PREFIX):
+                    move_tracking(local, spec.name, update.ref[len(BRANCH_PREFIX) :], update.new, "push")
+        else:
+            for full, new in updates:
+                if full.startswith(BRANCH_PREFIX):
+                    move_tracking(local, spec.name, full[len(BRANCH_PREFIX) :], new, "push")
+    finally:
+        result.stats.requests = handle.backend.requests
+        handle.close()
+    result.stats.seconds = time.monotonic() - started
+    return result
+
+
+def _raise_format(handle: Remote, config: RepoConfig) -> None:
+    """A remote whose format version is below what we send is raised first, so an
+    older ckvc refuses it instead of misreading new objects."""
+    if handle.core.config.format_version < config.format_version:
+        upgraded = RepoConfig.load(handle.backend)
+        upgraded.format_version = config.format_version
+        upgraded.save(handle.backend)
+        handle.core.config = upgraded
+
+
+def _upload(
+    local: Repository, handle: Remote, plan: _PushPlan, max_pack: int, stats: TransferStats, progress: Progress | None
+) -> None:
+    total = sum(item.entry.record_size for wave in plan.waves for item in wave)
+    done = 0
+
+    def landed(pack: UploadedPack) -> None:
+        nonlocal done
+        handle.core.store.index.add_pack(pack.name, pack.entries)
+        stats.packs += 1
+        stats.objects += len(pack.entries)
+        size = sum(e.record_size for e in pack.entries)
+        stats.record_bytes += size
+        stats.wire_bytes += pack.size
+        done += size
+        if progress is not None:
+            progress(done, total)
+
+    if progress is not None:
+        progress(0, total)
+    if plan.pruned:  # before the commits: the remote never holds a pruned commit it calls whole
+        for policy, commits in plan.pruned.items():
+            handle.core.prune_log.add(commits, policy)
+    for wave in plan.waves:
+        upload_packs(local.store, handle.backend, split_groups(wave, max_pack), handle.core.executor, landed)

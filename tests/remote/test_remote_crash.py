@@ -1,0 +1,205 @@
+"""SIGKILL during a push at random instants, on a directory remote: afterwards no
+remote ref names incomplete data (fsck of the remote is clean), and the next push
+sends exactly what the remote still lacks; the same for a fetch, whose next run
+resumes from what the killed one verified. 30 and 15 runs by default; CKVC_SOAK=1
+runs 200 and 100."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+import ckvc
+from ckvc.fsck import run_fsck
+from ckvc.gc import mark
+from ckvc.remote.repository import open_remote
+
+RUNS = 200 if os.environ.get("CKVC_SOAK") == "1" else 30
+FETCH_RUNS = 100 if os.environ.get("CKVC_SOAK") == "1" else 15
+# A zygote: imports once, then forks one pusher (or fetcher) per line on stdin, so
+# each run costs a fork, not an interpreter start. It prints the child's pid, the
+# child prints "started" once it has opened the repository, "done <seconds>" if
+# it finishes, and the zygote "reaped" once it is gone.
+ZYGOTE = """
+import os, sys, time
+from ckvc.repo import Repo
+import ckvc.remote.push, ckvc.remote.fetch
+for _line in sys.stdin:
+    pid = os.fork()
+    if pid == 0:
+        repo = Repo.open(sys.argv[1])
+        print("started", flush=True)
+        started = time.monotonic()
+        if sys.argv[2] == "push":
+            repo.push("origin", ["main", "dev"], tags=True)
+        else:
+            repo.fetch("origin")
+        print("done", time.monotonic() - started, flush=True)
+        os._exit(0)
+    print(pid, flush=True)
+    os.waitpid(pid, 0)
+    print("reaped", flush=True)
+"""
+
+
+def small_packs(root: Path) -> ckvc.Repo:
+    """A new repository whose packs hold at most 1 MiB: several per transfer, so kills land between them."""
+    ckvc.Repo.init(root, chunk_size=32 << 10).close()
+    config = json.loads((root / ".ckvc" / "config.json").read_text())
+    config["max_pack_size"] = 1 << 20
+    (root / ".ckvc" / "config.json").write_text(json.dumps(config))
+    return ckvc.Repo.open(root)
+
+
+def build(root: Path) -> ckvc.Repo:
+    repo = small_packs(root)
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(512, 512, generator=g)
+    for i in range(4):
+        w = w + 0.01 * torch.randn(512, 512, generator=g)
+        repo.commit({"w": w, "noise": torch.randn(200, 200, generator=g), "i": i}, message=f"epoch {i}")
+    repo.tag("v0", "HEAD~2", message="tagged")
+    repo.branch("dev", "HEAD~1")
+    return repo
+
+
+def reachable(repo: ckvc.Repo) -> set[bytes]:
+    live: set[bytes] = set()
+    mark(repo.core, live, set(), reflog_expiry_s=0)
+    return live
+
+
+class Zygote:
+    def __init__(self, root: Path, action: str) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", ZYGOTE, str(root), action],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+        )
+
+    def run(self, kill_after: float | None) -> tuple[bool, float | None]:
+        """One push or fetch, SIGKILLed after ``kill_after`` seconds unless None; (killed before
+        it finished, its duration if it finished)."""
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.proc.stdin.write("\n")
+        self.proc.stdin.flush()
+        pid = int(self.proc.stdout.readline())
+        assert self.proc.stdout.readline().strip() == "started"  # the repository is open: the push begins
+        if kill_after is not None:
+            time.sleep(kill_after)
+            with contextlib.suppress(ProcessLookupError):  # it finished and was reaped already
+                os.kill(pid, signal.SIGKILL)
+        duration = None
+        while (line := self.proc.stdout.readline().strip()) != "reaped":
+            assert line.startswith("done"), line
+            duration = float(line.split()[1])
+        return duration is None, duration
+
+    def close(self) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.close()
+        self.proc.wait(timeout=60)
+
+
+def test_sigkill_during_push_then_repush_sends_only_what_is_missing(tmp_path: Path) -> None:
+    local = build(tmp_path / "local")
+    remote_dir = tmp_path / "remote"
+    local.remotes.add("origin", str(remote_dir))
+    live = reachable(local)
+    sizes = {oid: local.store.stat(oid).stored_size for oid in live}
+    tips = {ref: local.refs.read(ref) for ref in ("refs/heads/main", "refs/heads/dev", "refs/tags/v0")}
+    spec = local.remotes.get("origin")
+    local.close()
+
+    zygote = Zygote(tmp_path / "local", "push")
+    durations = []
+    for _ in range(2):  # whole pushes: how long one takes here, warm
+        subprocess.run(["rm", "-rf", str(remote_dir)], check=True)
+        killed, took = zygote.run(None)
+        assert not killed and took is not None
+        durations.append(took)
+    duration = min(durations)
+    rng = random.Random(19)
+    outcomes = {"killed": 0, "finished": 0, "remote existed": 0}
+    for _run in range(RUNS):
+        subprocess.run(["rm", "-rf", str(remote_dir)], check=True)
+        killed, _ = zygote.run(rng.uniform(0, duration))
+        outcomes["killed" if killed else "finished"] += 1
+        with ckvc.Repo.open(tmp_path / "local") as repo:
+            if not (remote_dir / "config.json").exists():
+                continue  # killed before the remote existed
+            outcomes["remote existed"] += 1
+            remote = open_remote(repo.core, spec)
+            try:
+                report = run_fsck(remote.core)
+                assert report.ok, report.to_json()
+                refs = remote.core.refs.list_refs()
+                assert all(tips[ref] == oid for ref, oid in refs.items())  # old (absent) or new, never other
+                have = {oid for oid in live if remote.core.store.has(oid)}
+            finally:
+                remote.close()
+            again = repo.push("origin", ["main", "dev"], tags=True)
+            missing = live - have
+            assert again.stats.objects == len(missing)
+            assert again.stats.record_bytes == sum(sizes[oid] for oid in missing)
+            assert repo.ls_remote() == {"HEAD": tips["refs/heads/main"], **tips}
+            remote = open_remote(repo.core, spec)
+            try:
+                assert run_fsck(remote.core, level="metadata").ok  # every object each ref needs is there
+            finally:
+                remote.close()
+    zygote.close()
+    print(f"push {duration:.3f} s, {outcomes}")
+    assert outcomes["killed"] >= RUNS // 3 and outcomes["remote existed"] >= RUNS // 3  # inside pushes
+
+
+def test_sigkill_during_fetch_then_fetch_resumes(tmp_path: Path) -> None:
+    source = build(tmp_path / "source")
+    source.remotes.add("origin", str(tmp_path / "remote"))
+    source.push("origin", ["main", "dev"], tags=True)
+    live = reachable(source)
+    sizes = {oid: source.store.stat(oid).stored_size for oid in live}
+    branches = source.remote_branches()
+    source.close()
+    local = tmp_path / "local"
+
+    def fresh() -> None:
+        subprocess.run(["rm", "-rf", str(local)], check=True)
+        with small_packs(local) as repo:
+            repo.remotes.add("origin", str(tmp_path / "remote"))
+
+    zygote = Zygote(local, "fetch")
+    durations = []
+    for _ in range(2):
+        fresh()
+        killed, took = zygote.run(None)
+        assert not killed and took is not None
+        durations.append(took)
+    rng = random.Random(20)
+    kept = 0
+    for _run in range(FETCH_RUNS):
+        fresh()
+        zygote.run(rng.uniform(0, min(durations)))
+        with ckvc.Repo.open(local) as repo:
+            assert repo.fsck().ok  # what the killed fetch left is whole, and no ref names anything missing
+            have = {oid for oid in live if repo.store.has(oid)}
+            kept += bool(have)
+            assert repo.remote_branches() in ({}, branches)
+            again = repo.fetch()
+            missing = live - have
+            assert again.stats.objects == len(missing)
+            assert again.stats.record_bytes == again.bytes_received == sum(sizes[oid] for oid in missing)
+            assert repo.remote_branches() == branches and repo.fsck(level="metadata").ok
+    zygote.close()
+    assert kept >= FETCH_RUNS // 3  # most runs were killed with verified packs already sealed
