@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from s3server import s3_bucket, s3_server  # noqa: F401 (fixtures: the S3 test server on loopback)
 
 import ckvc
 

@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from s3server import s3_backend
 
 from ckvc.errors import DamageWarning, InvalidRefNameError, RefConflictError, RefNotFoundError, StorageError
 from ckvc.ids import Buffer
@@ -26,7 +27,7 @@ from ckvc.storage.backend import Backend, BackendError, Version
 from ckvc.storage.local import LocalBackend
 from ckvc.storage.memory import MemoryBackend
 
-KINDS = ["local", "memory", "memory-object-store"]
+KINDS = ["local", "memory", "memory-object-store", "s3"]
 A, B, C, D = ("a" * 64), ("b" * 64), ("c" * 64), ("d" * 64)
 MAIN = "refs/heads/main"
 
@@ -37,6 +38,8 @@ def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Backend]
         root = tmp_path / "repo"
         root.mkdir()
         b: Backend = LocalBackend(root)
+    elif request.param == "s3":  # the object-store variant on a real S3 server (tests/s3server.py)
+        b = s3_backend(request.getfixturevalue("s3_server").endpoint, request.getfixturevalue("s3_bucket"))
     else:
         b = MemoryBackend(object_store_semantics=request.param == "memory-object-store")
     yield b

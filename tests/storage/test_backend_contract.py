@@ -1,8 +1,9 @@
 """The Backend contract: one suite, run against every implementation.
 
-LocalBackend on a temporary directory, MemoryBackend, and MemoryBackend with
-object-store semantics (no rename, no append, no file locks). A remote object
-store joins the parameter list when it exists.
+LocalBackend on a temporary directory, MemoryBackend, MemoryBackend with
+object-store semantics (no rename, no append, no file locks), and the S3 backend
+(ObjectStoreBackend) on a real S3 server on loopback (tests/s3server.py) and over
+obstore's in-process store.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from s3server import obstore_available, s3_backend
 
 from ckvc.errors import (
     CorruptObjectError,
@@ -27,8 +29,9 @@ from ckvc.storage import local
 from ckvc.storage.backend import Backend
 from ckvc.storage.local import LocalBackend
 from ckvc.storage.memory import MemoryBackend
+from ckvc.storage.objectstore import open_object_store
 
-KINDS = ["local", "memory", "memory-object-store"]
+KINDS = ["local", "memory", "memory-object-store", "s3", "obstore-memory"]
 
 
 @pytest.fixture(params=KINDS)
@@ -37,6 +40,10 @@ def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Backend]
         b: Backend = LocalBackend(tmp_path)
     elif request.param == "memory":
         b = MemoryBackend()
+    elif request.param == "s3":
+        b = s3_backend(request.getfixturevalue("s3_server").endpoint, request.getfixturevalue("s3_bucket"))
+    elif request.param == "obstore-memory":  # the same backend over obstore's in-process store
+        b = open_object_store("memory://") if obstore_available() else pytest.skip("obstore is not installed")
     else:
         b = MemoryBackend(object_store_semantics=True)
     yield b

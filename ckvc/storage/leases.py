@@ -1,0 +1,173 @@
+"""Locks on a store without OS locks: lease objects (docs/DESIGN.md, "Backends:
+local mechanisms on an object store", and "Object-store client").
+
+A holder of lock NAME writes ``locks/NAME/<uuid>`` holding (holder, shared or
+exclusive, expiry) with a conditional create, renews it by compare-and-swap every
+third of its term, and deletes it on release. Taking the lock is write, then
+list: a shared taker that sees an unexpired exclusive lease withdraws its own and
+waits; an exclusive taker that sees another exclusive lease withdraws and waits,
+and one that sees only shared leases keeps its own (the intent: no new pin gets
+in) and waits for them to go. Of two takers, the later one's listing sees the
+earlier one's lease (the store lists what was written before: S3, GCS and Azure
+list strongly), so two conflicting holders never both proceed; two exclusive
+takers that see each other both withdraw and retry after a random pause.
+
+An expired lease is a dead holder's: anyone may delete it. Expiry compares the
+holder's clock with the reader's, so the term must exceed the clock skew.
+Written against the Backend interface only (conditional writes, list, get,
+delete), so any backend with ``conditional_put`` can use it. A transient store
+error while taking the lock is another look at it, until the deadline (a create
+whose answer was lost finds its own unique key); one while releasing leaves the
+lease to expire.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import random
+import socket
+import threading
+import time
+import uuid
+import warnings
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from ckvc.errors import CkvcWarning, RefConflictError, RepositoryLockedError
+from ckvc.storage.backend import BackendError
+
+if TYPE_CHECKING:
+    from ckvc.storage.backend import Backend, Version
+
+LEASE_FOLDER = "locks"
+FIRST_POLL = 0.02  # seconds between looks at a held lock, growing to MAX_POLL
+MAX_POLL = 1.0
+
+
+@dataclass(frozen=True)
+class Lease:
+    key: str
+    shared: bool
+    expires: float  # seconds since the epoch, by the holder's clock
+
+
+def lease_bytes(holder: str, shared: bool, expires: float) -> bytes:
+    body = {"expires": round(expires, 3), "holder": holder, "pid": os.getpid(), "shared": shared}
+    return json.dumps({**body, "host": socket.gethostname()}, sort_keys=True).encode()
+
+
+class LeaseLocks:
+    """``hold(name)`` on ``backend`` with leases of ``term`` seconds."""
+
+    def __init__(self, backend: Backend, *, term: float = 60.0, folder: str = LEASE_FOLDER) -> None:
+        self.backend = backend
+        self.term = term
+        self.folder = folder
+
+    def leases(self, name: str) -> list[Lease]:
+        """The unexpired leases of ``name``; expired ones are deleted on the way."""
+        now = time.time()
+        found: list[Lease] = []
+        for key in list(self.backend.list(f"{self.folder}/{name}/")):
+            data = self.backend.get(key)
+            if data is None:  # released meanwhile
+                continue
+            try:
+                body = json.loads(data)
+                lease = Lease(key, bool(body["shared"]), float(body["expires"]))
+            except (ValueError, KeyError, TypeError):
+                info = self.backend.stat(key)  # unreadable: an exclusive lease, aged by the store's clock
+                lease = Lease(key, False, (info.mtime if info else now) + self.term)
+            if lease.expires < now:
+                self.backend.delete(key)
+            else:
+                found.append(lease)
+        return found
+
+    @contextlib.contextmanager
+    def hold(self, name: str, *, shared: bool = False, timeout: float = 30.0) -> Iterator[None]:
+        holder = uuid.uuid4().hex
+        key = f"{self.folder}/{name}/{holder}"
+        deadline = time.monotonic() + timeout
+        poll = FIRST_POLL
+        renewer: _Renewer | None = None
+        try:
+            while True:
+                try:
+                    if renewer is None:
+                        renewer = _Renewer(self, key, holder, shared)
+                    others = [lease for lease in self.leases(name) if lease.key != key]
+                    exclusive = [lease for lease in others if not lease.shared]
+                    if not others or (shared and not exclusive):
+                        break
+                    if exclusive:  # someone else holds or wants it exclusively: withdraw
+                        renewer.stop(delete=True)
+                        renewer = None
+                except BackendError as exc:  # a store hiccup: look again, until the deadline
+                    if not exc.transient or time.monotonic() + poll > deadline:
+                        raise
+                if time.monotonic() + poll > deadline:
+                    waited = f" (waited {timeout:.0f} s)" if timeout else ""
+                    raise RepositoryLockedError(f"{name} is locked by another process{waited}")
+                time.sleep(poll * random.uniform(0.5, 1.5))
+                poll = min(poll * 1.5, MAX_POLL)
+        except BaseException:
+            if renewer is not None:
+                renewer.stop(delete=True)
+            raise
+        try:
+            yield
+        finally:
+            lost = renewer.stop(delete=True)
+            if lost:
+                warnings.warn(
+                    f"the lease on {name} expired while held (renewals failed): another holder may have run",
+                    CkvcWarning,
+                    stacklevel=3,
+                )
+
+
+class _Renewer:
+    """Creates a lease and renews it every third of its term until stopped."""
+
+    def __init__(self, locks: LeaseLocks, key: str, holder: str, shared: bool) -> None:
+        self.locks, self.key, self.holder, self.shared = locks, key, holder, shared
+        try:
+            self.version: Version = locks.backend.compare_and_swap(key, None, self._bytes())
+        except RefConflictError:  # ours (the key is unique): an earlier try landed and its answer was lost
+            found = locks.backend.get_versioned(key)
+            if found is None:
+                raise BackendError(f"lease {key} vanished while being created", key=key, transient=True) from None
+            self.version = locks.backend.compare_and_swap(key, found[1], self._bytes())
+        self.lost = False
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"ckvc-lease {key}", daemon=True)
+        self._thread.start()
+
+    def _bytes(self) -> bytes:
+        return lease_bytes(self.holder, self.shared, time.time() + self.locks.term)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.locks.term / 3):
+            try:
+                self.version = self.locks.backend.compare_and_swap(self.key, self.version, self._bytes())
+            except RefConflictError:  # deleted as expired: the lease is gone
+                self.lost = True
+                return
+            except Exception:  # a failed renewal is retried at the next tick; expiry is the bound
+                continue
+
+    def stop(self, *, delete: bool) -> bool:
+        """Stop renewing (and delete the lease); whether it was lost while held."""
+        self._stop.set()
+        self._thread.join()
+        if delete and not self.lost:
+            try:
+                self.locks.backend.delete(self.key)
+            except BackendError as exc:  # left behind, it expires within its term
+                if not exc.transient:
+                    raise
+        return self.lost

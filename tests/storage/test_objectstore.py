@@ -1,0 +1,162 @@
+"""What the S3 backend does beyond the Backend contract: opening by URL, the
+prefix and the endpoint variable, coalesced range reads (counted at the wire),
+multipart sinks and their abort, and lease locks (on the memory twin, where
+time can be short)."""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+from fault_proxy import FaultProxy
+from s3server import S3Server, fake_credentials, obstore_available, s3_backend
+
+from ckvc.errors import InvalidInputError, RepositoryLockedError
+from ckvc.storage.leases import LeaseLocks, lease_bytes
+from ckvc.storage.memory import MemoryBackend
+from ckvc.storage.objectstore import MIN_PART_SIZE, open_object_store
+
+
+@pytest.fixture
+def proxy(s3_server: S3Server) -> Iterator[FaultProxy]:
+    with FaultProxy(s3_server.endpoint) as p:
+        yield p
+
+
+@pytest.fixture
+def credentials(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Fake keys, so that nothing looks for real ones (opening makes no request)."""
+    if not obstore_available():
+        pytest.skip("obstore is not installed (pip install -e '.[remote]')")
+    with fake_credentials(monkeypatch):
+        yield
+
+
+@pytest.mark.usefixtures("credentials")
+def test_urls_and_options_are_checked() -> None:
+    for url in ["/tmp/x", "http://bucket/x", "s3:///prefix", "file:///tmp"]:
+        with pytest.raises(InvalidInputError):
+            open_object_store(url)
+    with pytest.raises(InvalidInputError, match="plain http to another machine"):
+        open_object_store("s3://b/p", endpoint="http://10.0.0.8:9000")
+    with pytest.raises(InvalidInputError, match="not an http"):
+        open_object_store("s3://b/p", endpoint="ftp://127.0.0.1")
+    with pytest.raises(InvalidInputError, match="unknown object store option"):
+        open_object_store("s3://b/p", endpoint="http://127.0.0.1:1", colour="blue")
+    with pytest.raises(InvalidInputError, match="minimum of 5 MiB"):
+        open_object_store("memory://", part_size=1 << 20)
+    assert open_object_store("s3://b/p", endpoint="http://10.0.0.8:9000", allow_http=True).url == "s3://b/p"
+
+
+@pytest.mark.usefixtures("credentials")
+def test_memory_url_is_a_working_store() -> None:
+    backend = open_object_store("memory://")
+    v = backend.compare_and_swap("refs/heads/main", None, b"x")
+    assert backend.get_versioned("refs/heads/main") == (b"x", v)
+    assert list(backend.list("")) == ["refs/heads/main"]
+
+
+def test_endpoint_variable_and_prefix(s3_server: S3Server, s3_bucket: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AWS_ENDPOINT_URL", s3_server.endpoint)
+    backend = open_object_store(f"s3://{s3_bucket}/team/models")
+    backend.put("config", b"{}")
+    other = open_object_store(f"s3://{s3_bucket}/team")
+    assert list(other.list("")) == ["models/config"]  # the prefix is a folder of the bucket
+    assert other.get("models/config") == b"{}"
+    listing = s3_server.request("GET", f"/{s3_bucket}?list-type=2").decode()
+    assert "<Key>team/models/config</Key>" in listing
+
+
+def test_read_ranges_coalesce_into_few_requests(proxy: FaultProxy, s3_bucket: str) -> None:
+    data = os.urandom(12 << 20)
+    backend = s3_backend(proxy.endpoint, s3_bucket, max_request=1 << 20)
+    backend.put("packs/p.pack", data)
+
+    def gets(ranges: list[tuple[int, int]]) -> int:
+        before = len(proxy.requests)
+        got = [(o, bytes(b)) for o, b in backend.read_ranges("packs/p.pack", ranges)]
+        assert got == [(o, data[o : o + n]) for o, n in ranges]
+        return sum(1 for m, _ in proxy.requests[before:] if m == "GET")
+
+    adjacent = [(i * 4096, 4096) for i in range(64)]  # 256 KiB back to back
+    assert gets(adjacent) == 1
+    assert gets(adjacent[::-1]) == 1  # any order: yielded as asked
+    near = [(i * 8192, 4096) for i in range(64)]  # 4 KiB gaps: cheaper read than requested
+    assert gets(near) == 1
+    far = [(i * (3 << 20), 1000) for i in range(4)]  # 3 MiB apart: one request each
+    assert gets(far) == 4
+    capped = [(i * 65536, 65536) for i in range(48)]  # 3 MiB contiguous, 1 MiB per request
+    assert gets(capped) == 3
+    assert gets([]) == 0
+
+
+def test_multipart_sink_publish_and_abort(s3_server: S3Server, s3_bucket: str) -> None:
+    backend = s3_backend(s3_server.endpoint, s3_bucket, part_size=MIN_PART_SIZE)
+    data = os.urandom(2 * MIN_PART_SIZE + 777)
+    sink = backend.open_sink("packs/m.pack")
+    sink.write(data[:100])
+    sink.write(memoryview(data)[100:])
+    assert sink.size == len(data)
+    assert backend.stat("packs/m.pack") is None and list(backend.list("packs/")) == []
+    sink.publish()
+    assert backend.get("packs/m.pack") == data
+    with pytest.raises(ValueError, match="published or aborted"):
+        sink.write(b"more")
+
+    dropped = backend.open_sink("packs/gone.pack")
+    dropped.write(data)
+    dropped.abort()
+    dropped.abort()  # twice is fine
+    assert backend.stat("packs/gone.pack") is None
+    uploads = s3_server.request("GET", f"/{s3_bucket}?uploads").decode()
+    assert "<UploadId>" not in uploads  # aborted, not left for a lifecycle rule
+
+
+def test_a_dead_holders_lease_expires() -> None:
+    backend = MemoryBackend(object_store_semantics=True)
+    locks = LeaseLocks(backend, term=60)
+    backend.put("locks/gc.lock/dead", lease_bytes("dead", shared=False, expires=time.time() - 1))
+    backend.put("locks/gc.lock/garbled", b"not a lease")  # unreadable: exclusive, aged by its mtime
+    with (
+        pytest.raises(RepositoryLockedError, match=r"gc\.lock is locked by another process"),
+        locks.hold("gc.lock", timeout=0),
+    ):
+        pass
+    assert "locks/gc.lock/dead" not in list(backend.list("locks/"))
+    backend.delete("locks/gc.lock/garbled")
+    with locks.hold("gc.lock", timeout=0):
+        [mine] = list(backend.list("locks/gc.lock/"))
+        lease = json.loads(backend.get(mine) or b"")
+        assert lease["shared"] is False and lease["expires"] > time.time() + 50
+    assert list(backend.list("locks/")) == []  # released: gone
+
+
+def test_a_held_lease_is_renewed() -> None:
+    backend = MemoryBackend(object_store_semantics=True)
+    locks = LeaseLocks(backend, term=1.0)
+    held, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with locks.hold("gc.lock"):
+            held.set()
+            release.wait(10)
+
+    t = threading.Thread(target=hold)
+    t.start()
+    try:
+        assert held.wait(10)
+        first = backend.get_versioned(next(iter(backend.list("locks/gc.lock/"))))
+        time.sleep(1.3)  # past its term: without the renewals (every third of it) the lease would have expired
+        with pytest.raises(RepositoryLockedError), locks.hold("gc.lock", shared=True, timeout=0):
+            pass
+        again = backend.get_versioned(next(iter(backend.list("locks/gc.lock/"))))
+        assert first is not None and again is not None and again[1] != first[1]
+    finally:
+        release.set()
+        t.join()
+    with locks.hold("gc.lock", timeout=0):
+        pass
