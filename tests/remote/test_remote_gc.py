@@ -239,12 +239,12 @@ def test_push_in_flight_holds_off_the_delete(tmp_path: Path, where: Where) -> No
             worker.start()
             assert planned.wait(60)
 
-    s.b.push("origin", ["side2"], progress=progress)
+    pushed = s.b.push("origin", ["side2"], progress=progress)
     worker.join(120)
     assert not errors and reports
     report = reports[0]
-    # everything was doomed at planning (s1's packs and b's unreferenced uploads)
-    assert report.packs_deleted == 0 and len(report.kept_revived) >= 4
+    # doomed at planning: s1's packs and b's uploads (no ref named them yet); all spared
+    assert report.packs_deleted == 0 and len(report.kept_revived) == len(s.dead) + pushed.stats.packs
     assert remote_fsck_ok(s.a)
     check_clone(tmp_path, s, {s2: s.b, s.s1: s.a})
     close(s)
