@@ -149,6 +149,7 @@ def test_gc_deletes_exactly_the_dead_packs(tmp_path: Path, where_s3: Where) -> N
     assert done.kept_revived == []
     assert packs(s.backend) == {k: v for k, v in listing.items() if k not in s.dead}
     assert not [k for k in s.backend.list("packs/") if "retired" in k or k.endswith(".trash")]
+    assert not list(s.backend.list("locks/"))  # every lease (pushes' pins, gc's locks) released
     assert remote_fsck_ok(s.a)
     check_clone(tmp_path, s, {c: s.a for c in s.main})
     again = s.a.gc_remote(now=True)
@@ -212,10 +213,10 @@ def test_push_between_plan_and_delete_revives_what_it_needs(tmp_path: Path, wher
     close(s)
 
 
-def test_push_in_flight_holds_off_the_delete(tmp_path: Path, where: Where) -> None:
+def test_push_in_flight_holds_off_the_delete(tmp_path: Path, where_s3: Where) -> None:
     """b has uploaded everything and not yet moved its ref when gc plans: gc
     waits for b's pin, then sees the ref and deletes nothing b needs."""
-    s = setup(tmp_path, where)
+    s = setup(tmp_path, where_s3)
     s2 = s2_on_s1(s)
     planned = threading.Event()
     reports: list[Any] = []
