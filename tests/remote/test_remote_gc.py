@@ -25,6 +25,7 @@ from helpers import assert_state_equal
 import ckvc
 from ckvc.cli import cli
 from ckvc.errors import RepositoryLockedError
+from ckvc.remote import gc as remote_gc
 from ckvc.remote import push as push_module
 from ckvc.remote.gc import gc_remote
 from ckvc.remote.location import forget_memory_remote, open_backend
@@ -309,4 +310,24 @@ def test_cli_gc_remote(tmp_path: Path, where: Where) -> None:
     assert "2 packs deleted" in done.output
     missing = runner.invoke(cli, ["-C", str(tmp_path / "a"), "gc", "--remote", "nowhere"])
     assert missing.exit_code != 0 and "nowhere" in missing.output
+    close(s)
+
+
+def test_a_gc_killed_before_deleting_is_finished_by_the_next(
+    tmp_path: Path, where: Where, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Killed after retiring (record or trash written, packs not deleted): the
+    remote is whole meanwhile and the next gc deletes what the first retired."""
+    s = setup(tmp_path, where)
+    listing = packs(s.backend)
+    with monkeypatch.context() as m:
+        m.setattr(remote_gc, "purge_retired", lambda store: None)
+        first = gc_remote(s.a.core, now=True)
+    assert first.packs_deleted == 2
+    assert remote_fsck_ok(s.a)
+    check_clone(tmp_path, s, {c: s.a for c in s.main})
+    second = gc_remote(s.a.core, now=True)
+    assert second.packs_deleted == 0  # nothing new to retire; the leftovers are purged
+    assert packs(s.backend) == {k: v for k, v in listing.items() if k not in s.dead}
+    assert not [k for k in s.backend.list("packs/") if "retired" in k or k.endswith(".trash")]
     close(s)
