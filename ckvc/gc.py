@@ -244,13 +244,13 @@ def plan_gc(repo: Repository, *, grace_s: float, repack_threshold: float, reflog
         if now - tmp.mtime >= grace_s:
             plan.leftovers.append(tmp.key.rpartition("/")[2])
             plan.leftover_bytes += tmp.size
-    for key, size in _retired_leftovers(store):
+    for key, size in retired_leftovers(store):
         plan.leftovers.append(key.rpartition("/")[2])
         plan.leftover_bytes += size
     return plan
 
 
-def _retired_leftovers(store: ObjectStore) -> list[tuple[str, int]]:
+def retired_leftovers(store: ObjectStore) -> list[tuple[str, int]]:
     """(key, bytes it still holds) of what earlier gc runs retired and did not
     finish deleting: trash files, or retirement records with the packs they name."""
     backend = store.backend

@@ -38,7 +38,7 @@ from typing import Any
 from ckvc import graph
 from ckvc.core import Repository
 from ckvc.errors import CkvcError, CorruptObjectError, ObjectNotFoundError, after_landing, storage_errors
-from ckvc.gc import CRITICAL_SECTION_TIMEOUT_S, mark, purge_retired, retire_packs
+from ckvc.gc import CRITICAL_SECTION_TIMEOUT_S, mark, purge_retired, retire_packs, retired_leftovers
 from ckvc.ids import ObjectType
 from ckvc.objects import Snapshot
 from ckvc.remote.common import remotes_of
@@ -72,6 +72,7 @@ class RemoteGcReport:
     dry_run: bool
     live_objects: int = 0
     packs: list[RemotePack] = field(default_factory=list)
+    leftover_bytes: int = 0  # what an earlier gc retired and did not finish deleting
     executed: bool = False
     packs_deleted: int = 0
     bytes_freed: int = 0
@@ -85,7 +86,7 @@ class RemoteGcReport:
 
     @property
     def bytes_to_delete(self) -> int:
-        return sum(p.size for p in self.packs if p.action == "delete")
+        return self.leftover_bytes + sum(p.size for p in self.packs if p.action == "delete")
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -99,6 +100,7 @@ class RemoteGcReport:
             "bytes_to_delete": self.bytes_to_delete,
             "packs_in_grace_period": self.count("young"),
             "packs_unreadable": self.count("unreadable"),
+            "leftover_bytes": self.leftover_bytes,
             "executed": self.executed,
             "packs_deleted": self.packs_deleted,
             "bytes_freed": self.bytes_freed,
@@ -200,26 +202,27 @@ def _read_pack(remote: Remote, name: str, now: float, grace_s: float) -> RemoteP
 
 
 @dataclass
-class _Marks:
+class GcMarks:
     live: set[bytes] = field(default_factory=set)
     visited: set[str] = field(default_factory=set)  # commits walked
 
 
-def plan_remote_gc(remote: Remote, *, grace_s: float, reflog_expiry_s: float) -> tuple[RemoteGcReport, _Marks]:
+def plan_remote_gc(remote: Remote, *, grace_s: float, reflog_expiry_s: float) -> tuple[RemoteGcReport, GcMarks]:
     """The packs of ``remote`` and what gc would do with each. Writes nothing."""
     core = remote.core
     core.store.refresh()
     report = RemoteGcReport(remote.spec.name, remote.spec.url, grace_s, dry_run=True)
-    marks = _Marks()
+    marks = GcMarks()
     mark(core, marks.live, marks.visited, reflog_expiry_s=reflog_expiry_s)
     now = time.time()
     report.packs = [_read_pack(remote, name, now, grace_s) for name in core.store.packs()]
     _settle(core, report.packs, marks.live, marks.visited)
     report.live_objects = len(marks.live)
+    report.leftover_bytes = sum(size for _, size in retired_leftovers(core.store))
     return report, marks
 
 
-def _execute(remote: Remote, report: RemoteGcReport, marks: _Marks, reflog_expiry_s: float, hook: Hook | None) -> None:
+def _execute(remote: Remote, report: RemoteGcReport, marks: GcMarks, reflog_expiry_s: float, hook: Hook | None) -> None:
     core = remote.core
     store = core.store
     live, visited = marks.live, marks.visited
@@ -251,11 +254,11 @@ def _execute(remote: Remote, report: RemoteGcReport, marks: _Marks, reflog_expir
             store.backend.sync(f"{PACK_DIR}/")
         report.critical_section_s = time.perf_counter() - entered
     report.packs_deleted = len(removed)
-    report.bytes_freed = sum(p.size for p in removed)
     if hook is not None:
         hook("retired")
     with after_landing(done):
         purge_retired(store)
+    report.bytes_freed = report.leftover_bytes + sum(p.size for p in removed)
 
 
 def gc_remote(

@@ -326,8 +326,10 @@ def test_a_gc_killed_before_deleting_is_finished_by_the_next(
     assert first.packs_deleted == 2
     assert remote_fsck_ok(s.a)
     check_clone(tmp_path, s, {c: s.a for c in s.main})
+    dry = gc_remote(s.a.core, now=True, dry_run=True)
+    assert dry.count("delete") == 0 and dry.bytes_to_delete == dry.leftover_bytes == sum(s.dead.values())
     second = gc_remote(s.a.core, now=True)
-    assert second.packs_deleted == 0  # nothing new to retire; the leftovers are purged
+    assert second.packs_deleted == 0 and second.bytes_freed == sum(s.dead.values())  # the leftovers
     assert packs(s.backend) == {k: v for k, v in listing.items() if k not in s.dead}
     assert not [k for k in s.backend.list("packs/") if "retired" in k or k.endswith(".trash")]
     close(s)
