@@ -305,6 +305,9 @@ def test_cli_gc_remote(tmp_path: Path, where: Where) -> None:
     body = json.loads(dry.output)
     assert body["packs_to_delete"] == 2 and body["bytes_to_delete"] == sum(s.dead.values())
     assert not body["executed"] and packs(s.backend) == listing
+    young = runner.invoke(cli, ["-C", str(tmp_path / "a"), "gc", "--remote", "origin", "--grace", "1h", "--json"])
+    assert young.exit_code == 0, young.output
+    assert json.loads(young.output)["packs_in_grace_period"] == len(listing) and packs(s.backend) == listing
     done = runner.invoke(cli, args)
     assert done.exit_code == 0, done.output
     assert "2 packs deleted" in done.output
