@@ -336,3 +336,28 @@ def test_a_gc_killed_before_deleting_is_finished_by_the_next(
     assert packs(s.backend) == {k: v for k, v in listing.items() if k not in s.dead}
     assert not [k for k in s.backend.list("packs/") if "retired" in k or k.endswith(".trash")]
     close(s)
+
+
+def test_an_interrupted_push_keeps_what_its_young_packs_need(tmp_path: Path) -> None:
+    """b's push of s2 (on the dead s1) dies after uploading, before its ref: its
+    packs are young, s1's old. gc keeps s1's packs for them, so b's retry, whose
+    walk stops at s2 already on the remote, moves a ref to complete data."""
+    s = setup(tmp_path, Where(str(tmp_path / "remote")))
+    s2 = s2_on_s1(s)
+    old = time.time() - 7200
+    for key in packs(s.backend):
+        os.utime(Path(s.where.url) / key, (old, old))
+
+    def die(done: int, total: int) -> None:
+        if done == total and total:
+            raise KeyboardInterrupt  # killed between the uploads and the ref move
+
+    with pytest.raises(KeyboardInterrupt):
+        s.b.push("origin", ["side2"], progress=die)
+    report = s.a.gc_remote(grace_s=3600)
+    assert report.packs_deleted == 0 and report.count("young") == 2
+    retry = s.b.push("origin", ["side2"])
+    assert retry.stats.objects == 0  # all of s2 was there, and what it needs too
+    assert remote_fsck_ok(s.a)
+    check_clone(tmp_path, s, {s2: s.b, s.s1: s.a})
+    close(s)
