@@ -244,13 +244,13 @@ def plan_gc(repo: Repository, *, grace_s: float, repack_threshold: float, reflog
         if now - tmp.mtime >= grace_s:
             plan.leftovers.append(tmp.key.rpartition("/")[2])
             plan.leftover_bytes += tmp.size
-    for key, size in _retired_leftovers(store):
+    for key, size in retired_leftovers(store):
         plan.leftovers.append(key.rpartition("/")[2])
         plan.leftover_bytes += size
     return plan
 
 
-def _retired_leftovers(store: ObjectStore) -> list[tuple[str, int]]:
+def retired_leftovers(store: ObjectStore) -> list[tuple[str, int]]:
     """(key, bytes it still holds) of what earlier gc runs retired and did not
     finish deleting: trash files, or retirement records with the packs they name."""
     backend = store.backend
@@ -267,7 +267,7 @@ def _retired_leftovers(store: ObjectStore) -> list[tuple[str, int]]:
     return [(key, held if i == 0 else 0) for i, key in enumerate(records)]
 
 
-def _retire(store: ObjectStore, names: list[str]) -> None:
+def retire_packs(store: ObjectStore, names: list[str]) -> None:
     """Take removed packs out of the listing at once, for deletion after the
     critical section: a rename to trash, or on a backend that cannot rename, one
     record naming them (pack enumeration skips what a record names)."""
@@ -279,7 +279,7 @@ def _retire(store: ObjectStore, names: list[str]) -> None:
         backend.put(pack_key(f"{RETIRED_PREFIX}{uuid.uuid4().hex}{RETIRED_SUFFIX}"), "\n".join(names).encode())
 
 
-def _purge(store: ObjectStore) -> None:
+def purge_retired(store: ObjectStore) -> None:
     """Delete what retirement left: the trash, or the packs each record names and then the record."""
     backend = store.backend
     if backend.capabilities.atomic_rename:
@@ -367,7 +367,7 @@ def execute_gc(repo: Repository, plan: GcPlan, *, reflog_expiry_s: float) -> GcR
                 report.packs_repacked += 1
         done = f"gc removed {len(removed)} packs from the index; the next gc deletes any file left behind"
         with after_landing(done):
-            _retire(store, [pack.name for pack in removed])
+            retire_packs(store, [pack.name for pack in removed])
             # No writer is in flight now, so temporary packs past the grace period are orphans.
             for name in plan.leftovers:
                 if name.endswith(TMP_SUFFIX):
@@ -379,7 +379,7 @@ def execute_gc(repo: Repository, plan: GcPlan, *, reflog_expiry_s: float) -> GcR
             info = store.pack_info(name)
             report.bytes_freed -= info.size if info is not None else 0
         report.bytes_freed += plan.leftover_bytes
-        _purge(store)
+        purge_retired(store)
     report.seconds = time.perf_counter() - started
     return report
 

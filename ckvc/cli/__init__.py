@@ -1175,13 +1175,29 @@ def retain(
 @click.option("--dry-run", is_flag=True, help="Only print what would be reclaimed.")
 @click.option("--now", is_flag=True, help="Skip the grace period (only when nothing else is writing).")
 @click.option("--grace", default=None, metavar="DURATION", help="Grace period for young packs (default from config).")
+@click.option("--remote", "remote", default=None, metavar="NAME", help="Collect the packs of this remote instead.")
 @json_option
 @click.pass_obj
-def gc(obj: Context, dry_run: bool, now: bool, grace: str | None, as_json: bool) -> None:
+def gc(obj: Context, dry_run: bool, now: bool, grace: str | None, remote: str | None, as_json: bool) -> None:
     """Reclaim space: delete what no ref, recent reflog entry or unpruned commit
     needs, and repack mostly-dead packs."""
     from ckvc.retention_policy import parse_duration
 
+    if remote is not None:
+        done = obj.repo.gc_remote(remote, dry_run=dry_run, now=now, grace_s=parse_duration(grace) if grace else None)
+        if as_json:
+            _emit_json(done.to_json())
+            return
+        click.echo(
+            f"remote {done.remote}: {done.live_objects} live objects; {done.count('delete')} of "
+            f"{len(done.packs)} packs to delete ({human_bytes(done.bytes_to_delete)}), "
+            f"{done.count('young')} in the grace period"
+        )
+        if done.executed:
+            click.echo(f"freed {human_bytes(done.bytes_freed)}: {done.packs_deleted} packs deleted")
+            if done.kept_revived:
+                click.echo(f"{len(done.kept_revived)} packs kept: a concurrent push needs them")
+        return
     report = obj.repo.gc(dry_run=dry_run, now=now, grace_s=parse_duration(grace) if grace else None)
     if as_json:
         _emit_json(report.to_json())

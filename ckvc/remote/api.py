@@ -14,6 +14,7 @@ from ckvc.core import ProgressCallback, Repository
 if TYPE_CHECKING:
     from ckvc.fsck import FsckReport
     from ckvc.remote.common import FetchResult, PullResult, PushResult
+    from ckvc.remote.gc import RemoteGcReport
     from ckvc.remote.location import RemoteList
 
 Facade = TypeVar("Facade", bound="RemoteOps")
@@ -77,6 +78,14 @@ class RemoteOps:
         from ckvc.remote.clone import fsck_remote
 
         return fsck_remote(self.core, remote, level=level, sample=sample, progress=progress)
+
+    def gc_remote(
+        self, remote: str = "origin", *, dry_run: bool = False, now: bool = False, grace_s: float | None = None
+    ) -> RemoteGcReport:
+        """Delete the packs of ``remote`` that nothing live needs, safe against concurrent pushes."""
+        from ckvc.remote.gc import gc_remote
+
+        return gc_remote(self.core, remote, dry_run=dry_run, now=now, grace_s=grace_s)
 
     @classmethod
     def clone(

@@ -165,15 +165,21 @@ def push(
                 )
             plan.append(RefUpdate(full, old, new, forced=not forward))
         if plan:
-            _raise_format(handle, local.config)
-            max_pack = min(local.config.max_pack_size, handle.core.config.max_pack_size)
-            work = _plan_push(local, handle, [u.new for u in plan], max_pack)
-            _upload(local, handle, work, max_pack, result.stats, progress)
-            for update in plan:
-                handle.core.refs.set_if_equals(update.ref, update.old, update.new, f"push: from {local.config.repo_id}")
-                result.updated.append(update)
-                if update.ref.startswith(BRANCH_PREFIX):
-                    move_tracking(local, spec.name, update.ref[len(BRANCH_PREFIX) :], update.new, "push")
+            # The remote's writer pin from the walk to the last ref move, and the
+            # catalog refreshed under it: a remote gc deletes nothing this push
+            # counts on (docs/DESIGN.md, "Remote gc").
+            with handle.core.store.pin():
+                handle.core.store.refresh()
+                _raise_format(handle, local.config)
+                max_pack = min(local.config.max_pack_size, handle.core.config.max_pack_size)
+                work = _plan_push(local, handle, [u.new for u in plan], max_pack)
+                _upload(local, handle, work, max_pack, result.stats, progress)
+                for update in plan:
+                    message = f"push: from {local.config.repo_id}"
+                    handle.core.refs.set_if_equals(update.ref, update.old, update.new, message)
+                    result.updated.append(update)
+                    if update.ref.startswith(BRANCH_PREFIX):
+                        move_tracking(local, spec.name, update.ref[len(BRANCH_PREFIX) :], update.new, "push")
         else:
             for full, new in updates:
                 if full.startswith(BRANCH_PREFIX):

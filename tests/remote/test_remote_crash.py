@@ -94,8 +94,10 @@ class Zygote:
         assert self.proc.stdin is not None and self.proc.stdout is not None
         self.proc.stdin.write("\n")
         self.proc.stdin.flush()
-        pid = int(self.proc.stdout.readline())
-        assert self.proc.stdout.readline().strip() == "started"  # the repository is open: the push begins
+        # the zygote's pid line and the child's "started" share the pipe in either order
+        first, second = self.proc.stdout.readline().strip(), self.proc.stdout.readline().strip()
+        assert "started" in (first, second)  # the repository is open: the push begins
+        pid = int(second if first == "started" else first)
         if kill_after is not None:
             time.sleep(kill_after)
             with contextlib.suppress(ProcessLookupError):  # it finished and was reaped already

@@ -90,7 +90,7 @@ def test_a_gc_killed_before_its_purge_is_finished_by_the_next(repo: ckvc.Repo, m
     main, dead_packs = with_dead_branch(repo)
     backend = on_object_store(repo)
     with monkeypatch.context() as m:
-        m.setattr(ckvc_gc, "_purge", lambda store: None)  # as if killed right after the critical section
+        m.setattr(ckvc_gc, "purge_retired", lambda store: None)  # as if killed right after the critical section
         repo.gc(now=True)
     (record,) = [k for k in keys(backend) if RETIRED_PREFIX in k]
     assert {pack_key(p) for p in dead_packs} <= keys(backend)  # still there, but retired:
