@@ -8,7 +8,7 @@ backend's type:
   sections 11.4 and 17);
 - **one key per entry**: where a backend cannot append (object stores), each
   batch is its own immutable key ``<log>/~<time_ns, 20 digits>-<16 hex>``
-  (docs/FORMAT.md, "Remote layout draft"). ``~`` cannot occur in a ref name, so
+  (docs/FORMAT.md section 18.3). ``~`` cannot occur in a ref name, so
   entry keys never collide with the logs of refs nested below a ref; the zero
   padded time makes the backend's sorted listing the log's order.
 

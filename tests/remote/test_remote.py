@@ -231,15 +231,20 @@ def test_racing_pushers_one_wins_nothing_lost(tmp_path: Path, url: str) -> None:
         repo.close()
 
 
-def flip_byte_in_a_chunk(url: str, endpoint: str | None = None) -> str:
-    """Flip one payload byte of a chunk record in a remote pack; returns the pack's key."""
+def flip_byte_in_a_chunk(url: str, endpoint: str | None = None, among: set[bytes] | None = None) -> str:
+    """Flip one payload byte of a chunk record (one of ``among``, if given) in a
+    remote pack; returns the pack's key."""
     backend = open_backend(url, endpoint=endpoint)
     for key in backend.list("packs/"):
         if not key.endswith(".pack"):
             continue
         entries = read_toc(backend, key)
         assert entries is not None
-        chunks = [e for e in entries if e.kind == 1 and e.record_size > RECORD_HEADER_SIZE + 64]
+        chunks = [
+            e
+            for e in entries
+            if e.kind == 1 and e.record_size > RECORD_HEADER_SIZE + 64 and (among is None or e.oid in among)
+        ]
         if chunks:
             data = bytearray(backend.get(key) or b"")
             data[chunks[0].offset + RECORD_HEADER_SIZE + 40] ^= 0x10

@@ -78,7 +78,7 @@ def test_s3_lost_race_and_corrupt_object(tmp_path: Path, s3: tuple[str, str]) ->
         a.push(progress=b_first)
     assert a.ls_remote()["refs/heads/main"] == b_tip
 
-    key = flip_byte_in_a_chunk(url, endpoint)
+    key = flip_byte_in_a_chunk(url, endpoint, among=reachable(b))  # not one of a's unreferenced uploads
     c = new_repo(tmp_path, "c")
     c.remotes.add("origin", url, endpoint=endpoint)
     with pytest.raises(CorruptObjectError) as info:
