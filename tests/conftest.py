@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from fault_proxy import s3_proxy  # noqa: F401 (fixture: a fault-injecting proxy in front of it)
 from s3server import s3_bucket, s3_server  # noqa: F401 (fixtures: the S3 test server on loopback)
 
 import ckvc

@@ -82,6 +82,12 @@ def serve(atomic_writes: bool) -> None:
     if atomic_writes:
         app = serialized(app, MUTATING)
     server = make_server("127.0.0.1", 0, app, threaded=True, request_handler=MotoRequestHandler)
+
+    def exit_with_parent() -> None:  # stdin is a pipe from the test process: EOF means it is gone
+        sys.stdin.read()
+        os._exit(0)
+
+    threading.Thread(target=exit_with_parent, daemon=True).start()
     print(server.port, flush=True)
     server.serve_forever()
 
@@ -99,7 +105,7 @@ class S3Server:
         # Objects in memory (moto's default spills those over 5 MiB to temporary files).
         env["MOTO_S3_DEFAULT_KEY_BUFFER_SIZE"] = str(1 << 30)
         args = [sys.executable, os.path.abspath(__file__)] + ([] if atomic_writes else ["--concurrent-writes"])
-        process = subprocess.Popen(args, stdout=subprocess.PIPE, text=True, env=env)
+        process = subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
         assert process.stdout is not None
         line = process.stdout.readline()
         if not line.strip().isdigit():
@@ -131,8 +137,9 @@ class S3Server:
     def stop(self) -> None:
         self.process.kill()
         self.process.wait(30)
-        if self.process.stdout is not None:
-            self.process.stdout.close()
+        for pipe in (self.process.stdin, self.process.stdout):
+            if pipe is not None:
+                pipe.close()
 
 
 def s3_backend(endpoint: str, bucket: str, prefix: str = "repo", **options: Any) -> ObjectStoreBackend:

@@ -28,6 +28,7 @@ import concurrent.futures
 import contextlib
 import ipaddress
 import os
+import queue
 import re
 import threading
 import urllib.parse
@@ -129,8 +130,6 @@ class ObjectStoreSink(Sink):
     _END = object()
 
     def __init__(self, backend: ObjectStoreBackend, key: str, part_size: int, queue_parts: int = 2) -> None:
-        import queue
-
         self._backend = backend
         self.key = key
         self._part_size = part_size
@@ -155,11 +154,7 @@ class ObjectStoreSink(Sink):
     def _failure(self) -> BaseException:
         err = self._error
         assert err is not None
-        return (
-            err
-            if isinstance(err, BackendError | ObjectNotFoundError)
-            else self._backend.map_error(err, "upload", self.key)
-        )
+        return err if isinstance(err, CkvcError) else self._backend.map_error(err, "upload", self.key)
 
     def write(self, data: Buffer) -> None:
         self._check_open("write to")
@@ -173,15 +168,16 @@ class ObjectStoreSink(Sink):
                 self._send(self._buf)
                 self._buf = bytearray()
 
-    def _send(self, part: bytearray) -> None:
+    def _send(self, item: object) -> None:
+        """Queue a part (or the end) for the worker, started by the first part."""
         if self._worker is None:
             self._worker = threading.Thread(target=self._upload, name=f"ckvc-upload {self.key}", daemon=True)
             self._worker.start()
         while True:  # put with a timeout, so that a failed upload does not block the writer forever
             if self._error is not None:
                 raise self._failure()
-            with contextlib.suppress(Exception):
-                self._queue.put(part, timeout=0.1)
+            with contextlib.suppress(queue.Full):
+                self._queue.put(item, timeout=0.1)
                 return
 
     def _feed(self) -> Iterator[Buffer]:
@@ -213,7 +209,7 @@ class ObjectStoreSink(Sink):
         if self._buf:
             self._send(self._buf)
             self._buf = bytearray()
-        self._queue.put(self._END)
+        self._send(self._END)
         self._worker.join()
         if self._error is not None:
             raise self._failure()
@@ -225,7 +221,8 @@ class ObjectStoreSink(Sink):
         self._buf = bytearray()
         if self._worker is not None:
             self._aborting.set()
-            self._queue.put(None)  # wakes the feed, which raises: obstore aborts the upload
+            with contextlib.suppress(CkvcError):  # the upload failed already: nothing to abort
+                self._send(None)  # wakes the feed, which raises: obstore aborts the upload
             self._worker.join()
 
 
@@ -336,13 +333,30 @@ class ObjectStoreBackend(Backend):
 
     # ---- reads --------------------------------------------------------------------
     def read_into(self, key: str, offset: int, out: memoryview) -> None:
-        out.cast("B")[:] = self._range(key, offset, out.nbytes)
+        self.readv_into(key, offset, [out])
 
     def readv_into(self, key: str, offset: int, buffers: Sequence[memoryview]) -> None:
-        got = self._range(key, offset, sum(b.nbytes for b in buffers))
+        """One ranged GET scattered into ``buffers``; a read over ``max_request`` is
+        GETs of that size in parallel (a request stays short enough for the
+        per-request timeout on a slow link, and the pieces use the connections)."""
+        total = sum(b.nbytes for b in buffers)
+        starts = range(offset, offset + total, self.max_request)
+        if len(starts) <= 1:
+            pieces = [self._range(key, offset, total)]
+        else:
+            end = offset + total
+            pieces = list(self.pool().map(lambda at: self._range(key, at, min(self.max_request, end - at)), starts))
+        piece = 0
+        got = pieces[0]
         for buf in buffers:
-            buf.cast("B")[:] = got[: buf.nbytes]
-            got = got[buf.nbytes :]
+            out = buf.cast("B")
+            while out.nbytes:
+                if not got.nbytes:
+                    piece += 1
+                    got = pieces[piece]
+                n = min(out.nbytes, got.nbytes)
+                out[:n] = got[:n]
+                out, got = out[n:], got[n:]
 
     def read_ranges(self, key: str, ranges: Sequence[tuple[int, int]]) -> Iterator[tuple[int, memoryview]]:
         """Neighbouring ranges (``coalesce_gap`` apart or less, ``max_request`` at
@@ -522,7 +536,7 @@ def open_object_store(
         region = region or os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
         if region:
             config["region"] = region
-        provider = _aws_profile_credentials()
+        provider = aws_profile_credentials()
         if provider is not None:
             kwargs["credential_provider"] = provider
 
@@ -538,17 +552,19 @@ def open_object_store(
         def make(retries: dict[str, Any]) -> Any:
             return stores.from_url(f"{scheme}://{bucket}", config=config, client_options=client, retry_config=retries)
 
-    no_retries = {"max_retries": 0}
-    store = make(no_retries)
-    upload_store = make({"max_retries": upload_retries}) if upload_retries else store
     shown = f"{scheme}://{bucket}/{prefix}".rstrip("/")
+    try:
+        store = make({"max_retries": 0})
+        upload_store = make({"max_retries": upload_retries}) if upload_retries else store
+    except (obstore.exceptions.BaseError, ValueError) as exc:  # configuration: no account, a bad setting
+        raise InvalidInputError(f"cannot open {shown}: {read_failure(exc).summary}") from exc
     return ObjectStoreBackend(store, url=shown, prefix=prefix, upload_store=upload_store, **tuning)
 
 
 _TUNING = ("max_connections", "part_size", "coalesce_gap", "max_request", "lease_seconds")
 
 
-def _aws_profile_credentials() -> Any:
+def aws_profile_credentials() -> Any:
     """boto3's credential chain (profiles, ~/.aws/config and credentials, SSO) when
     the environment has no keys of its own and boto3 is installed; None lets
     obstore's own chain (environment, web identity, container and instance

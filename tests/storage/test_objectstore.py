@@ -10,6 +10,7 @@ import os
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from fault_proxy import FaultProxy
@@ -18,13 +19,7 @@ from s3server import S3Server, fake_credentials, obstore_available, s3_backend
 from ckvc.errors import InvalidInputError, RepositoryLockedError
 from ckvc.storage.leases import LeaseLocks, lease_bytes
 from ckvc.storage.memory import MemoryBackend
-from ckvc.storage.objectstore import MIN_PART_SIZE, open_object_store
-
-
-@pytest.fixture
-def proxy(s3_server: S3Server) -> Iterator[FaultProxy]:
-    with FaultProxy(s3_server.endpoint) as p:
-        yield p
+from ckvc.storage.objectstore import MIN_PART_SIZE, aws_profile_credentials, open_object_store
 
 
 @pytest.fixture
@@ -37,7 +32,7 @@ def credentials(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 
 
 @pytest.mark.usefixtures("credentials")
-def test_urls_and_options_are_checked() -> None:
+def test_urls_and_options_are_checked(monkeypatch: pytest.MonkeyPatch) -> None:
     for url in ["/tmp/x", "http://bucket/x", "s3:///prefix", "file:///tmp"]:
         with pytest.raises(InvalidInputError):
             open_object_store(url)
@@ -47,6 +42,9 @@ def test_urls_and_options_are_checked() -> None:
         open_object_store("s3://b/p", endpoint="ftp://127.0.0.1")
     with pytest.raises(InvalidInputError, match="unknown object store option"):
         open_object_store("s3://b/p", endpoint="http://127.0.0.1:1", colour="blue")
+    monkeypatch.delenv("AZURE_STORAGE_ACCOUNT_NAME", raising=False)
+    with pytest.raises(InvalidInputError, match=r"^cannot open az://container/x: .*Account must be specified"):
+        open_object_store("az://container/x")
     with pytest.raises(InvalidInputError, match="minimum of 5 MiB"):
         open_object_store("memory://", part_size=1 << 20)
     assert open_object_store("s3://b/p", endpoint="http://10.0.0.8:9000", allow_http=True).url == "s3://b/p"
@@ -71,16 +69,16 @@ def test_endpoint_variable_and_prefix(s3_server: S3Server, s3_bucket: str, monke
     assert "<Key>team/models/config</Key>" in listing
 
 
-def test_read_ranges_coalesce_into_few_requests(proxy: FaultProxy, s3_bucket: str) -> None:
+def test_read_ranges_coalesce_into_few_requests(s3_proxy: FaultProxy, s3_bucket: str) -> None:
     data = os.urandom(12 << 20)
-    backend = s3_backend(proxy.endpoint, s3_bucket, max_request=1 << 20)
+    backend = s3_backend(s3_proxy.endpoint, s3_bucket, max_request=1 << 20)
     backend.put("packs/p.pack", data)
 
     def gets(ranges: list[tuple[int, int]]) -> int:
-        before = len(proxy.requests)
+        before = len(s3_proxy.requests)
         got = [(o, bytes(b)) for o, b in backend.read_ranges("packs/p.pack", ranges)]
         assert got == [(o, data[o : o + n]) for o, n in ranges]
-        return sum(1 for m, _ in proxy.requests[before:] if m == "GET")
+        return sum(1 for m, _ in s3_proxy.requests[before:] if m == "GET")
 
     adjacent = [(i * 4096, 4096) for i in range(64)]  # 256 KiB back to back
     assert gets(adjacent) == 1
@@ -92,6 +90,14 @@ def test_read_ranges_coalesce_into_few_requests(proxy: FaultProxy, s3_bucket: st
     capped = [(i * 65536, 65536) for i in range(48)]  # 3 MiB contiguous, 1 MiB per request
     assert gets(capped) == 3
     assert gets([]) == 0
+    # One large read is GETs of max_request in parallel, scattered across buffers.
+    before = len(s3_proxy.requests)
+    out = bytearray(3_500_000)
+    backend.readv_into(
+        "packs/p.pack", 777, [memoryview(out)[:10], memoryview(out)[10:2_000_000], memoryview(out)[2_000_000:]]
+    )
+    assert out == data[777 : 777 + len(out)]
+    assert sum(1 for m, _ in s3_proxy.requests[before:] if m == "GET") == 4
 
 
 def test_multipart_sink_publish_and_abort(s3_server: S3Server, s3_bucket: str) -> None:
@@ -160,3 +166,25 @@ def test_a_held_lease_is_renewed() -> None:
         t.join()
     with locks.hold("gc.lock", timeout=0):
         pass
+
+
+def test_credentials_from_an_aws_profile_file(
+    s3_server: S3Server, s3_bucket: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No keys in the environment, a named profile in a credentials file: read
+    through boto3's chain (files only here: the keys are found there)."""
+    pytest.importorskip("boto3")
+    creds = tmp_path / "credentials"
+    creds.write_text("[ckvc-test]\naws_access_key_id = fromfile\naws_secret_access_key = fromfile\n")
+    monkeypatch.delenv("AWS_ACCESS_KEY_ID")
+    monkeypatch.delenv("AWS_SECRET_ACCESS_KEY")
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(creds))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "config"))
+    monkeypatch.setenv("AWS_PROFILE", "ckvc-test")
+    provider = aws_profile_credentials()
+    assert provider is not None and provider()["access_key_id"] == "fromfile"
+    backend = open_object_store(f"s3://{s3_bucket}/p", endpoint=s3_server.endpoint)
+    backend.put("config", b"{}")
+    assert backend.get("config") == b"{}"
+    listing = s3_server.request("GET", f"/{s3_bucket}?list-type=2").decode()
+    assert "<Key>p/config</Key>" in listing

@@ -13,7 +13,10 @@ path substring, remaining count and probability) decides what the client gets:
 - ``slow``: ``delay`` seconds of silence, then the real answer.
 
 ``requests`` records (method, path) of every request seen, so tests can count
-round trips. Used as a context manager; stops by itself on exit.
+round trips. Used as a context manager (or the ``s3_proxy`` fixture); stops by
+itself on exit. Beside
+s3server.py (not in tests/storage/) so that every test folder, tests/remote/
+included, imports it as ``fault_proxy``.
 """
 
 from __future__ import annotations
@@ -26,8 +29,12 @@ import struct
 import threading
 import time
 import urllib.parse
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Literal
+
+import pytest
+from s3server import S3Server
 
 Fault = Literal["status", "reset", "truncate", "slow"]
 HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding", "te", "trailer", "upgrade", "proxy-connection"}
@@ -150,6 +157,13 @@ class FaultProxy:
             return resp.status, resp.reason, resp.getheaders(), payload
         finally:
             conn.close()
+
+
+@pytest.fixture
+def s3_proxy(s3_server: S3Server) -> Iterator[FaultProxy]:
+    """A fault proxy in front of the session's S3 server, no rules yet (registered in conftest.py)."""
+    with FaultProxy(s3_server.endpoint) as proxy:
+        yield proxy
 
 
 def dict_get(headers: list[tuple[str, str]], name: str) -> str:
