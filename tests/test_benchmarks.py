@@ -36,6 +36,11 @@ RUNS = {
     "cli-startup": ("cli_startup.py --repeats 1 --commits 2 --dir {tmp}", "acceptance (<= 0.3 s, no torch):"),
     "ab-trees": ("ab_trees.py --before {root} --after {root} --size-mb 4 --rounds 1 --dir {tmp}", "after/before"),
     "s3-client": ("s3_client.py --size-mib 1 --rounds 1 --small 2 --ranged-mib 1", "conditional writes on moto:"),
+    # a directory remote, and moto where it is installed (else the script says "S3 left out")
+    "remote": (
+        "remote.py --history synthetic --epochs 2 --size-mb 2 --rounds 1 --dir {tmp}",
+        "re-push of an unchanged ref: packs sent",
+    ),
 }
 
 
