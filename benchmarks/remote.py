@@ -68,8 +68,7 @@ import torch
 from safetensors.torch import load_file
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # s3server
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "storage"))  # fault_proxy
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # s3server, fault_proxy
 
 import foundation as fd
 from compression import flat_tensors
@@ -249,7 +248,7 @@ class Places:
 
 
 def counting_proxy(upstream: str) -> Any:
-    """tests/storage/fault_proxy.py's proxy with no faults, adding up the bytes each
+    """tests/fault_proxy.py's proxy with no faults, adding up the bytes each
     way (request bodies; response bodies)."""
     from fault_proxy import FaultProxy
 
