@@ -1,16 +1,20 @@
 """ckvc demo: train a small model on CPU, commit every epoch, branch a fine-tuning
 experiment from an earlier epoch, check out, and show the log, storage stats and
-what a retention policy would keep.
+what a retention policy would keep; then push the history to a remote (a folder
+next to the repository: the same code path as an s3:// bucket), clone it back,
+and compare.
 
     python examples/demo.py [--dir DIR] [--epochs N]
 
-Without --dir the repository goes in a temporary directory that is removed at the end
-(also on error or Ctrl-C); with --dir it is kept there.
+Without --dir the repository, its remote and the clone go in a temporary directory
+that is removed at the end (also on error or Ctrl-C); with --dir they are kept: the
+repository in DIR, the remote in DIR-remote and the clone in DIR-clone.
 """
 
 from __future__ import annotations
 
 import argparse
+import io
 import subprocess
 import sys
 import tempfile
@@ -18,6 +22,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -85,7 +90,7 @@ def main() -> None:
         print(f"repository kept at {args.dir}")
         return
     with tempfile.TemporaryDirectory(prefix="ckvc-demo-") as tmp:
-        run(Path(tmp), args.epochs)
+        run(Path(tmp) / "repo", args.epochs)
     print(f"removed the demo repository {tmp} (pass --dir DIR to keep one)")
 
 
@@ -156,7 +161,68 @@ def run(work: Path, epochs: int) -> None:
     cli(work, "branch")
     cli(work, "du")
     cli(work, "retain", "--keep-last", "2", "--keep-best", "val_loss:min:1", "--dry-run")
+    push_and_clone(work)
     print(f"\ndemo finished in {time.perf_counter() - started:.1f} s")
+
+
+def file_size(state: Any) -> int:
+    """The bytes of ``state`` as a torch.save file (what a folder of epoch_*.pt holds)."""
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    return buffer.tell()
+
+
+def same_state(a: Any, b: Any) -> bool:
+    """Equal nested states, tensors bit for bit."""
+    if isinstance(a, torch.Tensor):
+        return isinstance(b, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b)
+    if isinstance(a, np.ndarray):
+        return isinstance(b, np.ndarray) and a.dtype == b.dtype and np.array_equal(a, b)
+    if isinstance(a, dict):
+        return isinstance(b, dict) and list(a) == list(b) and all(same_state(a[k], b[k]) for k in a)
+    if isinstance(a, list | tuple):
+        return type(a) is type(b) and len(a) == len(b) and all(same_state(x, y) for x, y in zip(a, b, strict=True))
+    return bool(a == b)
+
+
+def push_and_clone(work: Path) -> None:
+    """Push every branch and tag to a remote in a folder next to the repository,
+    clone it into another, and check that every commit came back the same."""
+    remote = work.with_name(work.name + "-remote")
+    clone_dir = work.with_name(work.name + "-clone")
+    cli(work, "remote", "add", "origin", str(remote))  # or s3://bucket/prefix (docs/GUIDE.md, "Remotes")
+    with ckvc.Repo.open(work) as repo:
+        pushed = repo.push("origin", ["main", "lr-sweep"], tags=True)
+        again = repo.push("origin", ["main", "lr-sweep"], tags=True)
+        commits = {c.id: c for branch in ("main", "lr-sweep") for c in repo.log(branch)}
+        as_files = sum(file_size(repo.load(cid)) for cid in commits)
+        print(
+            f"pushed {len(pushed.updated)} refs, {pushed.stats.objects} objects: {pushed.bytes_sent / 1024:.0f} KiB "
+            f"for {len(commits)} checkpoints that take {as_files / 1024:.0f} KiB as torch.save files "
+            f"({pushed.bytes_sent / as_files:.2f}x); pushing again sent {again.bytes_sent} bytes"
+        )
+        received = 0
+
+        def count(done: int, total: int) -> None:
+            nonlocal received
+            received = done
+
+        with ckvc.Repo.clone(str(remote), clone_dir, progress=count) as clone:
+            print(f"cloned into {clone_dir}: {received / 1024:.0f} KiB received")
+            tips = {f"origin/{b}": repo.resolve(b) for b in ("main", "lr-sweep")}
+            same_refs = clone.remote_branches() == tips and clone.tags() == repo.tags()
+            same = all(
+                clone.show(cid, tensors=False).commit.metrics == commit.metrics
+                and same_state(clone.load(cid), repo.load(cid))
+                for cid, commit in commits.items()
+            )
+            state = clone.checkout("main")
+            print(
+                f"clone: same branches and tags: {same_refs}; all {len(commits)} checkpoints bit-identical "
+                f"with the same metrics: {same}; checked out main (epoch {state['epoch']}); "
+                f"fsck: {'ok' if clone.fsck().ok else 'DAMAGED'}"
+            )
+    cli(clone_dir, "log", "--oneline", "origin/lr-sweep")
 
 
 if __name__ == "__main__":
