@@ -37,7 +37,7 @@ from typing import Any
 
 from ckvc import graph
 from ckvc.core import Repository
-from ckvc.errors import CkvcError, CorruptObjectError, ObjectNotFoundError, after_landing, storage_errors
+from ckvc.errors import CorruptObjectError, ObjectNotFoundError, after_landing, storage_errors
 from ckvc.gc import CRITICAL_SECTION_TIMEOUT_S, mark, purge_retired, retire_packs, retired_leftovers
 from ckvc.ids import ObjectType
 from ckvc.objects import Snapshot
@@ -193,8 +193,10 @@ def _read_pack(remote: Remote, name: str, now: float, grace_s: float) -> RemoteP
         if info is None:
             raise ObjectNotFoundError(f"pack {name} is missing")
         entries, from_toc = store.pack_entries(name)
-    except (CkvcError, OSError):
+    except (CorruptObjectError, ObjectNotFoundError):
         return RemotePack(name, 0, "unreadable", [])
+    # Anything else (a BackendError once the retries are spent, an OSError) aborts
+    # the gc: a pack read as empty would keep nothing of what it needs alive.
     if not from_toc:  # published packs have their TOC: never delete what gc cannot read whole
         return RemotePack(name, info.size, "unreadable", [])
     action = "young" if now - info.mtime < grace_s else "delete"

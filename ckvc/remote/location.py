@@ -162,6 +162,13 @@ class RemoteList:
         remotes = self._load()
         if check_remote_name(name) in remotes:
             raise InvalidInputError(f"remote {name!r} already exists")
+        for where in (url, endpoint or ""):
+            scheme, sep, rest = where.partition("://")
+            if sep and scheme != "file" and "@" in rest.split("/", 1)[0]:  # user:secret@host
+                raise InvalidInputError(
+                    "remote URLs and endpoints never hold credentials (they would be stored in the "
+                    "repository); use the cloud's environment variables or config files"
+                )
         spec = RemoteSpec(name, normalize_url(url, self.base), endpoint, region)
         remotes[name] = spec
         self._save(remotes)

@@ -196,8 +196,9 @@ def _raise_format(handle: Remote, config: RepoConfig) -> None:
     older ckvc refuses it instead of misreading new objects."""
     if handle.core.config.format_version < config.format_version:
         upgraded = RepoConfig.load(handle.backend)
-        upgraded.format_version = config.format_version
-        upgraded.save(handle.backend)
+        if upgraded.format_version < config.format_version:  # never lower what another pusher raised
+            upgraded.format_version = config.format_version
+            upgraded.save(handle.backend)
         handle.core.config = upgraded
 
 

@@ -36,7 +36,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from ckvc.errors import CkvcWarning, RefConflictError, RepositoryLockedError
+from ckvc.errors import CkvcWarning, ObjectNotFoundError, RefConflictError, RepositoryLockedError
 from ckvc.storage.backend import BackendError
 
 if TYPE_CHECKING:
@@ -154,7 +154,7 @@ class _Renewer:
         while not self._stop.wait(self.locks.term / 3):
             try:
                 self.version = self.locks.backend.compare_and_swap(self.key, self.version, self._bytes())
-            except RefConflictError:  # deleted as expired: the lease is gone
+            except (RefConflictError, ObjectNotFoundError):  # deleted as expired: the lease is gone
                 self.lost = True
                 return
             except Exception:  # a failed renewal is retried at the next tick; expiry is the bound

@@ -88,7 +88,9 @@ class ClientFailure:
         if self.code in TRANSIENT_CODES:
             return True
         if self.status is not None:
-            return self.status >= 500 or self.status in (408, 429)
+            # 409 ConditionalRequestConflict: S3 says retry (a racing conditional write);
+            # the retry wrapper then finds out whether ours landed.
+            return self.status >= 500 or self.status in (408, 409, 429)
         low = self.summary.lower()
         return any(p in low for p in TRANSIENT_PHRASES)
 
@@ -580,7 +582,9 @@ def aws_profile_credentials() -> Any:
         from obstore.auth.boto3 import Boto3CredentialProvider
     except ImportError:
         return None
-    session = boto3.Session()
-    if session.get_credentials() is None:
-        return None
-    return Boto3CredentialProvider(session)
+    try:
+        session = boto3.Session()
+        found = session.get_credentials()
+    except Exception as exc:  # botocore's ProfileNotFound, a malformed config file: one line, not a traceback
+        raise InvalidInputError(f"AWS credentials: {exc}") from None
+    return None if found is None else Boto3CredentialProvider(session)

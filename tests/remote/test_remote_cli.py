@@ -40,6 +40,11 @@ def test_remote_add_list_remove(work: Path, tmp_path: Path) -> None:
         ("s3r", "s3://bucket/prefix", "http://127.0.0.1:9", "x"),
     ]
     assert run(work, "remote").output.splitlines()[0] == f"origin\t{tmp_path / 'remote'}"
+    for url, endpoint in (("s3://key:secret@bucket/p", None), ("s3://bucket/p", "http://key:secret@127.0.0.1:9")):
+        extra = ["--endpoint", endpoint] if endpoint else []
+        refused = run(work, "remote", "add", "leaky", url, *extra)
+        assert refused.exit_code != 0 and "never hold credentials" in refused.output
+        assert "secret" not in (work / ".ckvc" / "remotes.json").read_text()
     again = run(work, "remote", "add", "origin", "/elsewhere")
     assert again.exit_code == ckvc.InvalidInputError.exit_code and again.output.count("\n") == 1
     assert run(work, "remote", "remove", "s3r").exit_code == 0
