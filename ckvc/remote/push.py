@@ -70,6 +70,7 @@ def _plan_push(local: Repository, remote: Remote, tips: list[str], max_pack: int
     tag_objects: list[bytes] = []
     chunks: dict[bytes, int] = {}  # id -> delta depth over what the remote has
     sent_pruned: dict[str, list[str]] = {}
+    parents_of: dict[bytes, tuple[bytes, ...]] = {}
     seen: set[str] = set()
     stack = list(tips)
     while stack:
@@ -86,6 +87,7 @@ def _plan_push(local: Repository, remote: Remote, tips: list[str], max_pack: int
             continue
         commit = local.read_commit(oid)
         commits.append(raw)
+        parents_of[raw] = tuple(bytes.fromhex(p) for p in commit.parents)
         stack.extend(commit.parents)
         if oid in pruned:
             sent_pruned.setdefault(pruned[oid].policy, []).append(oid)
@@ -101,16 +103,39 @@ def _plan_push(local: Repository, remote: Remote, tips: list[str], max_pack: int
     for chunk, depth in chunks.items():
         by_depth.setdefault(depth, []).append(chunk)
     chunk_items = [locate_all(local.store, by_depth[d]) for d in sorted(by_depth)]
-    meta_items = [locate_all(local.store, ids) for ids in (snapshots, commits, tag_objects) if ids]
+    # Parents before children, and a tag's target tag (found after it) before it.
+    ordered = (snapshots, parents_first(commits, parents_of), tag_objects[::-1])
+    meta_items = [locate_all(local.store, ids, in_order=True) for ids in ordered if ids]
     waves: list[list[Located]] = []
-    for items in (chunk_items, meta_items):
+    for items, in_order in ((chunk_items, False), (meta_items, True)):
         # One pack is published whole, so what fits in one needs no order inside it.
         flat = [item for group in items for item in group]
         if sum(item.entry.record_size for item in flat) <= max_pack:
             waves.append(flat)
+        elif in_order:  # a pack at a time: a kill leaves a prefix, every parent before its child
+            waves.extend(pack for group in items for pack in split_groups(group, max_pack))
         else:
             waves.extend(items)
     return _PushPlan([w for w in waves if w], sent_pruned)
+
+
+def parents_first(commits: list[bytes], parents_of: dict[bytes, tuple[bytes, ...]]) -> list[bytes]:
+    """``commits`` ordered so that each comes after its parents among them."""
+    order: list[bytes] = []
+    done: set[bytes] = set()
+    for start in commits:
+        stack = [(start, False)]
+        while stack:
+            oid, parents_done = stack.pop()
+            if oid in done:
+                continue
+            if parents_done:
+                done.add(oid)
+                order.append(oid)
+                continue
+            stack.append((oid, True))
+            stack.extend((p, False) for p in parents_of.get(oid, ()) if p in parents_of and p not in done)
+    return order
 
 
 def _add_chunk(local: Repository, chunk: bytes, chunks: dict[bytes, int], there: Callable[[bytes], bool]) -> int:

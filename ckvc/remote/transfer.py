@@ -44,10 +44,12 @@ class Located:
     entry: IndexEntry
 
 
-def locate_all(store: ObjectStore, oids: Iterable[bytes]) -> list[Located]:
-    """Index entries of ``oids``, sorted by pack and offset (the order reads are cheapest in)."""
+def locate_all(store: ObjectStore, oids: Iterable[bytes], *, in_order: bool = False) -> list[Located]:
+    """Index entries of ``oids``, sorted by pack and offset (the order reads are
+    cheapest in), or in the order given (``in_order``: an order of publication)."""
     found = [Located(oid, store.locate(oid)) for oid in oids]
-    found.sort(key=lambda item: (item.entry.pack, item.entry.offset))
+    if not in_order:
+        found.sort(key=lambda item: (item.entry.pack, item.entry.offset))
     return found
 
 

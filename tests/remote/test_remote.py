@@ -453,3 +453,42 @@ def test_two_threads_pushing_one_ref(tmp_path: Path, url: str) -> None:
         remote.close()
     a.close()
     b.close()
+
+
+def test_metadata_over_several_packs_goes_up_parents_first(
+    tmp_path: Path, url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """When the metadata does not fit in one pack, its packs go up one at a time, a
+    commit after its parents (with a merge among them) and a tag after the tag it
+    names, so a push killed between two packs leaves only complete history."""
+    from ckvc.remote import push as push_module
+
+    a = new_repo(tmp_path, "a")
+    ids = history(a)
+    merged = a.commit(state(5), message="merge", merge=[ids[-1]])
+    a.tag("again", "best", message="a tag of a tag")
+    a.remotes.add("origin", url)
+    a.push("origin", ["dev"])  # makes the remote (with a real pack size) and sends dev's first commit
+    a.core.config.max_pack_size = 1  # then every record its own pack (in memory only, never saved)
+    calls: list[list[bytes]] = []
+    real = push_module.upload_packs
+
+    def recording(source: Any, target: Any, groups: list[Any], *args: Any) -> None:
+        calls.append([item.oid for group in groups for item in group])
+        real(source, target, groups, *args)
+
+    monkeypatch.setattr(push_module, "upload_packs", recording)
+    a.push("origin", ["main", "dev"], tags=True)
+    position = {oid: i for i, call in enumerate(calls) for oid in call}
+    sent = [oid for oid in (bytes.fromhex(c) for c in [*ids, merged]) if oid in position]
+    assert len(sent) == 3  # epochs 1 and 2 and the merge: dev (epoch 0 and "on dev") went first
+    for oid in sent:
+        commit = a.read_commit(oid.hex())
+        assert len(calls[position[oid]]) == 1  # alone in its publication step
+        assert position[bytes.fromhex(commit.tree)] < position[oid]
+        # each parent went up before it, or was on the remote already
+        assert all(position.get(bytes.fromhex(p), -1) < position[oid] for p in commit.parents)
+    outer = bytes.fromhex(a.refs.read("refs/tags/again") or "")
+    inner = bytes.fromhex(a.read_tag(outer.hex()).target)
+    assert position[inner] < position[outer]
+    a.close()
