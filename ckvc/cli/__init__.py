@@ -837,9 +837,9 @@ def switch(obj: Context, name: str, start: str | None, create: bool, as_json: bo
 
 def _is_dcp(repo: Repo, rev: str) -> bool:
     """A commit torch.distributed.checkpoint wrote through ckvc.dcp.Writer."""
-    from ckvc.integrations.dcp import METADATA_KEY
+    from ckvc.integrations import DCP_METADATA_KEY
 
-    return METADATA_KEY in repo.read_commit(repo.resolve(rev)).metadata
+    return DCP_METADATA_KEY in repo.read_commit(repo.resolve(rev)).metadata
 
 
 def _export_dcp(repo: Repo, rev: str, output: Path) -> list[Path]:

@@ -63,6 +63,7 @@ from ckvc.config import FILES_VERSION
 from ckvc.core import Repository
 from ckvc.distributed import BlobNode, pack_tree
 from ckvc.errors import CorruptObjectError, InvalidInputError, ObjectNotFoundError
+from ckvc.integrations import DCP_METADATA_KEY
 from ckvc.objects import Blob, Commit
 from ckvc.refs import branch_ref
 from ckvc.repo import Repo
@@ -71,7 +72,7 @@ from ckvc.state import TensorInfo
 FORMAT = "ckvc.dcp"
 VERSION = 1
 # Commit metadata key of a DCP commit: {"world_size": n}.
-METADATA_KEY = "dcp"
+METADATA_KEY = DCP_METADATA_KEY
 # Items resolved (GPU tensors copied to host) per write_blobs call: bounds host memory.
 WRITE_BATCH_BYTES = 256 << 20
 
