@@ -83,6 +83,17 @@ class TransferStats:
     requests: int = 0
     seconds: float = 0.0
 
+    def to_json(self, wire_key: str) -> dict[str, Any]:
+        """The figures of a push (``wire_key`` "bytes_sent") or fetch ("bytes_received")."""
+        return {
+            "objects": self.objects,
+            "record_bytes": self.record_bytes,
+            wire_key: self.wire_bytes,
+            "packs": self.packs,
+            "requests": self.requests,
+            "seconds": self.seconds,
+        }
+
 
 @dataclass
 class PushResult:
@@ -97,18 +108,12 @@ class PushResult:
         return self.stats.wire_bytes
 
     def to_json(self) -> dict[str, Any]:
-        s = self.stats
         return {
             "remote": self.remote,
             "url": self.url,
             "updated": [u.to_json() for u in self.updated],
             "up_to_date": self.up_to_date,
-            "objects": s.objects,
-            "record_bytes": s.record_bytes,
-            "bytes_sent": s.wire_bytes,
-            "packs": s.packs,
-            "requests": s.requests,
-            "seconds": s.seconds,
+            **self.stats.to_json("bytes_sent"),
         }
 
 
@@ -125,18 +130,12 @@ class FetchResult:
         return self.stats.wire_bytes
 
     def to_json(self) -> dict[str, Any]:
-        s = self.stats
         return {
             "remote": self.remote,
             "url": self.url,
             "updated": [u.to_json() for u in self.updated],
             "tags": [u.to_json() for u in self.tags],
-            "objects": s.objects,
-            "record_bytes": s.record_bytes,
-            "bytes_received": s.wire_bytes,
-            "packs": s.packs,
-            "requests": s.requests,
-            "seconds": s.seconds,
+            **self.stats.to_json("bytes_received"),
         }
 
 
