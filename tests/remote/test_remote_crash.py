@@ -32,22 +32,24 @@ FETCH_RUNS = 100 if os.environ.get("CKVC_SOAK") == "1" else 15
 ZYGOTE = """
 import os, sys, time
 from ckvc.repo import Repo
+def say(*words):  # one write(2) per line: below PIPE_BUF, lines from both processes never mix
+    os.write(1, (" ".join(map(str, words)) + "\\n").encode())
 import ckvc.remote.push, ckvc.remote.fetch
 for _line in sys.stdin:
     pid = os.fork()
     if pid == 0:
         repo = Repo.open(sys.argv[1])
-        print("started", flush=True)
+        say("started")
         started = time.monotonic()
         if sys.argv[2] == "push":
             repo.push("origin", ["main", "dev"], tags=True)
         else:
             repo.fetch("origin")
-        print("done", time.monotonic() - started, flush=True)
+        say("done", time.monotonic() - started)
         os._exit(0)
-    print(pid, flush=True)
+    say(pid)
     os.waitpid(pid, 0)
-    print("reaped", flush=True)
+    say("reaped")
 """
 
 
