@@ -32,7 +32,7 @@ from ckvc.remote.common import (
     tracking_ref,
 )
 from ckvc.remote.repository import Remote, open_remote
-from ckvc.remote.transfer import Located, Verifier, locate_all, records_in
+from ckvc.remote.transfer import Located, Verifier, locate_all, parallel_records, records_in
 from ckvc.storage.packs import RECORD_HEADER_SIZE, Record
 
 # ---- fetch -----------------------------------------------------------------------
@@ -70,8 +70,26 @@ class Fetch:
                 self.progress(self.done, self.total)
             yield item, record
 
-    def _read(self, items: list[Located]) -> list[tuple[Located, Record]]:
-        return list(self._stream(items))
+    def _checked(self, items: list[Located]) -> Iterator[tuple[Located, Record, bool]]:
+        """The items' chunk records as they arrive, several packs at once, each
+        verified on the worker that read it: (item, record, verified), False
+        where the delta base is not at hand yet."""
+        self.total += sum(item.entry.record_size for item in items)
+
+        def check(item: Located, record: Record) -> bool:
+            if record.kind != ObjectType.CHUNK:
+                raise CorruptObjectError(f"{self.handle.describe('packs/' + item.entry.pack)}: not a chunk")
+            return self._verified(item, record, keep=False) is not None
+
+        executor = self.handle.core.executor
+        for item, record, verified in parallel_records(
+            self.handle.core.store, items, self.handle.describe, executor, check
+        ):
+            self.stats.wire_bytes += item.entry.record_size
+            self.done += item.entry.record_size
+            if self.progress is not None:
+                self.progress(self.done, self.total)
+            yield item, record, verified
 
     def _locate(self, oids: list[bytes]) -> list[Located]:
         try:
@@ -88,8 +106,12 @@ class Fetch:
                 f"{self.handle.describe('packs/')}: object {exc.object_id} is missing", object_id=exc.object_id
             ) from None
 
-    def _verified(self, item: Located, record: Record) -> Any:
+    def _verified(self, item: Located, record: Record, *, keep: bool = True) -> Any:
+        """The record's plain bytes (``keep``), or only True, verified; None when
+        its delta base is not at hand. A mismatch names the remote and the pack."""
         try:
+            if not keep:
+                return self.verifier.check(item.oid, record)
             return self.verifier.plain(item.oid, record)
         except CorruptObjectError as exc:
             key = f"packs/{item.entry.pack}"
@@ -162,17 +184,22 @@ class Fetch:
 
     def fetch_chunks(self) -> None:
         store = self.local.store
+        # keyframes are worth keeping for the deltas after them only when several commits come
+        self.verifier = Verifier(store, keep_keyframes=len(self.snapshots) > 1)
         writer = store.writer(self.local.codec, self.local.config.max_pack_size)
         want = list(self.chunks)
         asked: set[bytes] = set(want)
         waiting: dict[bytes, tuple[Located, Record]] = {}
         try:
             while want or waiting:
-                for item, record in self._stream(self._locate(want)) if want else ():
-                    if record.kind != ObjectType.CHUNK:
-                        raise CorruptObjectError(f"{self.handle.describe('packs/' + item.entry.pack)}: not a chunk")
-                    if not self._write(writer, item, record):
+                for item, record, verified in self._checked(self._locate(want)) if want else ():
+                    if not verified:
                         waiting[item.oid] = (item, record)
+                    elif writer.add_encoded(
+                        ObjectType(record.kind), item.oid, record.raw_size, record.codec, record.payload, record.base
+                    ):
+                        self.stats.objects += 1
+                        self.stats.record_bytes += item.entry.record_size
                 want = []
                 self._retry(writer, waiting)
                 if not waiting:
@@ -206,7 +233,7 @@ class Fetch:
                     progress = True
 
     def _write(self, writer: Any, item: Located, record: Record) -> bool:
-        if self._verified(item, record) is None:
+        if self._verified(item, record, keep=False) is None:
             return False
         if writer.add_encoded(
             ObjectType(record.kind), item.oid, record.raw_size, record.codec, record.payload, record.base

@@ -27,7 +27,7 @@ from ckvc.ids import Buffer
 from ckvc.pruned import PruneLog
 from ckvc.refs import RefStore, branch_ref
 from ckvc.remote.location import REMOTES_DIR, RemoteSpec, open_backend
-from ckvc.storage.backend import Backend, ForwardingBackend, KeyInfo, Sink, Version
+from ckvc.storage.backend import STREAM_PIECE, Backend, ForwardingBackend, KeyInfo, Sink, Version
 from ckvc.storage.index import AnyIndex, Index, MemoryIndex
 from ckvc.storage.local import LocalBackend
 from ckvc.storage.object_store import ObjectStore
@@ -66,6 +66,14 @@ class RequestCounter(ForwardingBackend):
     def read_ranges(self, key: str, ranges: Sequence[tuple[int, int]]) -> Iterator[tuple[int, memoryview]]:
         self._count("read_ranges")
         return super().read_ranges(key, ranges)
+
+    def read_tail(self, key: str, size: int) -> tuple[int, memoryview]:
+        self._count("read")
+        return super().read_tail(key, size)
+
+    def read_stream(self, key: str, offset: int, size: int, piece: int = STREAM_PIECE) -> Iterator[memoryview]:
+        self._count("read_stream")
+        return super().read_stream(key, offset, size, piece)
 
     def size(self, key: str) -> int:
         self._count("stat")

@@ -15,8 +15,12 @@ written (a delta through its base), so nothing wrong is ever indexed locally.
 from __future__ import annotations
 
 import collections
+import concurrent.futures
+import queue
+import threading
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -32,8 +36,15 @@ from ckvc.storage.packs import PACK_DIR, PackWriter, Record, RecordInfo, pack_ke
 
 # One read_ranges call covers at most this many bytes of records (memory bound of a fetch batch).
 BATCH_BYTES = 16 << 20
+# A run of one pack whose records fill at least this share of the bytes from its
+# first to its last is read as one stream, gaps included: one request instead of
+# one per batch (a server that copies the object per ranged GET, as moto does,
+# copies it once), for at most as many bytes again as wanted.
+DENSE_SHARE = 0.5
 # Plain bytes of verified keyframes kept for the deltas that follow them.
 PLAIN_CACHE_BYTES = 256 << 20
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -64,44 +75,190 @@ def check_record(oid: bytes, entry: IndexEntry, raw: memoryview) -> Record:
     return record
 
 
-def _batches(items: list[Located]) -> Iterator[list[Located]]:
-    """Runs of one pack's records, at most BATCH_BYTES each."""
-    batch: list[Located] = []
-    size = 0
+def _runs(items: list[Located]) -> Iterator[list[Located]]:
+    """Runs of consecutive items in one pack."""
+    run: list[Located] = []
     for item in items:
-        if batch and (item.entry.pack != batch[0].entry.pack or size + item.entry.record_size > BATCH_BYTES):
+        if run and item.entry.pack != run[0].entry.pack:
+            yield run
+            run = []
+        run.append(item)
+    if run:
+        yield run
+
+
+def _is_dense(run: list[Located]) -> bool:
+    """Whether the run is best read as one stream from its first record to its
+    last, the gaps included: ascending, apart, and filling DENSE_SHARE of that span."""
+    end = run[0].entry.offset
+    wanted = 0
+    for item in run:
+        if item.entry.offset < end:
+            return False
+        end = item.entry.offset + item.entry.record_size
+        wanted += item.entry.record_size
+    return wanted >= DENSE_SHARE * (end - run[0].entry.offset)
+
+
+def _reads(items: list[Located]) -> Iterator[list[Located]]:
+    """The requests that read ``items`` (in their order): a dense run of one pack
+    as one stream, any other run in batches of at most BATCH_BYTES."""
+    for run in _runs(items):
+        if len(run) > 1 and _is_dense(run):
+            yield run
+            continue
+        batch: list[Located] = []
+        size = 0
+        for item in run:
+            if batch and size + item.entry.record_size > BATCH_BYTES:
+                yield batch
+                batch, size = [], 0
+            batch.append(item)
+            size += item.entry.record_size
+        if batch:
             yield batch
-            batch, size = [], 0
-        batch.append(item)
-        size += item.entry.record_size
-    if batch:
-        yield batch
+
+
+def _streamed(store: ObjectStore, key: str, run: list[Located]) -> Iterator[tuple[Located, memoryview]]:
+    """The run's records cut out of one stream of its span: a record inside one
+    piece is a view of it, one across pieces is copied together."""
+    start = run[0].entry.offset
+    last = run[-1].entry
+    pieces = store.backend.read_stream(key, start, last.offset + last.record_size - start)
+    piece, piece_at = memoryview(b""), start
+
+    def next_piece() -> memoryview:
+        got = next(pieces, None)
+        if got is None:
+            raise CorruptObjectError("short read")
+        return got
+
+    for item in run:
+        offset, size = item.entry.offset, item.entry.record_size
+        while piece_at + len(piece) <= offset:
+            piece_at += len(piece)
+            piece = next_piece()
+        at = offset - piece_at
+        if at + size <= len(piece):
+            yield item, piece[at : at + size]
+            continue
+        joined = bytearray(size)
+        filled = len(piece) - at
+        joined[:filled] = piece[at:]
+        while filled < size:
+            piece_at += len(piece)
+            piece = next_piece()
+            n = min(size - filled, len(piece))
+            joined[filled : filled + n] = piece[:n]
+            filled += n
+        yield item, memoryview(joined)
+
+
+def _read(store: ObjectStore, read: list[Located], describe: Callable[[str], str]) -> Iterator[tuple[Located, Record]]:
+    """The records of one request (a run of one pack, from :func:`_reads`), each
+    parsed and checked against its index entry."""
+    name = read[0].entry.pack
+    key = pack_key(name, PACK_DIR)
+    current = read[0]
+    try:
+        for current in read:
+            store.reader.check_range(name, current.entry.offset, current.entry.record_size)
+        got: Iterator[tuple[Located, memoryview]]
+        if len(read) > 1 and _is_dense(read):
+            got = _streamed(store, key, read)
+        else:
+            ranges = [(item.entry.offset, item.entry.record_size) for item in read]
+            got = zip(read, (raw for _offset, raw in store.backend.read_ranges(key, ranges)), strict=True)
+        for current, raw in got:
+            if len(raw) != current.entry.record_size:
+                raise CorruptObjectError("short read")
+            yield current, check_record(current.oid, current.entry, raw)
+    except ObjectNotFoundError as exc:
+        raise ObjectNotFoundError(f"{describe(key)}: {exc}", object_id=current.oid.hex()) from None
+    except CorruptObjectError as exc:
+        raise CorruptObjectError(f"{describe(key)}: {exc.reason}", object_id=current.oid.hex()) from None
 
 
 def records_in(
     store: ObjectStore, items: list[Located], describe: Callable[[str], str]
 ) -> Iterator[tuple[Located, Record]]:
-    """Each item's record, read with one ``read_ranges`` per batch of a pack. A
-    record that is cut short or does not parse is a CorruptObjectError naming
-    ``describe(key)`` (the remote and the pack's key) and the object."""
-    for batch in _batches(items):
-        name = batch[0].entry.pack
-        key = pack_key(name, PACK_DIR)
-        current = batch[0]
+    """Each item's record, in order: a dense run of one pack read as one stream,
+    others with one ``read_ranges`` per batch. A record that is cut short or does
+    not parse is a CorruptObjectError naming ``describe(key)`` (the remote and the
+    pack's key) and the object."""
+    for read in _reads(items):
+        yield from _read(store, read, describe)
+
+
+@dataclass
+class _Failed:
+    error: BaseException
+
+
+_DONE = object()
+
+
+def parallel_records(
+    store: ObjectStore,
+    items: list[Located],
+    describe: Callable[[str], str],
+    executor: Executor,
+    work: Callable[[Located, Record], T],
+) -> Iterator[tuple[Located, Record, T]]:
+    """:func:`records_in` with the requests on ``executor``'s workers, several at
+    once, and ``work(item, record)`` (a verification) done there too: the caller
+    gets (item, record, result) as they arrive, in order within a request but
+    not across them. Leaving the loop early stops the workers before it returns."""
+    reads = list(_reads(items))
+    workers = min(executor.threads, len(reads))
+    if workers <= 1 or executor.threads <= 1:  # a serial executor runs a worker inline
+        for read in reads:
+            for item, record in _read(store, read, describe):
+                yield item, record, work(item, record)
+        return
+    results: queue.Queue[Any] = queue.Queue(maxsize=4 * workers)
+    stop = threading.Event()
+    todo = iter(reads)
+    todo_lock = threading.Lock()
+
+    def hand_over(out: Any) -> bool:
+        while not stop.is_set():
+            try:
+                results.put(out, timeout=0.05)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def worker() -> None:
         try:
-            for current in batch:
-                store.reader.check_range(name, current.entry.offset, current.entry.record_size)
-            ranges = [(item.entry.offset, item.entry.record_size) for item in batch]
-            got = store.backend.read_ranges(key, ranges)
-            for current, (offset, raw) in zip(batch, got, strict=True):
-                if offset != current.entry.offset or len(raw) != current.entry.record_size:
-                    raise CorruptObjectError("short read")
-                record = check_record(current.oid, current.entry, raw)
-                yield current, record
-        except ObjectNotFoundError as exc:
-            raise ObjectNotFoundError(f"{describe(key)}: {exc}", object_id=current.oid.hex()) from None
-        except CorruptObjectError as exc:
-            raise CorruptObjectError(f"{describe(key)}: {exc.reason}", object_id=current.oid.hex()) from None
+            while not stop.is_set():
+                with todo_lock:
+                    read = next(todo, None)
+                if read is None:
+                    break
+                for item, record in _read(store, read, describe):
+                    if not hand_over((item, record, work(item, record))):
+                        return
+        except BaseException as exc:
+            hand_over(_Failed(exc))
+            return
+        hand_over(_DONE)
+
+    futures = [executor.submit(worker) for _ in range(workers)]
+    finished = 0
+    try:
+        while finished < workers:
+            got = results.get()
+            if got is _DONE:
+                finished += 1
+            elif isinstance(got, _Failed):
+                raise got.error
+            else:
+                yield got
+    finally:
+        stop.set()
+        concurrent.futures.wait(futures)
 
 
 @dataclass
@@ -155,21 +312,28 @@ def split_groups(items: list[Located], max_bytes: int) -> list[list[Located]]:
 
 
 class Verifier:
-    """Decodes records and checks them against their ids. A delta's base comes
-    from a keyframe verified shortly before (kept in a bounded cache) or from the
-    ``local`` store, whose reads verify it; without either, :meth:`plain` says so
-    (None) and the caller fetches the base first."""
+    """Decodes records and checks them against their ids, from several threads at
+    once. A delta's base comes from a keyframe verified shortly before (kept in a
+    bounded cache, from the start when ``keep_keyframes`` (a fetch of several
+    commits) or else once a delta has been met, so that one commit's fetch copies
+    nothing) or from the ``local`` store, whose reads verify it; without either,
+    :meth:`plain` and :meth:`check` say so (None) and the caller fetches the base
+    first."""
 
-    def __init__(self, local: ObjectStore) -> None:
+    def __init__(self, local: ObjectStore, *, keep_keyframes: bool = True) -> None:
         self.local = local
         self._cache: collections.OrderedDict[bytes, np.ndarray] = collections.OrderedDict()
         self._cached = 0
+        self._keeping = keep_keyframes
+        self._lock = threading.Lock()
+        self._scratch = threading.local()
 
     def _base(self, oid: bytes, size: int) -> np.ndarray | None:
-        cached = self._cache.get(oid)
-        if cached is not None:
-            self._cache.move_to_end(oid)
-            return cached if len(cached) == size else None
+        with self._lock:
+            cached = self._cache.get(oid)
+            if cached is not None:
+                self._cache.move_to_end(oid)
+                return cached if len(cached) == size else None
         if not self.local.has(oid):
             return None
         out = np.empty(size, dtype=np.uint8)
@@ -181,27 +345,55 @@ class Verifier:
         wanted = base_to_decode(record.codec, record.base, record.payload)
         return None if wanted is None else wanted[0]
 
-    def plain(self, oid: bytes, record: Record) -> np.ndarray | None:
-        """The record's plain bytes, verified; None when its base is not at hand."""
+    def _decoded(self, oid: bytes, record: Record, out: np.ndarray) -> bool:
+        """Decode into ``out`` and check the id; False when the base is not at hand."""
         base = None
         wanted = base_to_decode(record.codec, record.base, record.payload)
         if wanted is not None:
+            self._keeping = True  # deltas are coming: keep keyframes for them from now on
             base = self._base(wanted[0], record.raw_size)
             if base is None:
-                return None
-        out = np.empty(record.raw_size, dtype=np.uint8)
+                return False
         decode_chunk_into(record.codec, record.payload, out, base)
         if object_id(ObjectType(record.kind), out.data) != oid:
             raise CorruptObjectError("content does not match its id", object_id=oid.hex())
-        if record.kind == ObjectType.CHUNK and record.codec in WHOLE_CODECS:
-            self._keep(oid, out)
+        return True
+
+    def plain(self, oid: bytes, record: Record) -> np.ndarray | None:
+        """The record's plain bytes, verified; None when its base is not at hand."""
+        out = np.empty(record.raw_size, dtype=np.uint8)
+        if not self._decoded(oid, record, out):
+            return None
+        self._keep(oid, record, out)
         return out
 
-    def _keep(self, oid: bytes, plain: np.ndarray) -> None:
-        if len(plain) > PLAIN_CACHE_BYTES:
+    def check(self, oid: bytes, record: Record) -> bool | None:
+        """:meth:`plain` for a caller that needs only the verdict: decoded into
+        this thread's scratch buffer, reused (fresh memory costs a page fault per
+        page), unless the keyframe is kept. True, or None when the base is not at hand."""
+        if self._keeping and self._keepable(record):
+            return None if self.plain(oid, record) is None else True
+        scratch: np.ndarray | None = getattr(self._scratch, "buffer", None)
+        if scratch is None or len(scratch) < record.raw_size:
+            scratch = self._scratch.buffer = np.empty(record.raw_size, dtype=np.uint8)
+        if not self._decoded(oid, record, scratch[: record.raw_size]):
+            return None
+        if self._keeping and self._keepable(record):  # the first delta was met while decoding
+            self._keep(oid, record, scratch[: record.raw_size].copy())
+        return True
+
+    @staticmethod
+    def _keepable(record: Record) -> bool:
+        return record.kind == ObjectType.CHUNK and record.codec in WHOLE_CODECS and record.raw_size <= PLAIN_CACHE_BYTES
+
+    def _keep(self, oid: bytes, record: Record, plain: np.ndarray) -> None:
+        if not (self._keeping and self._keepable(record)):
             return
-        self._cache[oid] = plain
-        self._cached += len(plain)
-        while self._cached > PLAIN_CACHE_BYTES:
-            _, dropped = self._cache.popitem(last=False)
-            self._cached -= len(dropped)
+        with self._lock:
+            if oid in self._cache:
+                return
+            self._cache[oid] = plain
+            self._cached += len(plain)
+            while self._cached > PLAIN_CACHE_BYTES:
+                _, dropped = self._cache.popitem(last=False)
+                self._cached -= len(dropped)

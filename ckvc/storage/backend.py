@@ -28,6 +28,10 @@ from ckvc.ids import Buffer
 # digest locally and in memory, an ETag or generation on object stores.
 Version = str
 
+# What one piece of a read_stream holds (a bound on a stream's memory, large enough
+# that a piece costs far less to hand over than to fetch).
+STREAM_PIECE = 8 << 20
+
 
 class BackendError(StorageError):
     """A backend operation failed on ``key``. ``transient``: worth retrying
@@ -157,6 +161,28 @@ class Backend(ABC):
             buf = memoryview(bytearray(size))
             self.read_into(key, offset, buf)
             yield offset, buf
+
+    def read_stream(self, key: str, offset: int, size: int, piece: int = STREAM_PIECE) -> Iterator[memoryview]:
+        """[offset, offset + size) of the key as consecutive pieces (a remote
+        backend: one streamed GET, where ``read_ranges`` would hold every range in
+        memory at once); each piece is a buffer of its own, none empty, of about
+        ``piece`` bytes (a store may hand over more at once). ObjectNotFoundError for a missing key,
+        CorruptObjectError when the key ends first. The default reads each piece."""
+        end = offset + size
+        while offset < end:
+            buf = memoryview(bytearray(min(piece, end - offset)))
+            self.read_into(key, offset, buf)
+            offset += len(buf)
+            yield buf
+
+    def read_tail(self, key: str, size: int) -> tuple[int, memoryview]:
+        """(the key's size, its last ``size`` bytes or all of it if shorter): a
+        pack's footer and table of contents in one request where the store can
+        (a suffix range). ObjectNotFoundError for a missing key."""
+        total = self.size(key)
+        buf = memoryview(bytearray(min(size, total)))
+        self.read_into(key, total - len(buf), buf)
+        return total, buf
 
     @abstractmethod
     def get(self, key: str) -> bytes | None:
@@ -290,6 +316,12 @@ class ForwardingBackend(Backend):
 
     def read_ranges(self, key: str, ranges: Sequence[tuple[int, int]]) -> Iterator[tuple[int, memoryview]]:
         return self.inner.read_ranges(key, ranges)
+
+    def read_stream(self, key: str, offset: int, size: int, piece: int = STREAM_PIECE) -> Iterator[memoryview]:
+        return self.inner.read_stream(key, offset, size, piece)
+
+    def read_tail(self, key: str, size: int) -> tuple[int, memoryview]:
+        return self.inner.read_tail(key, size)
 
     def get(self, key: str) -> bytes | None:
         return self.inner.get(key)

@@ -45,6 +45,9 @@ TOC_HEADER = struct.Struct("<4sI")
 TOC_ENTRY = struct.Struct("<32sBBHQQQ")
 FOOTER_MAGIC = b"CKVCTOC1"
 FOOTER = struct.Struct("<8sQQII")
+# The bytes read from a pack's end to find its footer and TOC at once: a TOC of
+# about 1,000 entries (a 256 MiB pack of 1 MiB chunks holds 256).
+TAIL_READ = 64 << 10
 NO_BASE = bytes(ID_SIZE)
 _KINDS = frozenset(int(t) for t in ObjectType)  # record types this reader knows
 PACK_SUFFIX = ".pack"
@@ -218,21 +221,27 @@ def _read(backend: Backend, key: str, offset: int, size: int) -> bytearray:
     return buf
 
 
-def read_pack_header(backend: Backend, key: str) -> None:
-    size = min(PACK_HEADER.size, backend.size(key))
-    parse_pack_header(_read(backend, key, 0, size), describe_key(key).removeprefix("pack "))
-
-
 def read_toc(backend: Backend, key: str) -> list[RecordInfo] | None:
     """The pack's table of contents, or None when footer or TOC are damaged."""
-    size = backend.size(key)
-    if size < FOOTER.size:
+    return _toc_in(backend, key, *backend.read_tail(key, TAIL_READ))
+
+
+def _toc_in(backend: Backend, key: str, size: int, tail: memoryview) -> list[RecordInfo] | None:
+    """The TOC of a pack of ``size`` bytes whose last bytes are ``tail``: footer
+    and TOC come from that one read unless the TOC is larger (then a second)."""
+    if len(tail) < FOOTER.size:
         return None
-    where = parse_footer(_read(backend, key, size - FOOTER.size, FOOTER.size), size)
+    where = parse_footer(tail[-FOOTER.size :], size)
     if where is None:
         return None
     toc_offset, count, crc = where
-    return parse_toc(_read(backend, key, toc_offset, TOC_HEADER.size + count * TOC_ENTRY.size), toc_offset, count, crc)
+    toc_size = TOC_HEADER.size + count * TOC_ENTRY.size
+    start = size - len(tail)
+    if toc_offset >= start:
+        toc: Buffer = tail[toc_offset - start : toc_offset - start + toc_size]
+    else:
+        toc = _read(backend, key, toc_offset, toc_size)
+    return parse_toc(toc, toc_offset, count, crc)
 
 
 def scan_records(backend: Backend, key: str) -> Iterator[RecordInfo]:
@@ -255,9 +264,15 @@ def scan_records(backend: Backend, key: str) -> Iterator[RecordInfo]:
 
 
 def pack_entries(backend: Backend, key: str) -> tuple[list[RecordInfo], bool]:
-    """(entries, from_toc): the TOC when intact, else what a scan recovers."""
-    read_pack_header(backend, key)
-    toc = read_toc(backend, key)
+    """(entries, from_toc): the TOC when intact, else what a scan recovers. The
+    header is checked first; a pack no larger than TAIL_READ costs one read."""
+    size, tail = backend.read_tail(key, TAIL_READ)
+    name = describe_key(key).removeprefix("pack ")
+    if len(tail) == size:
+        parse_pack_header(tail[: PACK_HEADER.size], name)
+    else:
+        parse_pack_header(_read(backend, key, 0, PACK_HEADER.size), name)
+    toc = _toc_in(backend, key, size, tail)
     if toc is not None:
         return toc, True
     return list(scan_records(backend, key)), False

@@ -37,7 +37,7 @@ from typing import TypeVar
 
 from ckvc.errors import RefConflictError
 from ckvc.ids import Buffer
-from ckvc.storage.backend import Backend, BackendError, ForwardingBackend, KeyInfo, Sink, Version
+from ckvc.storage.backend import STREAM_PIECE, Backend, BackendError, ForwardingBackend, KeyInfo, Sink, Version
 
 T = TypeVar("T")
 
@@ -102,15 +102,20 @@ class RetryingBackend(ForwardingBackend):
                 step = op  # recover found nothing landed: the op itself again, now
                 continue
             except BackendError as exc:
-                if not exc.transient:
-                    raise
-                pause = self.policy.delay(tries, self.rng)
-                if tries >= self.policy.attempts or self.clock() - start + pause > self.policy.total_seconds:
-                    failure = exc.failure or str(exc)
-                    raise BackendError(f"{failure} (gave up after {tries} tries)", key=exc.key, transient=True) from exc
-                self.retries += 1
-                self.sleep(pause)
+                self._pause_or_raise(exc, tries, start)
                 step = op if recover is None else recover
+
+    def _pause_or_raise(self, exc: BackendError, tries: int, start: float) -> None:
+        """After the ``tries``-th failure of an operation begun at ``start``: sleep
+        before the next try, or raise (a permanent error, or the policy spent)."""
+        if not exc.transient:
+            raise exc
+        pause = self.policy.delay(tries, self.rng)
+        if tries >= self.policy.attempts or self.clock() - start + pause > self.policy.total_seconds:
+            failure = exc.failure or str(exc)
+            raise BackendError(f"{failure} (gave up after {tries} tries)", key=exc.key, transient=True) from exc
+        self.retries += 1
+        self.sleep(pause)
 
     # ---- idempotent: retried as they are -------------------------------------------
     def read_into(self, key: str, offset: int, out: memoryview) -> None:
@@ -124,6 +129,23 @@ class RetryingBackend(ForwardingBackend):
 
     def read_ranges(self, key: str, ranges: Sequence[tuple[int, int]]) -> Iterator[tuple[int, memoryview]]:
         return iter(self.retry(lambda: builtins.list(self.inner.read_ranges(key, ranges))))
+
+    def read_stream(self, key: str, offset: int, size: int, piece: int = STREAM_PIECE) -> Iterator[memoryview]:
+        """A stream cut by a transient failure goes on from the byte it stopped at
+        (a new request for the rest), so a long read is never started over."""
+        done, tries, start = 0, 0, self.clock()
+        while True:
+            tries += 1
+            try:
+                for view in self.inner.read_stream(key, offset + done, size - done, piece):
+                    done += len(view)
+                    yield view
+                return
+            except BackendError as exc:
+                self._pause_or_raise(exc, tries, start)
+
+    def read_tail(self, key: str, size: int) -> tuple[int, memoryview]:
+        return self.retry(lambda: self.inner.read_tail(key, size))
 
     def get(self, key: str) -> bytes | None:
         return self.retry(lambda: self.inner.get(key))

@@ -89,6 +89,33 @@ def test_read_ranges_in_order(backend: Backend) -> None:
     assert got == [(off, data[off : off + size]) for off, size in ranges]
 
 
+def test_read_stream_pieces(backend: Backend) -> None:
+    data = os.urandom(50_000)
+    backend.put("packs/s.pack", data)
+    pieces = [bytes(p) for p in backend.read_stream("packs/s.pack", 1000, 45_000, piece=8192)]
+    assert b"".join(pieces) == data[1000:46_000]
+    assert all(pieces)  # no empty piece (an in-memory store may hand over all at once)
+    assert b"".join(bytes(p) for p in backend.read_stream("packs/s.pack", 0, len(data))) == data
+    assert list(backend.read_stream("packs/s.pack", 10, 0)) == []
+    with pytest.raises(CorruptObjectError, match="truncated"):
+        list(backend.read_stream("packs/s.pack", 40_000, 10_001))
+    with pytest.raises(ObjectNotFoundError):
+        list(backend.read_stream("packs/nope.pack", 0, 10))
+
+
+def test_read_tail(backend: Backend) -> None:
+    data = os.urandom(5000)
+    backend.put("packs/t.pack", data)
+    size, tail = backend.read_tail("packs/t.pack", 100)
+    assert (size, bytes(tail)) == (5000, data[-100:])
+    size, tail = backend.read_tail("packs/t.pack", 1 << 20)  # more than there is: all of it
+    assert (size, bytes(tail)) == (5000, data)
+    backend.put("packs/empty.pack", b"")
+    assert [(n, bytes(b)) for n, b in [backend.read_tail("packs/empty.pack", 64)]] == [(0, b"")]
+    with pytest.raises(ObjectNotFoundError):
+        backend.read_tail("packs/nope.pack", 10)
+
+
 def test_sink_invisible_until_publish(backend: Backend) -> None:
     sink = backend.open_sink("packs/b.pack")
     sink.writev([b"abc", memoryview(b"defg")])

@@ -73,6 +73,20 @@ def test_a_truncated_body_is_never_short_data(s3_proxy: FaultProxy, s3_bucket: s
         RetryingBackend(backend, FAST).read_into("packs/short.pack", 50, memoryview(bytearray(100)))
 
 
+def test_a_stream_cut_short_goes_on_from_where_it_stopped(s3_proxy: FaultProxy, s3_bucket: str) -> None:
+    data = os.urandom(3 << 20)
+    plain = through(s3_proxy, s3_bucket)
+    plain.put("packs/s.pack", data)
+    s3_proxy.rules = [Rule("truncate", method="GET", count=1, keep=1 << 20), Rule("reset", method="GET", count=1)]
+    backend = RetryingBackend(plain, FAST)
+    got = b"".join(bytes(piece) for piece in backend.read_stream("packs/s.pack", 100, len(data) - 100, piece=256 << 10))
+    assert got == data[100:]
+    assert s3_proxy.fired() == 2 and backend.retries == 2
+    with pytest.raises(BackendError):  # without the wrapper the cut is an error, never short data
+        s3_proxy.rules = [Rule("truncate", method="GET", count=1)]
+        b"".join(bytes(piece) for piece in plain.read_stream("packs/s.pack", 0, len(data)))
+
+
 def test_a_permanent_403_is_one_clear_error(s3_proxy: FaultProxy, s3_bucket: str) -> None:
     backend = RetryingBackend(through(s3_proxy, s3_bucket), FAST)
     s3_proxy.rules = [Rule("status", status=403, count=None)]
