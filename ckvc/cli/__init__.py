@@ -1232,6 +1232,10 @@ from ckvc.cli import remote as remote_commands  # noqa: E402  (registered once t
 
 remote_commands.register(cli, remote_commands.CliTools(_progress_bar, _emit_json, human_bytes, json_option))
 
+from ckvc.cli import serve as serve_command  # noqa: E402
+
+serve_command.register(cli)
+
 _quiet_shutdown_registered: list[bool] = []
 
 
