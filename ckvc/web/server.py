@@ -65,6 +65,7 @@ class Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     server_version = "ckvc-serve"
     timeout = 30  # a client that stops sending is dropped, not waited for forever
+    disable_nagle_algorithm = True  # headers and body go out as two writes: no 40 ms delayed-ACK stall
 
     def log_message(self, format: str, *args: Any) -> None:
         if self.server.verbose:

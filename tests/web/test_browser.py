@@ -8,6 +8,7 @@ Without the browser the module is skipped, except under CI=true, where that fail
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import shutil
@@ -124,10 +125,14 @@ def test_page_renders_without_console_errors(
     browser.get_log("browser")  # drop what earlier pages left
     console = open_page(browser, server, page, kind)
     assert console == []
-    height = browser.execute_script("return document.documentElement.scrollHeight")
-    browser.set_window_size(1300, min(max(900, height + 20), 2400))
-    browser.save_screenshot(str(shots / f"web-{kind}.png"))
-    browser.set_window_size(1300, 900)
+    height = min(browser.execute_script("return document.documentElement.scrollHeight"), 1800)
+    metrics = {"width": 1300, "height": height, "deviceScaleFactor": 1, "mobile": False}
+    browser.execute_cdp_cmd("Emulation.setDeviceMetricsOverride", metrics)  # the whole page, up to 1800 px
+    try:
+        shot = browser.execute_cdp_cmd("Page.captureScreenshot", {"format": "png"})
+    finally:
+        browser.execute_cdp_cmd("Emulation.clearDeviceMetricsOverride", {})
+    (shots / f"web-{kind}.png").write_bytes(base64.b64decode(shot["data"]))
 
 
 def test_history_shows_every_commit_label_and_mark(browser: Any, server: WebServer, built: Built) -> None:

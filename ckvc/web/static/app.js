@@ -95,11 +95,13 @@ function table(container, columns, rows, opts = {}) {
       const arrow = c.key === sortKey ? (asc ? " ▲" : " ▼") : "";
       return `<th data-key="${esc(c.key)}" class="${c.num ? "num" : ""}">${esc(c.label)}${arrow}</th>`;
     }).join("");
-    const body = sorted.map((r) => `<tr${opts.rowAttrs ? opts.rowAttrs(r) : ""}>` + columns.map((c) => {
+    const limit = opts.limit || Infinity;
+    const body = sorted.slice(0, limit).map((r) => `<tr${opts.rowAttrs ? opts.rowAttrs(r) : ""}>` + columns.map((c) => {
       const v = r[c.key];
       return `<td class="${c.num ? "num" : ""}">${c.fmt ? c.fmt(v, r) : esc(v ?? "")}</td>`;
     }).join("") + "</tr>").join("");
-    el.innerHTML = `<thead><tr>${head}</tr></thead><tbody>${body}</tbody>`;
+    const more = sorted.length > limit ? `<tfoot><tr><td colspan="${columns.length}" class="muted">first ${limit} of ${sorted.length} rows (sort to see others)</td></tr></tfoot>` : "";
+    el.innerHTML = `<thead><tr>${head}</tr></thead><tbody>${body}</tbody>${more}`;
     el.querySelectorAll("th").forEach((th) => th.addEventListener("click", () => {
       const key = th.dataset.key;
       if (key === sortKey) asc = !asc; else { sortKey = key; asc = true; }
@@ -218,6 +220,11 @@ function xValue(p, axis) {
   return p.index;
 }
 
+const DOTS_UP_TO = 150;
+function pointText(branch, q, metric, axis) {
+  return `${branch} ${short(q.p.commit)} ${q.p.message}\n${metric}=${num(q.y)}  ${axis}=${num(q.x)}${q.p.pruned ? "\npruned" : ""}`;
+}
+
 function lineChart(container, metric, series, axis, colors) {
   const W = 460, H = 260, L = 52, R = 12, T = 14, B = 30;
   const card = document.createElement("div");
@@ -259,12 +266,34 @@ function lineChart(container, metric, series, axis, colors) {
     l.pts.sort((a, b) => a.x - b.x);
     svg("polyline", { class: "series", "data-branch": l.branch, "data-points": l.pts.length, fill: "none", stroke: color,
       "stroke-width": 2, points: l.pts.map((q) => `${sx(q.x)},${sy(q.y)}`).join(" ") }, s);
+    const dots = l.pts.length <= DOTS_UP_TO; // long lines: one hover for the whole chart (below), no per-point nodes
     for (const q of l.pts) {
-      const c = svg("circle", { class: "pt", cx: sx(q.x), cy: sy(q.y), r: 3, fill: color, "data-commit": q.p.commit }, s);
-      hover(c, `${l.branch} ${short(q.p.commit)} ${q.p.message}\n${metric}=${num(q.y)}  ${axis}=${num(q.x)}${q.p.pruned ? "\npruned" : ""}`);
-      c.addEventListener("click", () => { location.href = `/commit/${q.p.commit}`; });
+      if (dots) {
+        const c = svg("circle", { class: "pt", cx: sx(q.x), cy: sy(q.y), r: 3, fill: color, "data-commit": q.p.commit }, s);
+        hover(c, pointText(l.branch, q, metric, axis));
+        c.addEventListener("click", () => { location.href = `/commit/${q.p.commit}`; });
+      }
       if (best === null || (higher ? q.y > best.y : q.y < best.y)) best = q;
     }
+  }
+  if (lines.some((l) => l.pts.length > DOTS_UP_TO)) {
+    const mark = svg("circle", { r: 4, fill: "none", stroke: "#1d2330", visibility: "hidden" }, s);
+    s.addEventListener("mousemove", (ev) => {
+      const box = s.getBoundingClientRect();
+      const px = ((ev.clientX - box.left) / box.width) * W;
+      const py = ((ev.clientY - box.top) / box.height) * H;
+      let near = null;
+      for (const l of lines) for (const q of l.pts) {
+        const d = (sx(q.x) - px) ** 2 + (sy(q.y) - py) ** 2;
+        if (near === null || d < near.d) near = { d, q, branch: l.branch };
+      }
+      if (!near) return;
+      mark.setAttribute("cx", sx(near.q.x));
+      mark.setAttribute("cy", sy(near.q.y));
+      mark.setAttribute("visibility", "visible");
+      tip.show(ev, pointText(near.branch, near.q, metric, axis));
+    });
+    s.addEventListener("mouseleave", () => { mark.setAttribute("visibility", "hidden"); tip.hide(); });
   }
   if (best) {
     const m = svg("circle", { class: "best", cx: sx(best.x), cy: sy(best.y), r: 7, fill: "none", stroke: "#c23b3b",
@@ -310,7 +339,7 @@ async function pageMetrics(main, state) {
     { key: "epoch", label: "epoch", num: true, fmt: num },
     { key: "time_ns", label: "time", fmt: (v) => new Date(v / 1e6).toISOString().replace("T", " ").slice(0, 19) },
     ...data.metrics.map((m) => ({ key: m, label: m, num: true, fmt: num }))];
-  table(main.querySelector("#metrics-table-box"), cols, list, { id: "metrics-table", sortKey: "time_ns", asc: false });
+  table(main.querySelector("#metrics-table-box"), cols, list, { id: "metrics-table", sortKey: "time_ns", asc: false, limit: 300 });
 }
 
 // ---- one commit ----------------------------------------------------------------------------
