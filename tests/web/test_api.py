@@ -215,13 +215,14 @@ def test_serving_while_commits_and_gc_run(tmp_path: Path) -> None:
         for t in readers:
             t.join(60)
         gc.terminate()
-        _, err = gc.communicate(timeout=60)
+        gc_out, err = gc.communicate(timeout=60)
         srv.shutdown()
         srv.server_close()
         srv.api.close()
     assert not failures, failures[:5]
     assert len(seen) > 1  # the readers saw the history grow
     assert "Traceback" not in err, err
+    assert gc_out.count("gc") >= 2, err  # collections did run while the server answered
     status_final = get_final(path)
     assert status_final == 25
 
@@ -234,6 +235,7 @@ while True:
     try:
         with ckvc.Repo.open(sys.argv[1]) as repo:
             repo.gc(now=True)
+        print("gc", flush=True)
     except RepositoryLockedError:
         pass
     time.sleep(0.05)
