@@ -172,7 +172,7 @@ class Handler(BaseHTTPRequestHandler):
             result = api.log(query.get("rev"), count(query.get("n"), "n"), flag(query.get("all")))
         elif path == "/api/metrics":
             result = api.metrics()
-        elif path.startswith("/api/commit/") and path.endswith("/tensors"):
+        elif path.startswith("/api/commit/") and path.endswith("/tensors") and len(path) > len("/api/commit/tensors"):
             result = api.tensors(path[len("/api/commit/") : -len("/tensors")])
         elif path.startswith("/api/commit/"):
             data = not flag(query["no_data"]) if "no_data" in query else True
