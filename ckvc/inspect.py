@@ -5,6 +5,7 @@ dataclasses; the CLI renders them."""
 
 from __future__ import annotations
 
+import datetime as dt
 import fnmatch
 import math
 import re
@@ -19,7 +20,72 @@ from ckvc.core import Repository
 from ckvc.objects import Commit, Snapshot
 
 if TYPE_CHECKING:
+    from ckvc.objects import Tag
+    from ckvc.pruned import PruneRecord
     from ckvc.state import TensorInfo
+
+
+# ---- JSON: what `ckvc log|show|diff --json` print and `ckvc serve` answers --------
+
+
+def time_text(ns: int) -> str:
+    return dt.datetime.fromtimestamp(ns / 1e9, tz=dt.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def jsonable(v: Any) -> Any:
+    """Non-tensor state values for JSON output."""
+    if v is None or isinstance(v, (bool, int, str)):
+        return v
+    if isinstance(v, float):
+        return v if math.isfinite(v) else repr(v)
+    if isinstance(v, bytes):
+        return {"bytes": len(v)}
+    if type(v).__module__ == "numpy" and hasattr(v, "item"):  # a numpy scalar; numpy itself stays unimported
+        return jsonable(v.item())
+    if isinstance(v, (list, tuple)):
+        return [jsonable(x) for x in v]
+    if isinstance(v, dict):
+        return {str(k): jsonable(x) for k, x in v.items()}
+    return str(v)
+
+
+def commit_json(c: Commit) -> dict[str, Any]:
+    return {
+        "id": c.id,
+        "parents": list(c.parents),
+        "author": c.author,
+        "time": time_text(c.time_ns),
+        "time_ns": c.time_ns,
+        "message": c.message,
+        "metrics": {k: jsonable(v) for k, v in c.metrics.items()},
+        "metadata": jsonable(dict(c.metadata)),
+        "pickled": c.pickled,
+        "lossy": {path: dict(report) for path, report in c.lossy.items()},
+    }
+
+
+def log_json(commits: Iterable[Commit], pruned: Mapping[str, PruneRecord]) -> list[dict[str, Any]]:
+    """``ckvc log --json``: each commit, with when and by which policy it was pruned."""
+    return [
+        {
+            **commit_json(c),
+            "pruned": (
+                {"policy": pruned[c.id].policy, "time": time_text(pruned[c.id].time_ns)} if c.id in pruned else None
+            ),
+        }
+        for c in commits
+    ]
+
+
+def tag_json(t: Tag) -> dict[str, Any]:
+    return {
+        "name": t.name,
+        "id": t.id,
+        "target": t.target,
+        "tagger": t.tagger,
+        "time": time_text(t.time_ns),
+        "message": t.message,
+    }
 
 
 @dataclass
@@ -50,6 +116,10 @@ class CodecUsage:
     @property
     def ratio(self) -> float:
         return self.stored_bytes / self.raw_bytes if self.raw_bytes else 1.0
+
+
+def codecs_json(by_codec: Mapping[str, CodecUsage]) -> dict[str, Any]:
+    return {name: {**asdict(c), "ratio": c.ratio} for name, c in by_codec.items()}
 
 
 def codec_usage(repo: Repository, chunk_ids: Iterable[bytes]) -> dict[str, CodecUsage]:
@@ -155,6 +225,15 @@ class TensorSummary:
     nbytes: int
     kind: str  # "tensor", "parameter" or "numpy"
 
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "path": self.path,
+            "dtype": self.dtype,
+            "shape": list(self.shape),
+            "nbytes": self.nbytes,
+            "kind": self.kind,
+        }
+
 
 @dataclass
 class CommitInfo:
@@ -165,6 +244,20 @@ class CommitInfo:
     stored_bytes: int  # stored size of the chunks this commit uses (shared ones included)
     by_codec: dict[str, CodecUsage] = field(default_factory=dict)  # over the same chunks
     blobs: int = 0  # stored byte buffers (tensors sharing storage share one)
+
+    def to_json(self, tag: Tag | None = None, *, tensors: bool = True) -> dict[str, Any]:
+        """``ckvc show --json`` (``tensors=False``: ``--no-data``, no tensor list or values)."""
+        out: dict[str, Any] = {
+            **commit_json(self.commit),
+            "tag": tag_json(tag) if tag else None,
+            "logical_bytes": self.logical_bytes,
+            "stored_bytes": self.stored_bytes,
+            "by_codec": codecs_json(self.by_codec),
+        }
+        if tensors:
+            out["tensors"] = [t.to_json() for t in self.tensors]
+            out["values"] = {k: jsonable(v) for k, v in self.values.items()}
+        return out
 
 
 def tensor_summary(path: str, info: TensorInfo, snapshot: Snapshot) -> TensorSummary:
@@ -235,6 +328,41 @@ class StateDiff:
     changed_bytes: int = 0  # bytes of the changed tensors (new side)
     unchanged: int = 0  # tensors identical in both
     rng_changed: list[str] = field(default_factory=list)  # RNG-state leaves that differ
+
+    def to_json(self) -> dict[str, Any]:
+        """``ckvc diff --json``."""
+        return {
+            "a": self.a,
+            "b": self.b,
+            "summary": {
+                "changed": len(self.changed),
+                "added": len(self.added),
+                "removed": len(self.removed),
+                "unchanged": self.unchanged,
+                "changed_bytes": self.changed_bytes,
+                "added_bytes": self.added_bytes,
+                "removed_bytes": self.removed_bytes,
+                "values_changed": len(self.values_changed),
+                "rng_changed": len(self.rng_changed),
+            },
+            "metrics_changed": [
+                {"name": n, "old": jsonable(x), "new": jsonable(y)} for n, x, y in self.metrics_changed
+            ],
+            "added": self.added,
+            "removed": self.removed,
+            "changed": [
+                {
+                    "path": c.path,
+                    "old": c.old.to_json(),
+                    "new": c.new.to_json(),
+                    "rel_l2": jsonable(c.rel_l2),
+                    "max_abs": jsonable(c.max_abs),
+                }
+                for c in self.changed
+            ],
+            "values_changed": [{"path": p, "old": jsonable(x), "new": jsonable(y)} for p, x, y in self.values_changed],
+            "rng_changed": self.rng_changed,
+        }
 
 
 _RNG_PART = re.compile(r"(?i)^(rng|rng_states?|random_states?|generator|rng_state(_\d+)?(\.pth)?)$")

@@ -34,6 +34,7 @@ RUNS = {
     "delta-floor": ("delta_floor.py --synthetic --epochs 4 --workdir {tmp}", "order-0 entropy bound"),
     "gc": ("gc.py --commits 6 --size-mb 4 --keep 2 --history 3,6 --repeats 1 --dir {tmp}", "slope"),
     "cli-startup": ("cli_startup.py --repeats 1 --commits 2 --dir {tmp}", "acceptance (<= 0.3 s, no torch):"),
+    "web": ("web.py --commits 20 --repeats 1 --dir {tmp}", "acceptance (<= 1.0 s, API == CLI):"),
     "ab-trees": ("ab_trees.py --before {root} --after {root} --size-mb 4 --rounds 1 --dir {tmp}", "after/before"),
     "distributed": ("distributed.py --size-mb 8 --rounds 1 --saves 2 --dir {tmp}", "goals (ratio to FileSystemWriter"),
     "s3-client": ("s3_client.py --size-mib 1 --rounds 1 --small 2 --ranged-mib 1", "conditional writes on moto:"),

@@ -53,6 +53,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("repo",),
     ("distributed",),  # multi-rank commits over a Repo; the DCP integration builds on it
     ("integrations", "importer", "dcp"),
+    ("web",),  # `ckvc serve`: over Repo and the to_json() results
     ("cli", "__main__"),
     ("",),  # the package root: exports lazily from everything
 )
@@ -63,7 +64,7 @@ EXTENSION_MODULES = frozenset({"ckvc._native"})
 # discovery.
 TORCH_FREE: tuple[str, ...] = (
     "ckvc.refs", "ckvc.pruned", "ckvc.config", "ckvc.codecs", "ckvc.objects", "ckvc.ids", "ckvc.executor",
-    "ckvc.core", "ckvc.graph", "ckvc.retention_policy",
+    "ckvc.core", "ckvc.graph", "ckvc.retention_policy", "ckvc.web", "ckvc.web.api", "ckvc.web.server",
 )  # fmt: skip
 
 

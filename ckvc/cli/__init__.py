@@ -15,10 +15,8 @@ from __future__ import annotations
 
 import atexit
 import dataclasses
-import datetime as dt
 import functools
 import json
-import math
 import os
 import signal
 import sys
@@ -38,7 +36,7 @@ from ckvc.errors import CkvcError, InvalidInputError
 # tensors import ckvc.files / ckvc.state / torch in their own bodies;
 # tests/cli/test_cli_startup.py checks this in a fresh interpreter.
 if TYPE_CHECKING:
-    from ckvc.inspect import CodecUsage, StateDiff, TensorChange, TensorSummary
+    from ckvc.inspect import CodecUsage, StateDiff, TensorChange
     from ckvc.objects import Commit, Tag
     from ckvc.repo import Repo
 
@@ -54,39 +52,9 @@ def human_bytes(n: float) -> str:
 
 
 def _time(ns: int) -> str:
-    return dt.datetime.fromtimestamp(ns / 1e9, tz=dt.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+    from ckvc.inspect import time_text
 
-
-def _jsonable(v: Any) -> Any:
-    """Non-tensor state values for --json output."""
-    if v is None or isinstance(v, (bool, int, str)):
-        return v
-    if isinstance(v, float):
-        return v if math.isfinite(v) else repr(v)
-    if isinstance(v, bytes):
-        return {"bytes": len(v)}
-    if type(v).__module__ == "numpy" and hasattr(v, "item"):  # a numpy scalar; numpy itself stays unimported
-        return _jsonable(v.item())
-    if isinstance(v, (list, tuple)):
-        return [_jsonable(x) for x in v]
-    if isinstance(v, dict):
-        return {str(k): _jsonable(x) for k, x in v.items()}
-    return str(v)
-
-
-def _commit_json(c: Commit) -> dict[str, Any]:
-    return {
-        "id": c.id,
-        "parents": list(c.parents),
-        "author": c.author,
-        "time": _time(c.time_ns),
-        "time_ns": c.time_ns,
-        "message": c.message,
-        "metrics": {k: _jsonable(v) for k, v in c.metrics.items()},
-        "metadata": _jsonable(dict(c.metadata)),
-        "pickled": c.pickled,
-        "lossy": {path: dict(report) for path, report in c.lossy.items()},
-    }
+    return time_text(ns)
 
 
 def _warn(text: str) -> None:
@@ -436,17 +404,9 @@ def log(
         commits = repo.log(rev, limit=max_count, all=all_refs)
     pruned = repo.pruned()
     if as_json:
-        _emit_json(
-            [
-                {
-                    **_commit_json(c),
-                    "pruned": (
-                        {"policy": pruned[c.id].policy, "time": _time(pruned[c.id].time_ns)} if c.id in pruned else None
-                    ),
-                }
-                for c in commits
-            ]
-        )
+        from ckvc.inspect import log_json
+
+        _emit_json(log_json(commits, pruned))
         return
     labels = _labels(repo)
     rows = _graph_rows(commits) if graph else (("", [], None, c) for c in commits)
@@ -538,21 +498,6 @@ def _labels(repo: Repo) -> dict[str, list[str]]:
     return labels
 
 
-def _tensor_json(t: TensorSummary) -> dict[str, Any]:
-    return {"path": t.path, "dtype": t.dtype, "shape": list(t.shape), "nbytes": t.nbytes, "kind": t.kind}
-
-
-def _tag_json(t: Tag) -> dict[str, Any]:
-    return {
-        "name": t.name,
-        "id": t.id,
-        "target": t.target,
-        "tagger": t.tagger,
-        "time": _time(t.time_ns),
-        "message": t.message,
-    }
-
-
 def _annotated_tag(repo: Repo, rev: str) -> Tag | None:
     """The annotated tag REV names (resolve prefers a branch of the same name)."""
     from ckvc.graph import branch_named
@@ -579,17 +524,7 @@ def show(obj: Context, rev: str, no_data: bool, as_json: bool) -> None:
     tag = _annotated_tag(repo, rev)
     c = info.commit
     if as_json:
-        out: dict[str, Any] = {
-            **_commit_json(c),
-            "tag": _tag_json(tag) if tag else None,
-            "logical_bytes": info.logical_bytes,
-            "stored_bytes": info.stored_bytes,
-            "by_codec": _codecs_json(info.by_codec),
-        }
-        if not no_data:
-            out["tensors"] = [_tensor_json(t) for t in info.tensors]
-            out["values"] = {k: _jsonable(v) for k, v in info.values.items()}
-        _emit_json(out)
+        _emit_json(info.to_json(tag, tensors=not no_data))
         return
     if tag is not None:
         click.echo(f"tag {tag.name}\nTagger: {tag.tagger}\nDate:   {_time(tag.time_ns)}\n")
@@ -630,11 +565,7 @@ def _rel(c: TensorChange) -> str:
         if (c.old.dtype, c.old.shape) != (c.new.dtype, c.new.shape):
             return f"{c.old.dtype}{list(c.old.shape)} -> {c.new.dtype}{list(c.new.shape)}"
         return "changed"
-    return (
-        f"rel_l2={c.rel_l2:.3e} max_abs={_jsonable(c.max_abs):.3e}"
-        if c.max_abs is not None
-        else f"rel_l2={c.rel_l2:.3e}"
-    )
+    return f"rel_l2={c.rel_l2:.3e} max_abs={c.max_abs:.3e}" if c.max_abs is not None else f"rel_l2={c.rel_l2:.3e}"
 
 
 @cli.command()
@@ -652,42 +583,7 @@ def diff(obj: Context, a: str, b: str | None, paths: tuple[str, ...], stat: bool
     (which change every step) are one line."""
     d = obj.repo.diff(a, "HEAD" if b is None else b, paths, data=not stat)  # "" is no revision
     if as_json:
-        _emit_json(
-            {
-                "a": d.a,
-                "b": d.b,
-                "summary": {
-                    "changed": len(d.changed),
-                    "added": len(d.added),
-                    "removed": len(d.removed),
-                    "unchanged": d.unchanged,
-                    "changed_bytes": d.changed_bytes,
-                    "added_bytes": d.added_bytes,
-                    "removed_bytes": d.removed_bytes,
-                    "values_changed": len(d.values_changed),
-                    "rng_changed": len(d.rng_changed),
-                },
-                "metrics_changed": [
-                    {"name": n, "old": _jsonable(x), "new": _jsonable(y)} for n, x, y in d.metrics_changed
-                ],
-                "added": d.added,
-                "removed": d.removed,
-                "changed": [
-                    {
-                        "path": c.path,
-                        "old": _tensor_json(c.old),
-                        "new": _tensor_json(c.new),
-                        "rel_l2": _jsonable(c.rel_l2),
-                        "max_abs": _jsonable(c.max_abs),
-                    }
-                    for c in d.changed
-                ],
-                "values_changed": [
-                    {"path": p, "old": _jsonable(x), "new": _jsonable(y)} for p, x, y in d.values_changed
-                ],
-                "rng_changed": d.rng_changed,
-            }
-        )
+        _emit_json(d.to_json())
         return
     click.echo(_diff_summary(d))
     for name, old, new in d.metrics_changed:
@@ -1048,10 +944,6 @@ def fsck(
         sys.exit(FSCK_DAMAGE_EXIT)
 
 
-def _codecs_json(by_codec: Mapping[str, CodecUsage]) -> dict[str, Any]:
-    return {name: {**dataclasses.asdict(c), "ratio": c.ratio} for name, c in by_codec.items()}
-
-
 def _echo_codecs(by_codec: Mapping[str, CodecUsage]) -> None:
     """Stored bytes per codec: where the space goes, and how well each codec does."""
     if not by_codec:
@@ -1339,6 +1231,10 @@ def import_cmd(obj: Context, source: Path, branch: str | None, glob: str | None,
 from ckvc.cli import remote as remote_commands  # noqa: E402  (registered once the group and helpers exist)
 
 remote_commands.register(cli, remote_commands.CliTools(_progress_bar, _emit_json, human_bytes, json_option))
+
+from ckvc.cli import serve as serve_command  # noqa: E402
+
+serve_command.register(cli)
 
 _quiet_shutdown_registered: list[bool] = []
 
