@@ -248,6 +248,8 @@ def _execute(remote: Remote, report: RemoteGcReport, marks: GcMarks, reflog_expi
             _settle(core, report.packs, live, visited)
             removed = [p for p in report.packs if p.action == "delete"]
             report.kept_revived = sorted(doomed - {p.name for p in removed})
+            # the exclusive lease must still stand, or a push may have pinned and counted on these packs
+            remote.backend.check_locks_held()
             store.index.swap_packs([], [(p.name, p.entries) for p in removed])
         report.executed = True
         done = f"gc retired {len(removed)} packs of {remote.spec.name}; the next gc deletes any left behind"

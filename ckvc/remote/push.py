@@ -200,6 +200,8 @@ def push(
                 work = _plan_push(local, handle, [u.new for u in plan], max_pack)
                 _upload(local, handle, work, max_pack, result.stats, progress)
                 for update in plan:
+                    # a pin whose lease lapsed no longer holds a remote gc off what the ref will name
+                    handle.backend.check_locks_held()
                     message = f"push: from {local.config.repo_id}"
                     handle.core.refs.set_if_equals(update.ref, update.old, update.new, message)
                     result.updated.append(update)

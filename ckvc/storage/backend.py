@@ -285,6 +285,10 @@ class Backend(ABC):
         RepositoryLockedError after ``timeout`` seconds. Local: flock, released when
         the process dies; object stores: a lease object with an expiry."""
 
+    def check_locks_held(self) -> None:  # noqa: B027 (an OS lock never lapses while its process lives)
+        """RepositoryLockedError if a lock this process holds here may have lapsed
+        (a lease whose renewals failed); called before steps that cannot be undone."""
+
     def sweep(self, prefix: str = "") -> builtins.list[str]:
         """Remove temporaries in ``prefix``'s folder whose writers are gone; their keys."""
         return []
@@ -387,6 +391,9 @@ class ForwardingBackend(Backend):
         self, name: str, *, shared: bool = False, timeout: float = 30.0
     ) -> contextlib.AbstractContextManager[None]:
         return self.inner.lock(name, shared=shared, timeout=timeout)
+
+    def check_locks_held(self) -> None:
+        self.inner.check_locks_held()
 
     def sweep(self, prefix: str = "") -> builtins.list[str]:
         return self.inner.sweep(prefix)

@@ -66,6 +66,24 @@ class LeaseLocks:
         self.backend = backend
         self.term = term
         self.folder = folder
+        self._held: dict[str, _Renewer] = {}  # lease key -> its renewer, while its block runs
+        self._held_lock = threading.Lock()
+
+    def check_held(self) -> None:
+        """RepositoryLockedError if a lease this process holds here may have
+        lapsed: its renewals failed for long enough that another process may
+        have deleted it as expired and taken the lock. A holder calls this just
+        before a step that cannot be undone (a remote ref move, retiring packs)."""
+        with self._held_lock:
+            held = list(self._held.items())
+        now = time.monotonic()
+        for key, renewer in held:
+            if renewer.lost or now > renewer.valid_until:
+                name = key[len(self.folder) + 1 :].rsplit("/", 1)[0]
+                raise RepositoryLockedError(
+                    f"the lease on {name} lapsed while held (its renewals failed): "
+                    "stopped before changing anything more"
+                )
 
     def leases(self, name: str) -> list[Lease]:
         """The unexpired leases of ``name``; expired ones are deleted on the way."""
@@ -118,9 +136,13 @@ class LeaseLocks:
             if renewer is not None:
                 renewer.stop(delete=True)
             raise
+        with self._held_lock:
+            self._held[key] = renewer
         try:
             yield
         finally:
+            with self._held_lock:
+                self._held.pop(key, None)
             lost = renewer.stop(delete=True)
             if lost:
                 warnings.warn(
@@ -135,6 +157,7 @@ class _Renewer:
 
     def __init__(self, locks: LeaseLocks, key: str, holder: str, shared: bool) -> None:
         self.locks, self.key, self.holder, self.shared = locks, key, holder, shared
+        written = time.monotonic()
         try:
             self.version: Version = locks.backend.compare_and_swap(key, None, self._bytes())
         except RefConflictError:  # ours (the key is unique): an earlier try landed and its answer was lost
@@ -143,6 +166,7 @@ class _Renewer:
                 raise BackendError(f"lease {key} vanished while being created", key=key, transient=True) from None
             self.version = locks.backend.compare_and_swap(key, found[1], self._bytes())
         self.lost = False
+        self.valid_until = self._valid_from(written)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"ckvc-lease {key}", daemon=True)
         self._thread.start()
@@ -150,10 +174,18 @@ class _Renewer:
     def _bytes(self) -> bytes:
         return lease_bytes(self.holder, self.shared, time.time() + self.locks.term)
 
+    def _valid_from(self, written: float) -> float:
+        """Until when (monotonic) a lease written at ``written`` surely stands: its
+        term, less a sixth for the clock skew between holder and readers (the
+        term must exceed it) and the time the write took to land."""
+        return written + self.locks.term * 5 / 6
+
     def _run(self) -> None:
         while not self._stop.wait(self.locks.term / 3):
+            written = time.monotonic()
             try:
                 self.version = self.locks.backend.compare_and_swap(self.key, self.version, self._bytes())
+                self.valid_until = self._valid_from(written)
             except (RefConflictError, ObjectNotFoundError):  # deleted as expired: the lease is gone
                 self.lost = True
                 return

@@ -509,6 +509,9 @@ class ObjectStoreBackend(Backend):
     ) -> contextlib.AbstractContextManager[None]:
         return self._leases.hold(check_key(name), shared=shared, timeout=timeout)
 
+    def check_locks_held(self) -> None:
+        self._leases.check_held()
+
     def close(self) -> None:
         with self._pool_lock:
             pool, self._pool = self._pool, None

@@ -361,3 +361,27 @@ def test_an_interrupted_push_keeps_what_its_young_packs_need(tmp_path: Path) -> 
     assert remote_fsck_ok(s.a)
     check_clone(tmp_path, s, {s2: s.b, s.s1: s.a})
     close(s)
+
+
+@pytest.mark.skipif(not HAS_S3, reason="the remote and test extras (obstore, moto) are not installed")
+def test_a_lapsed_lease_stops_gc_and_push_before_anything_changes(
+    tmp_path: Path, s3_server: Any, s3_bucket: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A holder whose lease may have expired (its renewals failed) cannot know that
+    no one else took the lock: gc retires nothing and push moves no ref."""
+    from ckvc.storage import leases
+
+    s = setup(tmp_path, Where(f"s3://{s3_bucket}/models", s3_server.endpoint))
+    before = packs(s.backend)
+    with monkeypatch.context() as patched:
+        patched.setattr(leases._Renewer, "_valid_from", lambda self, written: written - 1.0)
+        with pytest.raises(RepositoryLockedError, match="lapsed while held"):
+            s.a.gc_remote("origin", now=True)
+        assert packs(s.backend) == before  # nothing retired, nothing deleted
+        tip = s.a.commit(state(9), message="c2")
+        with pytest.raises(RepositoryLockedError, match="lapsed while held"):
+            s.a.push()
+        assert s.a.ls_remote()["refs/heads/main"] == s.main[-1]  # the ref did not move
+    assert s.a.push().updated[0].new == tip  # with the lease standing, both go through
+    assert s.a.gc_remote("origin", now=True).packs_deleted == len(s.dead)
+    assert remote_fsck_ok(s.a)

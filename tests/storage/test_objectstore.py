@@ -17,6 +17,8 @@ from fault_proxy import FaultProxy
 from s3server import S3Server, fake_credentials, obstore_available, s3_backend
 
 from ckvc.errors import InvalidInputError, RepositoryLockedError
+from ckvc.ids import Buffer
+from ckvc.storage.backend import BackendError, ForwardingBackend, Version
 from ckvc.storage.leases import LeaseLocks, lease_bytes
 from ckvc.storage.memory import MemoryBackend
 from ckvc.storage.objectstore import MIN_PART_SIZE, aws_profile_credentials, open_object_store
@@ -188,3 +190,22 @@ def test_credentials_from_an_aws_profile_file(
     assert backend.get("config") == b"{}"
     listing = s3_server.request("GET", f"/{s3_bucket}?list-type=2").decode()
     assert "<Key>p/config</Key>" in listing
+
+
+def test_a_lease_whose_renewals_fail_lapses() -> None:
+    """check_held passes while the lease surely stands and raises once its
+    renewals have failed for most of its term."""
+
+    class FailingRenewals(ForwardingBackend):
+        def compare_and_swap(self, key: str, expected: Version | None, data: Buffer) -> Version:
+            if expected is not None:
+                raise BackendError("renewal failed", key=key, transient=True)
+            return self.inner.compare_and_swap(key, expected, data)
+
+    locks = LeaseLocks(FailingRenewals(MemoryBackend(object_store_semantics=True)), term=0.6)
+    with locks.hold("gc.lock"):
+        locks.check_held()
+        time.sleep(0.7)  # two renewals failed; the term (less its margin) is over
+        with pytest.raises(RepositoryLockedError, match=r"gc\.lock lapsed while held"):
+            locks.check_held()
+    locks.check_held()  # released: nothing held, nothing to check
