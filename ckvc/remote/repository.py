@@ -13,6 +13,7 @@ that took the same URL (its ``repo_id`` differs) is cleared first.
 from __future__ import annotations
 
 import collections
+import concurrent.futures
 import shutil
 import threading
 from collections.abc import Iterator, Sequence
@@ -34,6 +35,7 @@ from ckvc.storage.object_store import ObjectStore
 from ckvc.storage.packs import RecordInfo
 
 CATALOG_DIR = "catalog"
+CATALOG_READERS = 8  # TOCs read at once when a catalog learns of new packs
 REPO_ID_FILE = "repo_id"
 
 
@@ -173,13 +175,20 @@ def refresh_catalog(store: ObjectStore, damaged: list[str] | None = None) -> int
     listed = store.packs()
     known = index.indexed_packs()
     added = 0
-    for name in listed:
-        if name in known:
-            continue
+
+    def read(name: str) -> tuple[list[RecordInfo], bool]:
         try:
-            entries, from_toc = store.pack_entries(name)
+            return store.pack_entries(name)
         except (CorruptObjectError, ObjectNotFoundError):
-            from_toc = False
+            return [], False
+
+    new = [name for name in listed if name not in known]
+    if len(new) <= 1:
+        tocs = [read(name) for name in new]
+    else:  # the TOCs in parallel: each is a request or two, latency bound
+        with concurrent.futures.ThreadPoolExecutor(min(CATALOG_READERS, len(new))) as pool:
+            tocs = list(pool.map(read, new))
+    for name, (entries, from_toc) in zip(new, tocs, strict=True):
         if not from_toc:  # a published pack always has its TOC: this one is cut short or damaged
             if damaged is not None:
                 damaged.append(name)
