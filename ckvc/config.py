@@ -94,10 +94,14 @@ class RepoConfig:
                 raise ValueError(f"retention: {exc}") from None
         return self
 
+    def encoded(self) -> bytes:
+        """The bytes of config.json."""
+        return (json.dumps(asdict(self), indent=2, sort_keys=True) + "\n").encode()
+
     def save(self, target: Backend | str | os.PathLike[str]) -> None:
         """Write the config atomically to a Backend or a ``.ckvc`` directory."""
         backend = backend_at(target)
-        data = (json.dumps(asdict(self), indent=2, sort_keys=True) + "\n").encode()
+        data = self.encoded()
         # Under the refs lock, as every writer of the repository's small mutable
         # files: so a ref update may remove what a failed config write left.
         lock = backend.lock(REFS_LOCK) if backend.capabilities.file_locks else contextlib.nullcontext()

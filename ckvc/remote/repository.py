@@ -231,9 +231,10 @@ def create_layout(backend: Backend, template: RepoConfig) -> None:
         keyframe_interval=template.keyframe_interval,
     )
     # HEAD first: the config is what makes the remote exist (remote_exists), so a
-    # creation killed in between is simply done again.
+    # creation killed in between is simply done again. Created only if absent: of
+    # two first pushes racing, one repository id stands and both use it.
     RefStore(backend).init_head(branch_ref(template.default_branch))
-    config.save(backend)
+    backend.put_if_absent(CONFIG_NAME, config.encoded())
 
 
 def open_remote(local: Repository, spec: RemoteSpec, *, create_from: RepoConfig | None = None) -> Remote:
@@ -243,14 +244,18 @@ def open_remote(local: Repository, spec: RemoteSpec, *, create_from: RepoConfig 
     config's version rule)."""
     raw = open_backend(spec.url, endpoint=spec.endpoint, region=spec.region)
     backend = RequestCounter(raw)
-    if not remote_exists(backend):
-        if create_from is None:
-            raise UnknownRemoteError(f"remote {spec.name} ({spec.url}) holds no ckvc repository")
-        if isinstance(raw, LocalBackend):
-            raw.root.mkdir(parents=True, exist_ok=True)
-        create_layout(backend, create_from)
-    config = RepoConfig.load(backend)
-    store = CatalogStore(backend, index=_catalog(local, spec.name, config.repo_id))
+    try:
+        if not remote_exists(backend):
+            if create_from is None:
+                raise UnknownRemoteError(f"remote {spec.name} ({spec.url}) holds no ckvc repository")
+            if isinstance(raw, LocalBackend):
+                raw.root.mkdir(parents=True, exist_ok=True)
+            create_layout(backend, create_from)
+        config = RepoConfig.load(backend)
+        store = CatalogStore(backend, index=_catalog(local, spec.name, config.repo_id))
+    except BaseException:
+        backend.close()  # its connections and threads, not left to the garbage collector
+        raise
     core = Repository(
         config=config,
         store=store,

@@ -495,3 +495,26 @@ def test_metadata_over_several_packs_goes_up_parents_first(
     inner = bytes.fromhex(a.read_tag(outer.hex()).target)
     assert position[inner] < position[outer]
     a.close()
+
+
+def test_two_first_pushes_agree_on_one_repository_id(tmp_path: Path, url: str) -> None:
+    """Creating the remote twice (two first pushes racing) keeps the first config:
+    one repository id, which both catalogs then use."""
+    from ckvc.config import RepoConfig
+    from ckvc.remote.repository import create_layout
+
+    a, b = new_repo(tmp_path, "a"), new_repo(tmp_path, "b")
+    backend = open_backend(url)
+    try:
+        create_layout(backend, a.core.config)
+        first = RepoConfig.load(backend).repo_id
+        create_layout(backend, b.core.config)  # the loser of the race
+        assert RepoConfig.load(backend).repo_id == first
+        a.commit(state(0), message="a0")
+        a.remotes.add("origin", url)
+        a.push()  # onto the layout made in the race
+        assert RepoConfig.load(backend).repo_id == first
+    finally:
+        backend.close()
+        a.close()
+        b.close()
