@@ -178,7 +178,9 @@ def refresh_catalog(store: ObjectStore, damaged: list[str] | None = None) -> int
 
     def read(name: str) -> tuple[list[RecordInfo], bool]:
         try:
-            return store.pack_entries(name)
+            # a large pack's header is checked by the first read of its records:
+            # a clone streams them from the pack's start, so that costs no request
+            return store.pack_entries(name, header=False)
         except (CorruptObjectError, ObjectNotFoundError):
             return [], False
 

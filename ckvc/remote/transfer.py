@@ -32,7 +32,7 @@ from ckvc.ids import ObjectType, object_id
 from ckvc.storage.backend import Backend
 from ckvc.storage.index import IndexEntry
 from ckvc.storage.object_store import ObjectStore
-from ckvc.storage.packs import PACK_DIR, PackWriter, Record, RecordInfo, pack_key, parse_record
+from ckvc.storage.packs import PACK_DIR, PACK_HEADER, PackWriter, Record, RecordInfo, pack_key, parse_record
 
 # One read_ranges call covers at most this many bytes of records (memory bound of a fetch batch).
 BATCH_BYTES = 16 << 20
@@ -119,13 +119,27 @@ def _reads(items: list[Located]) -> Iterator[list[Located]]:
             yield batch
 
 
-def _streamed(store: ObjectStore, key: str, run: list[Located]) -> Iterator[tuple[Located, memoryview]]:
+def _streamed(
+    store: ObjectStore, key: str, run: list[Located], *, with_header: bool = False
+) -> Iterator[tuple[Located, memoryview]]:
     """The run's records cut out of one stream of its span: a record inside one
-    piece is a view of it, one across pieces is copied together."""
-    start = run[0].entry.offset
+    piece is a view of it, one across pieces is copied together. ``with_header``:
+    the run starts at the pack's first record and its header, still unchecked,
+    is read by the same stream (from offset 0) and checked first."""
+    start = 0 if with_header else run[0].entry.offset
     last = run[-1].entry
     pieces = store.backend.read_stream(key, start, last.offset + last.record_size - start)
     piece, piece_at = memoryview(b""), start
+    if with_header:
+        head = bytearray()
+        while len(head) < PACK_HEADER.size:
+            piece = next(pieces, memoryview(b""))
+            if not piece:
+                raise CorruptObjectError("short read")
+            head += piece[: PACK_HEADER.size - len(head)]
+            piece_at += len(piece)
+        piece_at -= len(piece)
+        store.reader.header_read(run[0].entry.pack, head)
 
     def next_piece() -> memoryview:
         got = next(pieces, None)
@@ -161,11 +175,14 @@ def _read(store: ObjectStore, read: list[Located], describe: Callable[[str], str
     key = pack_key(name, PACK_DIR)
     current = read[0]
     try:
+        dense = len(read) > 1 and _is_dense(read)
+        with_header = dense and read[0].entry.offset == PACK_HEADER.size and store.reader.header_pending(name)
+        check = store.reader.check_bounds if with_header else store.reader.check_range
         for current in read:
-            store.reader.check_range(name, current.entry.offset, current.entry.record_size)
+            check(name, current.entry.offset, current.entry.record_size)
         got: Iterator[tuple[Located, memoryview]]
-        if len(read) > 1 and _is_dense(read):
-            got = _streamed(store, key, read)
+        if dense:
+            got = _streamed(store, key, read, with_header=with_header)
         else:
             ranges = [(item.entry.offset, item.entry.record_size) for item in read]
             got = zip(read, (raw for _offset, raw in store.backend.read_ranges(key, ranges)), strict=True)

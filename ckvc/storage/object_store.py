@@ -301,9 +301,10 @@ class ObjectStore:
                 names.update(n for n in data.decode(errors="replace").split("\n") if is_pack_name(n))
         return names
 
-    def pack_entries(self, name: str) -> tuple[list[RecordInfo], bool]:
-        """(entries, from_toc) of pack ``name``: its TOC, or what a scan recovers."""
-        return self.reader.entries(name)
+    def pack_entries(self, name: str, *, header: bool = True) -> tuple[list[RecordInfo], bool]:
+        """(entries, from_toc) of pack ``name``: its TOC, or what a scan recovers
+        (``header``: PackReader.entries)."""
+        return self.reader.entries(name, header=header)
 
     def pack_info(self, name: str) -> KeyInfo | None:
         """Size and modification time of pack ``name`` (None: it is gone)."""

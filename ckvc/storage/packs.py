@@ -263,19 +263,36 @@ def scan_records(backend: Backend, key: str) -> Iterator[RecordInfo]:
         offset += record_size
 
 
-def pack_entries(backend: Backend, key: str) -> tuple[list[RecordInfo], bool]:
-    """(entries, from_toc): the TOC when intact, else what a scan recovers. The
-    header is checked first; a pack no larger than TAIL_READ costs one read."""
+@dataclass(frozen=True)
+class PackIndex:
+    entries: list[RecordInfo]
+    from_toc: bool  # the TOC was intact (else the entries are what a scan recovered)
+    size: int
+    header_pending: bool  # the header was not read (``header=False`` on a large pack)
+
+
+def read_pack_index(backend: Backend, key: str, *, header: bool = True) -> PackIndex:
+    """The pack's entries: its TOC when intact, else what a scan recovers; its
+    header checked first (unless ``header`` is False and it is not in the tail).
+    One read of the tail gives footer, TOC and size, and the whole of a pack no
+    larger than TAIL_READ."""
     size, tail = backend.read_tail(key, TAIL_READ)
     name = describe_key(key).removeprefix("pack ")
     if len(tail) == size:
         parse_pack_header(tail[: PACK_HEADER.size], name)
-    else:
+    elif header:
         parse_pack_header(_read(backend, key, 0, PACK_HEADER.size), name)
+    pending = len(tail) < size and not header
     toc = _toc_in(backend, key, size, tail)
     if toc is not None:
-        return toc, True
-    return list(scan_records(backend, key)), False
+        return PackIndex(toc, True, size, pending)
+    return PackIndex(list(scan_records(backend, key)), False, size, pending)
+
+
+def pack_entries(backend: Backend, key: str) -> tuple[list[RecordInfo], bool]:
+    """(entries, from_toc) of the pack at ``key``, its header checked first."""
+    found = read_pack_index(backend, key)
+    return found.entries, found.from_toc
 
 
 class PackReader:
@@ -288,6 +305,7 @@ class PackReader:
         self.backend = backend
         self.directory = directory
         self._sizes: dict[str, int] = {}
+        self._headers_pending: set[str] = set()  # packs whose header waits for their first read
         self._local = threading.local()  # per-thread read buffers (read_reusing)
 
     def key(self, name: str) -> str:
@@ -301,13 +319,38 @@ class PackReader:
             size = self._sizes[name] = self.backend.size(self.key(name))
         return size
 
-    def entries(self, name: str) -> tuple[list[RecordInfo], bool]:
-        """(entries, from_toc) of pack ``name``: its TOC, or what a scan recovers."""
-        return pack_entries(self.backend, self.key(name))
+    def entries(self, name: str, *, header: bool = True) -> tuple[list[RecordInfo], bool]:
+        """:func:`pack_entries` of pack ``name``, its size kept for range checks.
+        ``header=False``: the header of a pack larger than TAIL_READ is checked by
+        the first read of its records instead (a remote's catalog: one request a pack)."""
+        found = read_pack_index(self.backend, self.key(name), header=header)
+        self._sizes[name] = found.size
+        if found.header_pending:
+            self._headers_pending.add(name)
+        return found.entries, found.from_toc
+
+    def header_pending(self, name: str) -> bool:
+        """Whether the pack's header is left for its first read."""
+        return name in self._headers_pending
+
+    def header_read(self, name: str, head: Buffer) -> None:
+        """Check ``head``, the first bytes of pack ``name``, as its header."""
+        parse_pack_header(head, name)
+        self._headers_pending.discard(name)
+
+    def _check_pending_header(self, name: str) -> None:
+        if name in self._headers_pending:
+            self.header_read(name, _read(self.backend, self.key(name), 0, min(PACK_HEADER.size, self.size(name))))
 
     def check_range(self, name: str, offset: int, size: int) -> None:
         """CorruptObjectError unless [offset, offset + size) lies inside the pack:
-        checked before any buffer of ``size`` bytes is allocated for a read."""
+        checked before any buffer of ``size`` bytes is allocated for a read (and
+        the pack's header checked, if that was left for its first read)."""
+        self._check_pending_header(name)
+        self.check_bounds(name, offset, size)
+
+    def check_bounds(self, name: str, offset: int, size: int) -> None:
+        """:meth:`check_range` for a caller that checks a pending header itself."""
         pack_size = self.size(name)
         if offset < 0 or size < 0 or offset + size > pack_size:
             raise CorruptObjectError(
@@ -362,9 +405,11 @@ class PackReader:
     def forget(self, name: str) -> None:
         """Drop what is cached of a pack (gc removed it)."""
         self._sizes.pop(name, None)
+        self._headers_pending.discard(name)
         if is_pack_name(name):
             self.backend.forget(pack_key(name, self.directory))
 
     def close(self) -> None:
         self._sizes.clear()
+        self._headers_pending.clear()
         self.backend.close()

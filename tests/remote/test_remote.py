@@ -518,3 +518,37 @@ def test_two_first_pushes_agree_on_one_repository_id(tmp_path: Path, url: str) -
         backend.close()
         a.close()
         b.close()
+
+
+@pytest.mark.parametrize("damage", ["magic", "version"])
+def test_a_bad_pack_header_is_caught_by_the_first_read(
+    tmp_path: Path, url: str, damage: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The catalog leaves a large pack's header for the first read of its records
+    (a clone streams them from offset 0): a damaged or unknown header is still
+    refused there, naming the remote and the key, and nothing is stored."""
+    from ckvc.errors import UnsupportedFormatError
+
+    monkeypatch.setattr(packs, "TAIL_READ", 64)  # every pack "large": headers left for the reads
+    a = new_repo(tmp_path, "a")
+    history(a)
+    a.remotes.add("origin", url)
+    a.push()
+    backend = open_backend(url)
+    key = max((k for k in backend.list("packs/") if k.endswith(".pack")), key=lambda k: len(backend.get(k) or b""))
+    data = bytearray(backend.get(key) or b"")
+    if damage == "magic":
+        data[0] ^= 0xFF
+    else:
+        data[8:12] = (packs.PACK_VERSION + 1).to_bytes(4, "little")
+    backend.put(key, bytes(data))
+    c = new_repo(tmp_path, "c")
+    c.remotes.add("origin", url)
+    expected = CorruptObjectError if damage == "magic" else UnsupportedFormatError
+    with pytest.raises(expected) as info:
+        c.fetch()
+    assert key.removeprefix("packs/").removesuffix(".pack") in str(info.value)
+    assert c.remote_branches() == {} and c.fsck().ok
+    assert not any(c.store.has(oid) for oid in reachable(a))
+    a.close()
+    c.close()
