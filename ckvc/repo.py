@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     import torch
 
     from ckvc import write
+    from ckvc.cache import Hybrid
     from ckvc.codecs.policy import DeltaBackoff, LossySpec
     from ckvc.config import RepoConfig
     from ckvc.executor import Executor
@@ -83,6 +84,9 @@ class Repo(RemoteOps):
         self._background: write.BackgroundCommits | None = None  # made by the first commit
         self._backoff: DeltaBackoff | None = None  # per tensor path, across this Repo's commits
         self.last_commit_stats: CommitStats | None = None
+        from ckvc.cache import attach
+
+        self._hybrid: Hybrid | None = attach(core)  # a lazy clone's promisor, the cache budget
 
     path: Part[Path] = Part("local_path")  # the directory holding .ckvc
     dir: Part[Path] = Part("local_dir")  # path/.ckvc
@@ -127,7 +131,11 @@ class Repo(RemoteOps):
             if self._background is not None:
                 self._background.close()
         finally:
-            self.core.close()
+            try:
+                if self._hybrid is not None:
+                    self._hybrid.close()
+            finally:
+                self.core.close()
 
     def wait(self) -> None:
         """Wait for every pending background commit; raise the first error not yet seen."""
@@ -376,7 +384,30 @@ class Repo(RemoteOps):
     pruned = OnCore(Repository.pruned)
     retention_policy = OnCore(retention.stored_policy)
     set_retention = OnCore(retention.store_policy)
-    set_config = OnCore(Repository.set_config)
+
+    def set_config(self, **values: Any) -> RepoConfig:
+        """As ``Repository.set_config``, plus the hybrid settings of this clone
+        (``.ckvc/hybrid.json``): ``cache_size`` (bytes of local packs to keep,
+        None: no limit) and ``auto_push`` (a remote name, None: off)."""
+        hybrid = {k: values.pop(k) for k in ("cache_size", "auto_push") if k in values}
+        if hybrid:
+            from ckvc.cache import configure
+
+            self._hybrid = configure(self.core, self._hybrid, **hybrid)
+        return self.core.set_config(**values) if values else self.core.config
+
+    @property
+    def cache(self) -> Hybrid:
+        """The local chunk cache: ``report()``, ``pin(rev)``, ``unpin(rev)``, ``prune()``
+        (docs/GUIDE.md, "Three setups"). A plain repository gets one on first use,
+        with no budget: everything stays local until ``cache_size`` is set."""
+        if self._hybrid is None:
+            from ckvc.cache import Hybrid
+            from ckvc.remote.lazy import HybridSettings
+
+            self._hybrid = Hybrid(self.core, HybridSettings.load(self.core))
+        return self._hybrid
+
     retain = OnCore(retention.retain)
 
     gc = OnCore(collect_garbage)
