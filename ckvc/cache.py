@@ -256,8 +256,12 @@ class Hybrid:
             else:
                 self._save()
 
+    def committed(self, commit_id: str) -> None:
+        """After a commit landed: its packs join the cache, the budget holds."""
+        self.note_written()
+
     def note_written(self) -> None:
-        """After a commit: its packs join the cache (as read once), and the budget holds."""
+        """New local packs join the cache (as read once), and the budget holds."""
         with self._lock:
             known = set(self.state.packs)
             new = [n for n in self.core.store.index.indexed_packs() if n not in known]
@@ -384,11 +388,20 @@ class Hybrid:
             protect = protect or set()
             order = [n for n in eviction_order(self.state, self.state.policy) if n in sizes and n not in protect]
             bases = self._delta_bases()
-            for name in order:
-                if used <= limit:
-                    break
-                freed = self._evict_pack(name, pinned, bases, result)
-                used -= freed
+            # Passes until nothing more goes: a keyframe kept for deltas in a later
+            # pack may go once that pack went.
+            progress = True
+            while progress and used > limit:
+                progress = False
+                for name in order:
+                    if used <= limit:
+                        break
+                    if name not in self.state.packs:
+                        continue  # gone in an earlier pass
+                    freed = self._evict_pack(name, pinned, bases, result)
+                    used -= freed
+                    progress = progress or freed > 0
+                order = [n for n in eviction_order(self.state, self.state.policy) if n not in protect]
             result.after_bytes = sum(self._sizes().values())
             result.over_budget_bytes = max(0, result.after_bytes - limit)
             self.state.evicted_bytes += result.bytes_freed

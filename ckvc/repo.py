@@ -35,6 +35,7 @@ if TYPE_CHECKING:
     from ckvc.integrations.torch_nn import IncompatibleKeys
     from ckvc.pruned import PruneLog
     from ckvc.refs import RefStore
+    from ckvc.remote.common import PushResult
     from ckvc.retention_policy import RetentionPolicy
     from ckvc.state import MapLocation, PendingBlob
     from ckvc.storage.object_store import ObjectStore
@@ -254,6 +255,8 @@ class Repo(RemoteOps):
         self.last_commit_stats = report.stats(commit_id, writer.bytes_written, time.perf_counter() - started)
         if policy is not None and (retain or (retain is None and policy.auto)):
             retention.retain_after_commit(self.core, policy, commit_id)
+        if self._hybrid is not None:
+            self._hybrid.committed(commit_id)  # the budget holds; auto_push takes it from here
         return commit_id
 
     # ---- reading ------------------------------------------------------------
@@ -395,6 +398,13 @@ class Repo(RemoteOps):
 
             self._hybrid = configure(self.core, self._hybrid, **hybrid)
         return self.core.set_config(**values) if values else self.core.config
+
+    def push(self, *args: Any, **kwargs: Any) -> PushResult:
+        """``RemoteOps.push``; then the cache may drop what the remote now holds."""
+        result = super().push(*args, **kwargs)
+        if self._hybrid is not None:
+            self._hybrid.prune()
+        return result
 
     @property
     def cache(self) -> Hybrid:

@@ -29,7 +29,14 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ckvc.core import Repository
-from ckvc.errors import CkvcError, InvalidConfigError, ObjectNotFoundError, RemoteUnavailableError, StorageError
+from ckvc.errors import (
+    CkvcError,
+    InvalidConfigError,
+    ObjectNotFoundError,
+    RemoteUnavailableError,
+    StorageError,
+    UnknownRemoteError,
+)
 from ckvc.ids import ObjectType
 from ckvc.refs import BRANCH_PREFIX, TAG_PREFIX
 from ckvc.remote.common import FetchResult, Progress, RefUpdate, TransferStats, move_tracking, remotes_of
@@ -229,7 +236,9 @@ class RemotePromisor:
         try:
             spec = remotes_of(self.local).get(name)
             handle = open_remote(self.local, spec)
-        except (StorageError, OSError) as exc:
+        except (StorageError, OSError, UnknownRemoteError) as exc:  # unknown: an unmounted directory
+            if isinstance(exc, UnknownRemoteError) and spec is None:
+                raise  # no such remote configured: a setup error, not the network
             raise unavailable(name, spec, missing, count, exc) from None
         self._handles[name] = handle
         return handle
