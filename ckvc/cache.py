@@ -40,6 +40,8 @@ from ckvc.codecs.ids import WHOLE_CODECS
 from ckvc.core import Repository
 from ckvc.errors import CkvcError, CkvcWarning, CorruptObjectError, InvalidInputError, ObjectNotFoundError
 from ckvc.ids import ObjectType
+from ckvc.refs import BRANCH_PREFIX
+from ckvc.remote.backup import AutoPush
 from ckvc.remote.lazy import HybridSettings, RemotePromisor, promisor_names
 from ckvc.storage.index import IndexEntry
 from ckvc.storage.packs import PackWriter, RecordInfo, parse_record
@@ -214,6 +216,16 @@ class Hybrid:
         )
         core.store.promisor = self.promisor
         self.on_evict: Callable[[PruneReport], None] | None = None  # tests and benchmarks watch each pass
+        self.backup: AutoPush | None = None
+        self.start_backup()
+
+    def start_backup(self) -> None:
+        """The auto_push worker, when configured (it resumes a backlog left by an earlier process)."""
+        if self.settings.auto_push is not None and self.backup is None and self.core.path is not None:
+            self.backup = AutoPush(self.core.path, self.settings.auto_push)
+        elif self.settings.auto_push is None and self.backup is not None:
+            self.backup.close(wait_s=0.0)
+            self.backup = None
 
     # -- settings --
     @property
@@ -257,7 +269,12 @@ class Hybrid:
                 self._save()
 
     def committed(self, commit_id: str) -> None:
-        """After a commit landed: its packs join the cache, the budget holds."""
+        """After a commit landed: its packs join the cache, the budget holds, and
+        auto_push queues its branch (the commit never waits for the network)."""
+        if self.backup is not None:
+            target, value = self.core.refs.head()
+            if target is not None and target.startswith(BRANCH_PREFIX) and value == commit_id:
+                self.backup.enqueue(target, commit_id)
         self.note_written()
 
     def note_written(self) -> None:
@@ -473,6 +490,8 @@ class Hybrid:
         return writer.name, writer.entries
 
     def close(self) -> None:
+        if self.backup is not None:
+            self.backup.close()
         with self._lock:
             self._save()
             self.promisor.close()
@@ -514,6 +533,7 @@ def configure(core: Repository, current: Hybrid | None, **values: Any) -> Hybrid
     settings.save(core)
     if current is not None:
         current.settings = settings
+        current.start_backup()
         if settings.cache_size is not None:
             current.prune()
         return current

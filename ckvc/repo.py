@@ -35,6 +35,7 @@ if TYPE_CHECKING:
     from ckvc.integrations.torch_nn import IncompatibleKeys
     from ckvc.pruned import PruneLog
     from ckvc.refs import RefStore
+    from ckvc.remote.backup import Backlog
     from ckvc.remote.common import PushResult
     from ckvc.retention_policy import RetentionPolicy
     from ckvc.state import MapLocation, PendingBlob
@@ -405,6 +406,19 @@ class Repo(RemoteOps):
         if self._hybrid is not None:
             self._hybrid.prune()
         return result
+
+    def backup_status(self) -> Backlog | None:
+        """auto_push's backlog: commits not yet on the remote and how the last
+        attempt went; None when auto_push is off."""
+        if self._hybrid is None or self._hybrid.backup is None:
+            return None
+        return self._hybrid.backup.status()
+
+    def wait_for_backup(self, timeout: float | None = None) -> bool:
+        """Wait until auto_push has pushed every queued commit (True), or ``timeout`` passed (False)."""
+        if self._hybrid is None or self._hybrid.backup is None:
+            return True
+        return self._hybrid.backup.wait(timeout)
 
     @property
     def cache(self) -> Hybrid:

@@ -1294,15 +1294,28 @@ def reflog(obj: Context, ref: str, as_json: bool) -> None:
 @json_option
 @click.pass_obj
 def status(obj: Context, as_json: bool) -> None:
-    """Where HEAD is."""
+    """Where HEAD is, and (auto_push) what is not backed up yet."""
     branch_name, commit_id = obj.repo.head()
+    backlog = obj.repo.backup_status()
     if as_json:
-        _emit_json({"branch": branch_name, "commit": commit_id})
-    elif commit_id is None:
+        out: dict[str, Any] = {"branch": branch_name, "commit": commit_id}
+        if backlog is not None:
+            out["backup"] = backlog.to_json()
+        _emit_json(out)
+        return
+    if commit_id is None:
         click.echo(f"On branch {branch_name}, no commits yet")
     else:
         click.echo(f"On branch {branch_name}" if branch_name else "HEAD detached")
         click.echo(f"at {commit_id}")
+    if backlog is not None:
+        if not backlog.entries:
+            click.echo(f"backed up to {backlog.remote} (auto_push)")
+        else:
+            refs = ", ".join(dict.fromkeys(e.ref.removeprefix("refs/heads/") for e in backlog.entries))
+            click.echo(f"not backed up to {backlog.remote}: {len(backlog.entries)} commit(s) on {refs}")
+            if backlog.last_error:
+                click.echo(f"  last attempt failed ({backlog.failures}x): {backlog.last_error}; retrying")
 
 
 @cli.command("import")

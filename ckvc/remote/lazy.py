@@ -67,7 +67,7 @@ class HybridSettings:
 
     @property
     def active(self) -> bool:
-        return self.lazy or self.cache_size is not None or bool(self.promisors)
+        return self.lazy or self.cache_size is not None or bool(self.promisors) or self.auto_push is not None
 
     @classmethod
     def load(cls, core: Repository) -> HybridSettings:

@@ -137,8 +137,8 @@ def test_prune_rewrites_packs_keeping_metadata_and_pins(tmp_path: Path) -> None:
     assert repo.fsck(level="metadata").ok
     shutil.move(tmp_path / "away", tmp_path / "bucket")
     assert_state_equal(repo.load(ids[4]), train_state(4))  # fetched back, verified
-    report = repo.fsck()
-    assert report.ok and report.remote_chunks > 0
+    checked = repo.fsck()
+    assert checked.ok and checked.remote_chunks > 0
     repo.cache.unpin(ids[2])
     with pytest.raises(InvalidInputError):
         repo.cache.unpin(ids[2])
