@@ -18,10 +18,11 @@ object either indexed or gone as a whole pack. Never dropped: data no remote is
 known to hold (unpushed commits), pinned commits' chunks and their delta bases,
 and what the running read needs.
 
-The eviction order is chosen by measurement (benchmarks/hybrid.py): "slru"
-(segmented LRU: packs read at least twice since they arrived are protected;
-probation packs go first, each segment least recently used first) beats plain
-"lru" on the trace of resume-latest / evaluate-older / branch-from-a-past-epoch.
+The eviction order is chosen by measurement (benchmarks/hybrid.py; figures in
+docs/DESIGN.md, "Hybrid cache"): "tip" (least recently used first, but the packs
+holding what HEAD's commit needs last: the next resume reads them) against plain
+"lru", "lfu" with aging and "slru" (segmented LRU) on the trace of resume-latest /
+evaluate-older / branch-from-a-past-epoch.
 """
 
 from __future__ import annotations
@@ -48,8 +49,10 @@ from ckvc.storage.packs import PackWriter, RecordInfo, parse_record
 
 STATE_KEY = "cache/state.json"
 STATE_VERSION = 1
-POLICIES = ("slru", "lru", "lfu")
-DEFAULT_POLICY = "slru"
+POLICIES = ("tip", "slru", "lru", "lfu")
+DEFAULT_POLICY = "tip"
+# SLRU: the protected segment holds at most this share of the bytes cached.
+PROTECTED_SHARE = 0.5
 # LFU with aging: counts halve every this many accesses of the whole cache.
 LFU_HALF_LIFE = 16
 # SLRU: a pack read this many times since it arrived is in the protected segment.
@@ -128,15 +131,27 @@ class CacheState:
         return (json.dumps(asdict(self), sort_keys=True) + "\n").encode()
 
 
-def eviction_order(state: CacheState, policy: str) -> list[str]:
-    """Pack names, the first to evict first."""
+def eviction_order(state: CacheState, policy: str, hot: frozenset[str] = frozenset()) -> list[str]:
+    """Pack names, the first to evict first. ``hot``: packs holding what HEAD's
+    commit needs (the "tip" policy keeps them to the last)."""
     packs = state.packs
     if policy == "lru":
         return sorted(packs, key=lambda n: (packs[n].last, n))
     if policy == "lfu":
         return sorted(packs, key=lambda n: (packs[n].freq, packs[n].last, n))
+    if policy == "tip":
+        return sorted(packs, key=lambda n: (n in hot, packs[n].last, n))
     if policy == "slru":
-        return sorted(packs, key=lambda n: (packs[n].reads >= PROTECT_AFTER, packs[n].last, n))
+        # Packs read twice or more, the most recent first, up to PROTECTED_SHARE of
+        # the bytes, are protected; the rest (probation) go first, each LRU.
+        total = sum(p.size for p in packs.values())
+        protected: set[str] = set()
+        held = 0
+        for name in sorted(packs, key=lambda n: -packs[n].last):
+            if packs[name].reads >= PROTECT_AFTER and held + packs[name].size <= PROTECTED_SHARE * total:
+                protected.add(name)
+                held += packs[name].size
+        return sorted(packs, key=lambda n: (n in protected, packs[n].last, n))
     raise InvalidInputError(f"unknown cache policy {policy!r}; known: {', '.join(POLICIES)}")
 
 
@@ -309,11 +324,26 @@ class Hybrid:
     def used_bytes(self) -> int:
         return sum(self._sizes().values())
 
+    def _head_packs(self) -> frozenset[str]:
+        """Local packs holding chunks HEAD's commit needs (what the next resume reads)."""
+        try:
+            _, head = self.core.refs.head()
+        except CkvcError:
+            return frozenset()
+        if head is None:
+            return frozenset()
+        chunks = self._closure([head])
+        return frozenset(e.pack for e in self.core.store.index.get_many(list(chunks)) if e is not None)
+
     def _pinned_chunks(self) -> set[bytes]:
         """Chunks of pinned commits, with the delta bases they decode through."""
+        return self._closure(list(self.state.pins))
+
+    def _closure(self, commits: list[str]) -> set[bytes]:
+        """The local chunks ``commits`` need, with the delta bases they decode through."""
         keep: set[bytes] = set()
         store = self.core.store
-        for commit_id in self.state.pins:
+        for commit_id in commits:
             try:
                 snapshot = self.core.read_snapshot(self.core.read_commit(commit_id))
             except (ObjectNotFoundError, CorruptObjectError):
@@ -403,7 +433,8 @@ class Hybrid:
             store = self.core.store
             pinned = self._pinned_chunks()
             protect = protect or set()
-            order = [n for n in eviction_order(self.state, self.state.policy) if n in sizes and n not in protect]
+            hot = self._head_packs()
+            order = [n for n in eviction_order(self.state, self.state.policy, hot) if n in sizes and n not in protect]
             bases = self._delta_bases()
             # Passes until nothing more goes: a keyframe kept for deltas in a later
             # pack may go once that pack went.
@@ -418,7 +449,7 @@ class Hybrid:
                     freed = self._evict_pack(name, pinned, bases, result)
                     used -= freed
                     progress = progress or freed > 0
-                order = [n for n in eviction_order(self.state, self.state.policy) if n not in protect]
+                order = [n for n in eviction_order(self.state, self.state.policy, hot) if n not in protect]
             result.after_bytes = sum(self._sizes().values())
             result.over_budget_bytes = max(0, result.after_bytes - limit)
             self.state.evicted_bytes += result.bytes_freed

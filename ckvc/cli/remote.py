@@ -185,7 +185,9 @@ def register(group: click.Group, tools: CliTools) -> None:
         try:
             branch, head_id = repo.head()
             if as_json:
-                tools.emit_json({"path": str(repo.path), "branch": branch, "head": head_id, "lazy": lazy})
+                tools.emit_json(
+                    {"path": str(repo.path), "branch": branch, "head": head_id, **({"lazy": True} if lazy else {})}
+                )
             else:
                 how = "Cloned (lazy: data on first read)" if lazy else "Cloned"
                 click.echo(f"{how} {url} into {repo.path}" + (f" (branch {branch})" if head_id else " (empty)"))
