@@ -56,9 +56,13 @@ class RemoteOps:
         return fetch(self.core, remote, progress=progress)
 
     def pull(self, remote: str = "origin", *, progress: ProgressCallback | None = None) -> PullResult:
-        """fetch, then fast-forward HEAD's branch to ``remote``'s (NonFastForwardError if diverged)."""
+        """fetch, then fast-forward HEAD's branch to ``remote``'s (NonFastForwardError if diverged).
+        A lazy clone fetches metadata only."""
         from ckvc.remote.fetch import pull
+        from ckvc.remote.lazy import HybridSettings, lazy_pull
 
+        if HybridSettings.load(self.core).lazy:
+            return lazy_pull(self.core, remote, progress=progress)
         return pull(self.core, remote, progress=progress)
 
     def ls_remote(self, remote: str = "origin") -> dict[str, str]:

@@ -32,14 +32,25 @@ from ckvc.core import Repository
 from ckvc.errors import (
     CkvcError,
     InvalidConfigError,
+    InvalidInputError,
+    NonFastForwardError,
     ObjectNotFoundError,
+    RefNotFoundError,
     RemoteUnavailableError,
     StorageError,
     UnknownRemoteError,
 )
 from ckvc.ids import ObjectType
 from ckvc.refs import BRANCH_PREFIX, TAG_PREFIX
-from ckvc.remote.common import FetchResult, Progress, RefUpdate, TransferStats, move_tracking, remotes_of
+from ckvc.remote.common import (
+    FetchResult,
+    Progress,
+    PullResult,
+    RefUpdate,
+    TransferStats,
+    move_tracking,
+    remotes_of,
+)
 from ckvc.remote.location import RemoteSpec
 from ckvc.remote.repository import CATALOG_DIR, Remote, catalog_dir, open_remote
 from ckvc.storage.index import Index, IndexEntry
@@ -137,6 +148,30 @@ def lazy_fetch(local: Repository, remote: str = "origin", *, progress: Progress 
         handle.close()
     result.stats.seconds = time.monotonic() - started
     return result
+
+
+def lazy_pull(local: Repository, remote: str = "origin", *, progress: Progress | None = None) -> PullResult:
+    """``pull`` on a lazy clone: :func:`lazy_fetch`, then the same fast-forward."""
+    from ckvc.remote.common import is_ancestor, tracking_ref
+
+    target, _ = local.refs.head()
+    if target is None or not target.startswith(BRANCH_PREFIX):
+        raise InvalidInputError("HEAD is detached: pull needs a branch")
+    branch = target[len(BRANCH_PREFIX) :]
+    fetched = lazy_fetch(local, remote, progress=progress)
+    theirs = local.refs.read(tracking_ref(remote, branch))
+    if theirs is None:
+        raise RefNotFoundError(f"remote {remote} has no branch {branch!r}")
+    ours = local.refs.read(target)
+    if ours == theirs or (ours is not None and is_ancestor(local, theirs, ours)):
+        return PullResult(fetched, branch, ours, ours, fast_forward=False)
+    if ours is not None and not is_ancestor(local, ours, theirs):
+        raise NonFastForwardError(
+            f"{branch} ({ours[:12]}) and {remote}/{branch} ({theirs[:12]}) have diverged; ckvc does not merge: "
+            f"move the branch by hand (ckvc branch) or push --force"
+        )
+    local.refs.set_if_equals(target, ours, theirs, f"pull: fast-forward to {remote}/{branch}")
+    return PullResult(fetched, branch, ours, theirs, fast_forward=True)
 
 
 # ---- the promisor -----------------------------------------------------------------

@@ -169,3 +169,18 @@ def test_cache_cli(tmp_path: Path) -> None:
     assert bad.exit_code == InvalidInputError.exit_code and "not a size" in bad.output
     assert run(work, "config", "cache_size", "unlimited").exit_code == 0
     assert json.loads(run(work, "config", "--json").output)["cache_size"] is None
+
+
+def test_fetch_and_pull_on_a_lazy_clone_move_metadata_only(tmp_path: Path) -> None:
+    repo, _ = dir_setup(tmp_path, 3)
+    lazy = ckvc.Repo.clone(str(tmp_path / "bucket"), tmp_path / "lazy", lazy=True)
+    new = repo.commit(train_state(3), message="epoch 3")
+    repo.push()
+    pulled = lazy.pull()
+    assert pulled.fast_forward and pulled.new == new
+    assert pulled.fetch.stats.objects == 2  # its commit and snapshot
+    assert not any(e.kind == ObjectType.CHUNK for _, e in lazy.store.index.iter_entries())
+    assert_state_equal(lazy.load("main"), train_state(3))
+    assert lazy.fetch().stats.objects == 0
+    lazy.close()
+    repo.close()
