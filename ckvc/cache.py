@@ -18,11 +18,12 @@ object either indexed or gone as a whole pack. Never dropped: data no remote is
 known to hold (unpushed commits), pinned commits' chunks and their delta bases,
 and what the running read needs.
 
-The eviction order is chosen by measurement (benchmarks/hybrid.py; figures in
-docs/DESIGN.md, "Hybrid cache"): "tip" (least recently used first, but the packs
-holding what HEAD's commit needs last: the next resume reads them) against plain
-"lru", "lfu" with aging and "slru" (segmented LRU) on the trace of resume-latest /
-evaluate-older / branch-from-a-past-epoch.
+The eviction order was chosen by measurement (benchmarks/hybrid.py; figures in
+docs/DESIGN.md, "Hybrid cache"): on the trace of resume-latest / evaluate-older /
+branch-from-a-past-epoch, least recently used first ("lru") was not beaten by
+"tip" (LRU, but the packs HEAD's commit needs last), "lru2" (LRU-2), "lfu" with
+aging or "slru" (segmented LRU); "lru" is the default, the others stay selectable
+(``Hybrid.set_policy``) for other access patterns and for the benchmark.
 """
 
 from __future__ import annotations
@@ -49,8 +50,8 @@ from ckvc.storage.packs import PackWriter, RecordInfo, parse_record
 
 STATE_KEY = "cache/state.json"
 STATE_VERSION = 1
-POLICIES = ("tip", "slru", "lru", "lfu")
-DEFAULT_POLICY = "tip"
+POLICIES = ("lru", "tip", "lru2", "slru", "lfu")
+DEFAULT_POLICY = "lru"  # measured best (benchmarks/hybrid.py; docs/DESIGN.md, "Hybrid cache")
 # SLRU: the protected segment holds at most this share of the bytes cached.
 PROTECTED_SHARE = 0.5
 # LFU with aging: counts halve every this many accesses of the whole cache.
@@ -58,6 +59,7 @@ LFU_HALF_LIFE = 16
 # SLRU: a pack read this many times since it arrived is in the protected segment.
 PROTECT_AFTER = 2
 EXCLUSIVE_TIMEOUT_S = 30.0
+PACKS_PER_BUDGET = 32
 
 _SIZE_UNITS = {"": 1, "b": 1, "k": 1 << 10, "kb": 1000, "kib": 1 << 10, "m": 1 << 20, "mb": 1000**2,
                "mib": 1 << 20, "g": 1 << 30, "gb": 1000**3, "gib": 1 << 30, "t": 1 << 40, "tb": 1000**4,
@@ -88,6 +90,7 @@ class PackState:
     size: int = 0
     first: int = 0  # tick it arrived (fetched or written)
     last: int = 0  # tick of its last read
+    prev: int = 0  # tick of the read before that (0: read once): LRU-2's key
     reads: int = 0  # reads since it arrived
     freq: float = 0.0  # reads, halved every LFU_HALF_LIFE ticks (LFU with aging)
 
@@ -136,11 +139,14 @@ def eviction_order(state: CacheState, policy: str, hot: frozenset[str] = frozens
     commit needs (the "tip" policy keeps them to the last)."""
     packs = state.packs
     if policy == "lru":
-        return sorted(packs, key=lambda n: (packs[n].last, n))
+        return sorted(packs, key=lambda n: (packs[n].last, packs[n].first, n))
     if policy == "lfu":
-        return sorted(packs, key=lambda n: (packs[n].freq, packs[n].last, n))
+        return sorted(packs, key=lambda n: (packs[n].freq, packs[n].last, packs[n].first, n))
     if policy == "tip":
-        return sorted(packs, key=lambda n: (n in hot, packs[n].last, n))
+        return sorted(packs, key=lambda n: (n in hot, packs[n].last, packs[n].first, n))
+    if policy == "lru2":
+        # LRU-2 (O'Neil et al.): by the second most recent read, packs read once first.
+        return sorted(packs, key=lambda n: (packs[n].prev, packs[n].last, packs[n].first, n))
     if policy == "slru":
         # Packs read twice or more, the most recent first, up to PROTECTED_SHARE of
         # the bytes, are protected; the rest (probation) go first, each LRU.
@@ -164,6 +170,7 @@ def record_access(state: CacheState, packs: Iterable[str]) -> None:
             p.freq /= 2
     for name in packs:
         p = state.packs.setdefault(name, PackState(first=state.tick))
+        p.prev = p.last
         p.last = state.tick
         p.reads += 1
         p.freq += 1
@@ -230,6 +237,7 @@ class Hybrid:
             core, promisor_names(core, settings), on_access=self._on_access, on_fetched=self._on_fetched
         )
         core.store.promisor = self.promisor
+        self.set_unit()
         self.on_evict: Callable[[PruneReport], None] | None = None  # tests and benchmarks watch each pass
         self.backup: AutoPush | None = None
         self.start_backup()
@@ -243,6 +251,12 @@ class Hybrid:
             self.backup = None
 
     # -- settings --
+    def set_unit(self) -> None:
+        """Fetched data lands in packs of about 1/32 of the budget (1-64 MiB): the
+        eviction unit is a pack, and a budget should hold many of them."""
+        budget = self.settings.cache_size
+        self.promisor.pack_bytes = None if budget is None else max(1 << 20, min(64 << 20, budget // PACKS_PER_BUDGET))
+
     @property
     def budget(self) -> int | None:
         return self.settings.cache_size
@@ -564,6 +578,7 @@ def configure(core: Repository, current: Hybrid | None, **values: Any) -> Hybrid
     settings.save(core)
     if current is not None:
         current.settings = settings
+        current.set_unit()
         current.start_backup()
         if settings.cache_size is not None:
             current.prune()

@@ -211,6 +211,7 @@ class RemotePromisor:
         self._handles: dict[str, Remote] = {}
         self._lock = threading.RLock()
         self._unreported = 0  # bytes fetched since the last access was reported
+        self.pack_bytes: int | None = None  # the cache's eviction unit (None: one pack per stream)
 
     # -- the catalogs: what each remote holds, known without the network --
     def _catalog(self, name: str) -> Index | None:
@@ -307,8 +308,19 @@ class RemotePromisor:
         local = self.local
         before = local.store.index.indexed_packs()
         streams = 1 if missing < PARALLEL_FETCH_BYTES else max(1, min(MAX_STREAMS, local.threads))
-        ordered = [item.oid for item in locate_all(handle.core.store, oids)]  # by remote pack and offset
+        located = locate_all(handle.core.store, oids)  # by remote pack and offset
+        ordered = [item.oid for item in located]
         groups = [ordered[i * len(ordered) // streams : (i + 1) * len(ordered) // streams] for i in range(streams)]
+        if self.pack_bytes is not None:
+            # A cache's eviction unit is a local pack: packs of at most pack_bytes, so
+            # that the budget holds many and a hot keyframe is not evicted with cold data.
+            groups, size = [[]], 0
+            for item in located:
+                if groups[-1] and size + item.entry.record_size > self.pack_bytes:
+                    groups.append([])
+                    size = 0
+                groups[-1].append(item.oid)
+                size += item.entry.record_size
         jobs: list[tuple[Fetch, TransferStats]] = []
         for group in groups:
             if group:
@@ -318,24 +330,15 @@ class RemotePromisor:
                 jobs.append((job, stats))
         requests_before = handle.backend.requests
         with local.store.pin():
-            if len(jobs) == 1:
-                jobs[0][0].fetch_chunks()
+            if len(jobs) == 1 or streams == 1:
+                for job, _ in jobs:
+                    job.fetch_chunks()
             else:
-                errors: list[BaseException] = []
+                import concurrent.futures
 
-                def run(job: Fetch) -> None:
-                    try:
-                        job.fetch_chunks()
-                    except BaseException as exc:  # re-raised on this thread
-                        errors.append(exc)
-
-                threads = [threading.Thread(target=run, args=(job,), name="ckvc-lazy-fetch") for job, _ in jobs]
-                for t in threads:
-                    t.start()
-                for t in threads:
-                    t.join()
-                if errors:
-                    raise errors[0]
+                with concurrent.futures.ThreadPoolExecutor(streams, thread_name_prefix="ckvc-lazy-fetch") as pool:
+                    for done in [pool.submit(job.fetch_chunks) for job, _ in jobs]:
+                        done.result()  # the first error, re-raised here
         for _, stats in jobs:
             self._unreported += stats.wire_bytes
             self.totals.objects += stats.objects
