@@ -86,9 +86,11 @@ class Repo(RemoteOps):
         self._background: write.BackgroundCommits | None = None  # made by the first commit
         self._backoff: DeltaBackoff | None = None  # per tensor path, across this Repo's commits
         self.last_commit_stats: CommitStats | None = None
-        from ckvc.cache import attach
+        self._hybrid: Hybrid | None = None  # a lazy clone's promisor, the cache budget, auto_push
+        if core.dir is not None and (core.dir / "hybrid.json").is_file():  # plain repositories import nothing more
+            from ckvc.cache import attach
 
-        self._hybrid: Hybrid | None = attach(core)  # a lazy clone's promisor, the cache budget
+            self._hybrid = attach(core)
 
     path: Part[Path] = Part("local_path")  # the directory holding .ckvc
     dir: Part[Path] = Part("local_dir")  # path/.ckvc
