@@ -184,3 +184,22 @@ def test_fetch_and_pull_on_a_lazy_clone_move_metadata_only(tmp_path: Path) -> No
     assert lazy.fetch().stats.objects == 0
     lazy.close()
     repo.close()
+
+
+def test_offline_load_into_leaves_the_model_untouched(tmp_path: Path) -> None:
+    import torch
+
+    repo, ids = dir_setup(tmp_path, 3)
+    repo.set_config(cache_size=0)  # every chunk is the remote's now
+    shutil.move(tmp_path / "bucket", tmp_path / "away")
+    module = torch.nn.Module()
+    module.register_buffer("w", torch.full((128, 256), 7.0))
+    module.register_buffer("b", torch.full((512,), 7.0))
+    with pytest.raises(RemoteUnavailableError) as caught:
+        repo.load_into(ids[1], model=module)
+    assert "origin" in str(caught.value) and caught.value.missing_bytes > 0
+    assert bool((module.w == 7).all()) and bool((module.b == 7).all())
+    shutil.move(tmp_path / "away", tmp_path / "bucket")
+    repo.load_into(ids[1], model=module)
+    assert_state_equal({"w": module.w, "b": module.b}, train_state(1)["model"])
+    repo.close()
