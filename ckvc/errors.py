@@ -260,6 +260,20 @@ class RemoteSupportMissingError(CkvcError):
     exit_code = 32
 
 
+class RemoteUnavailableError(CkvcError):
+    """Data this repository does not hold locally (a lazy clone, or chunks the
+    cache dropped) is needed and the remote that holds it cannot be reached.
+    Names the remote and how many bytes are missing; nothing was changed.
+    ``remote``: its name; ``missing_bytes``: stored bytes of the absent chunks."""
+
+    exit_code = 34
+
+    def __init__(self, message: str, *, remote: str | None = None, missing_bytes: int = 0) -> None:
+        self.remote = remote
+        self.missing_bytes = missing_bytes
+        super().__init__(message)
+
+
 class DistributedCommitError(CkvcError):
     """A multi-rank commit (ckvc.distributed) failed on some rank, or a rank was lost
     (killed, timed out): nothing was committed and the branch is unchanged. Raised

@@ -154,6 +154,8 @@ def mark(repo: Repository, live: set[bytes], visited: set[str], *, reflog_expiry
     def add_chunk(oid: bytes | None) -> None:
         # A delta chunk keeps its whole base chain alive.
         while oid is not None and oid not in live:
+            if not repo.store.has(oid) and repo.store.promised_size(oid) is not None:
+                return  # held by a promisor remote, not here: nothing local to keep
             add(oid)
             try:
                 oid = repo.store.delta_base(oid)

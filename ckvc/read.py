@@ -142,6 +142,8 @@ def check_chunk_sizes(store: ObjectStore, commit: Commit, blob: Blob, chunks: It
     for i, size in zip(wanted, found, strict=True):
         oid, (start, end) = blob.chunks[i], spans[i]
         if size is None:
+            size = store.promised_size(oid)  # a lazy clone's chunk, from the remote catalog
+        if size is None:
             try:
                 entry = store.locate(oid)  # indexes packs it does not know yet, else raises
             except ObjectNotFoundError as exc:
@@ -221,6 +223,7 @@ def run_reads(core: ReadCore, commit: Commit, reads: Sequence[ChunkRead], progre
     bounded window of batches in flight. Each scratch read's ``then`` runs on the
     calling thread once its batch is done; no read outlives this call."""
     store = core.store
+    store.ensure([read.oid for read in reads])  # what a lazy clone or the cache lacks, in one fetch
     groups = plan(store, reads)
     ordered = [read for group in groups for read in group.reads]
     with core.executor.window() as window:

@@ -28,12 +28,15 @@ if TYPE_CHECKING:
     import torch
 
     from ckvc import write
+    from ckvc.cache import Hybrid
     from ckvc.codecs.policy import DeltaBackoff, LossySpec
     from ckvc.config import RepoConfig
     from ckvc.executor import Executor
     from ckvc.integrations.torch_nn import IncompatibleKeys
     from ckvc.pruned import PruneLog
     from ckvc.refs import RefStore
+    from ckvc.remote.backup import Backlog
+    from ckvc.remote.common import PushResult
     from ckvc.retention_policy import RetentionPolicy
     from ckvc.state import MapLocation, PendingBlob
     from ckvc.storage.object_store import ObjectStore
@@ -83,6 +86,11 @@ class Repo(RemoteOps):
         self._background: write.BackgroundCommits | None = None  # made by the first commit
         self._backoff: DeltaBackoff | None = None  # per tensor path, across this Repo's commits
         self.last_commit_stats: CommitStats | None = None
+        self._hybrid: Hybrid | None = None  # a lazy clone's promisor, the cache budget, auto_push
+        if core.dir is not None and (core.dir / "hybrid.json").is_file():  # plain repositories import nothing more
+            from ckvc.cache import attach
+
+            self._hybrid = attach(core)
 
     path: Part[Path] = Part("local_path")  # the directory holding .ckvc
     dir: Part[Path] = Part("local_dir")  # path/.ckvc
@@ -127,7 +135,11 @@ class Repo(RemoteOps):
             if self._background is not None:
                 self._background.close()
         finally:
-            self.core.close()
+            try:
+                if self._hybrid is not None:
+                    self._hybrid.close()
+            finally:
+                self.core.close()
 
     def wait(self) -> None:
         """Wait for every pending background commit; raise the first error not yet seen."""
@@ -246,6 +258,8 @@ class Repo(RemoteOps):
         self.last_commit_stats = report.stats(commit_id, writer.bytes_written, time.perf_counter() - started)
         if policy is not None and (retain or (retain is None and policy.auto)):
             retention.retain_after_commit(self.core, policy, commit_id)
+        if self._hybrid is not None:
+            self._hybrid.committed(commit_id)  # the budget holds; auto_push takes it from here
         return commit_id
 
     # ---- reading ------------------------------------------------------------
@@ -376,7 +390,50 @@ class Repo(RemoteOps):
     pruned = OnCore(Repository.pruned)
     retention_policy = OnCore(retention.stored_policy)
     set_retention = OnCore(retention.store_policy)
-    set_config = OnCore(Repository.set_config)
+
+    def set_config(self, **values: Any) -> RepoConfig:
+        """As ``Repository.set_config``, plus the hybrid settings of this clone
+        (``.ckvc/hybrid.json``): ``cache_size`` (bytes of local packs to keep,
+        None: no limit) and ``auto_push`` (a remote name, None: off)."""
+        hybrid = {k: values.pop(k) for k in ("cache_size", "auto_push") if k in values}
+        if hybrid:
+            from ckvc.cache import configure
+
+            self._hybrid = configure(self.core, self._hybrid, **hybrid)
+        return self.core.set_config(**values) if values else self.core.config
+
+    def push(self, *args: Any, **kwargs: Any) -> PushResult:
+        """``RemoteOps.push``; then the cache may drop what the remote now holds."""
+        result = super().push(*args, **kwargs)
+        if self._hybrid is not None:
+            self._hybrid.prune()
+        return result
+
+    def backup_status(self) -> Backlog | None:
+        """auto_push's backlog: commits not yet on the remote and how the last
+        attempt went; None when auto_push is off."""
+        if self._hybrid is None or self._hybrid.backup is None:
+            return None
+        return self._hybrid.backup.status()
+
+    def wait_for_backup(self, timeout: float | None = None) -> bool:
+        """Wait until auto_push has pushed every queued commit (True), or ``timeout`` passed (False)."""
+        if self._hybrid is None or self._hybrid.backup is None:
+            return True
+        return self._hybrid.backup.wait(timeout)
+
+    @property
+    def cache(self) -> Hybrid:
+        """The local chunk cache: ``report()``, ``pin(rev)``, ``unpin(rev)``, ``prune()``
+        (docs/GUIDE.md, "Three setups"). A plain repository gets one on first use,
+        with no budget: everything stays local until ``cache_size`` is set."""
+        if self._hybrid is None:
+            from ckvc.cache import Hybrid
+            from ckvc.remote.lazy import HybridSettings
+
+            self._hybrid = Hybrid(self.core, HybridSettings.load(self.core))
+        return self._hybrid
+
     retain = OnCore(retention.retain)
 
     gc = OnCore(collect_garbage)

@@ -69,6 +69,7 @@ class FaultProxy:
         self.upstream = (target.hostname, target.port or 80)
         self.rules: list[Rule] = list(rules or [])
         self.requests: list[tuple[str, str]] = []
+        self.body_bytes = 0  # response body bytes sent to the client (what a transfer costs on the wire)
         self.rng = random.Random(seed)
         self.lock = threading.Lock()
         proxy = self
@@ -140,6 +141,8 @@ class FaultProxy:
         h.end_headers()
         if h.command != "HEAD":
             h.wfile.write(payload)
+            with self.lock:
+                self.body_bytes += len(payload)
         return None
 
     def forward(

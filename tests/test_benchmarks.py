@@ -38,6 +38,7 @@ RUNS = {
     "ab-trees": ("ab_trees.py --before {root} --after {root} --size-mb 4 --rounds 1 --dir {tmp}", "after/before"),
     "distributed": ("distributed.py --size-mb 8 --rounds 1 --saves 2 --dir {tmp}", "goals (ratio to FileSystemWriter"),
     "s3-client": ("s3_client.py --size-mib 1 --rounds 1 --small 2 --ranged-mib 1", "conditional writes on moto:"),
+    "hybrid": ("hybrid.py --sections policy --ops 4 --seeds 1 --dir {tmp}", "chosen lru vs lru"),
     # a directory remote, and moto where it is installed (else the script says "S3 left out")
     "remote": (
         "remote.py --history synthetic --epochs 2 --size-mb 2 --rounds 1 --dir {tmp}",

@@ -46,6 +46,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("view", "inspect", "stats"),
     ("fsck", "gc", "retention"),
     ("remote",),
+    ("cache",),  # the hybrid cache: a budget over the local store, in front of the remotes
     ("files",),
     # load_into (the facade's Repo.load_into) works on the core alone, so it sits
     # above repo; the framework integrations (dcp, lightning, ...) take a Repo.

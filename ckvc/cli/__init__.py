@@ -1118,8 +1118,9 @@ def gc(obj: Context, dry_run: bool, now: bool, grace: str | None, remote: str | 
 @click.pass_obj
 def config_cmd(obj: Context, key: str | None, value: str | None, as_json: bool) -> None:
     """Show the repository config, or set reflog_expiry (e.g. 30d), gc_grace (e.g. 1h),
-    repack_threshold (0..1), keyframe_interval (1..255; 1 turns deltas off) or codec
-    (auto, zstd, raw; zstd:LEVEL)."""
+    repack_threshold (0..1), keyframe_interval (1..255; 1 turns deltas off), codec
+    (auto, zstd, raw; zstd:LEVEL), cache_size (e.g. 50GiB, unlimited) or auto_push
+    (a remote, none)."""
     from ckvc.retention_policy import parse_duration
 
     repo = obj.repo
@@ -1139,6 +1140,8 @@ def config_cmd(obj: Context, key: str | None, value: str | None, as_json: bool) 
             except ValueError:
                 raise InvalidInputError(f"keyframe_interval must be an integer, got {value!r}") from None
             repo.set_config(keyframe_interval=interval)
+        elif key in ("cache_size", "auto_push"):
+            repo.set_config(**{key: value})
         elif key == "codec":
             name, _, level = value.partition(":")
             try:
@@ -1151,9 +1154,13 @@ def config_cmd(obj: Context, key: str | None, value: str | None, as_json: bool) 
         else:
             raise InvalidInputError(
                 f"unknown setting {key!r}; settable: "
-                "reflog_expiry, gc_grace, repack_threshold, keyframe_interval, codec"
+                "reflog_expiry, gc_grace, repack_threshold, keyframe_interval, codec, cache_size, auto_push"
             )
     data = dataclasses.asdict(repo.config)
+    from ckvc.remote.lazy import HybridSettings
+
+    hybrid = HybridSettings.load(repo.core)
+    data.update(cache_size=hybrid.cache_size, auto_push=hybrid.auto_push, lazy=hybrid.lazy)
     if as_json:
         _emit_json(data)
     else:
@@ -1179,15 +1186,28 @@ def reflog(obj: Context, ref: str, as_json: bool) -> None:
 @json_option
 @click.pass_obj
 def status(obj: Context, as_json: bool) -> None:
-    """Where HEAD is."""
+    """Where HEAD is, and (auto_push) what is not backed up yet."""
     branch_name, commit_id = obj.repo.head()
+    backlog = obj.repo.backup_status()
     if as_json:
-        _emit_json({"branch": branch_name, "commit": commit_id})
-    elif commit_id is None:
+        out: dict[str, Any] = {"branch": branch_name, "commit": commit_id}
+        if backlog is not None:
+            out["backup"] = backlog.to_json()
+        _emit_json(out)
+        return
+    if commit_id is None:
         click.echo(f"On branch {branch_name}, no commits yet")
     else:
         click.echo(f"On branch {branch_name}" if branch_name else "HEAD detached")
         click.echo(f"at {commit_id}")
+    if backlog is not None:
+        if not backlog.entries:
+            click.echo(f"backed up to {backlog.remote} (auto_push)")
+        else:
+            refs = ", ".join(dict.fromkeys(e.ref.removeprefix("refs/heads/") for e in backlog.entries))
+            click.echo(f"not backed up to {backlog.remote}: {len(backlog.entries)} commit(s) on {refs}")
+            if backlog.last_error:
+                click.echo(f"  last attempt failed ({backlog.failures}x): {backlog.last_error}; retrying")
 
 
 @cli.command("import")
@@ -1231,6 +1251,9 @@ def import_cmd(obj: Context, source: Path, branch: str | None, glob: str | None,
 from ckvc.cli import remote as remote_commands  # noqa: E402  (registered once the group and helpers exist)
 
 remote_commands.register(cli, remote_commands.CliTools(_progress_bar, _emit_json, human_bytes, json_option))
+from ckvc.cli import cache as cache_commands  # noqa: E402
+
+cache_commands.register(cli, remote_commands.CliTools(_progress_bar, _emit_json, human_bytes, json_option))
 
 from ckvc.cli import serve as serve_command  # noqa: E402
 

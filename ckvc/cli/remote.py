@@ -164,12 +164,15 @@ def register(group: click.Group, tools: CliTools) -> None:
     @click.argument("directory", required=False)
     @click.option("--endpoint", default=None, metavar="URL", help="An S3-compatible endpoint.")
     @click.option("--region", default=None, help="The bucket's region.")
+    @click.option("--lazy", is_flag=True, help="Refs and metadata only: tensor data is fetched on first read.")
     @json_option
     @click.pass_obj
     def clone(
-        obj: HasRepo, url: str, directory: str | None, endpoint: str | None, region: str | None, as_json: bool
-    ) -> None:
-        """Make a new repository in DIRECTORY from URL (as remote origin), like git clone."""
+        obj: HasRepo, url: str, directory: str | None, endpoint: str | None, region: str | None, lazy: bool,
+        as_json: bool,
+    ) -> None:  # fmt: skip
+        """Make a new repository in DIRECTORY from URL (as remote origin), like git clone.
+        --lazy: a cache in front of the remote (log, show, du work at once; data on first read)."""
         from ckvc.repo import Repo
 
         base = Path(obj.directory)
@@ -178,13 +181,16 @@ def register(group: click.Group, tools: CliTools) -> None:
         name = directory or Path(url.rstrip("/")).name.removesuffix(".ckvc") or "clone"
         target = base / name
         with tools.progress_bar("clone", not as_json) as progress:
-            repo = Repo.clone(url, target, endpoint=endpoint, region=region, progress=progress)
+            repo = Repo.clone(url, target, endpoint=endpoint, region=region, progress=progress, lazy=lazy)
         try:
             branch, head_id = repo.head()
             if as_json:
-                tools.emit_json({"path": str(repo.path), "branch": branch, "head": head_id})
+                tools.emit_json(
+                    {"path": str(repo.path), "branch": branch, "head": head_id, **({"lazy": True} if lazy else {})}
+                )
             else:
-                click.echo(f"Cloned {url} into {repo.path}" + (f" (branch {branch})" if head_id else " (empty)"))
+                how = "Cloned (lazy: data on first read)" if lazy else "Cloned"
+                click.echo(f"{how} {url} into {repo.path}" + (f" (branch {branch})" if head_id else " (empty)"))
         finally:
             repo.close()
 

@@ -274,6 +274,8 @@ def load_into(
     if optimizer is not None:
         _check_optimizer(optimizer, optim_node, commit)
     passes = _plan_fills(fills, commit)
+    # A lazy clone fetches everything the model needs first: offline, it fails before anything changes.
+    core.store.ensure([chunk.oid for entries in passes for chunk, _ in entries if chunk is not None])
     for entries in passes:
         for chunk, fill in entries:
             if chunk is not None and not core.store.has(chunk.oid):

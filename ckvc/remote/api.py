@@ -46,15 +46,23 @@ class RemoteOps:
         return push(self.core, remote, refs, force=force, tags=tags, progress=progress)
 
     def fetch(self, remote: str = "origin", *, progress: ProgressCallback | None = None) -> FetchResult:
-        """Copy what ``remote``'s branches and tags reach, verified, and move ``refs/remotes/<remote>/*``."""
+        """Copy what ``remote``'s branches and tags reach, verified, and move ``refs/remotes/<remote>/*``.
+        A lazy clone fetches metadata only (its chunks come on first read)."""
         from ckvc.remote.fetch import fetch
+        from ckvc.remote.lazy import HybridSettings, lazy_fetch
 
+        if HybridSettings.load(self.core).lazy:
+            return lazy_fetch(self.core, remote, progress=progress)
         return fetch(self.core, remote, progress=progress)
 
     def pull(self, remote: str = "origin", *, progress: ProgressCallback | None = None) -> PullResult:
-        """fetch, then fast-forward HEAD's branch to ``remote``'s (NonFastForwardError if diverged)."""
+        """fetch, then fast-forward HEAD's branch to ``remote``'s (NonFastForwardError if diverged).
+        A lazy clone fetches metadata only."""
         from ckvc.remote.fetch import pull
+        from ckvc.remote.lazy import HybridSettings, lazy_pull
 
+        if HybridSettings.load(self.core).lazy:
+            return lazy_pull(self.core, remote, progress=progress)
         return pull(self.core, remote, progress=progress)
 
     def ls_remote(self, remote: str = "origin") -> dict[str, str]:
@@ -91,9 +99,12 @@ class RemoteOps:
     def clone(
         cls: type[Facade], url: str, path: str | os.PathLike[str], *, endpoint: str | None = None,
         region: str | None = None, threads: int | None = None, progress: ProgressCallback | None = None,
+        lazy: bool = False,
     ) -> Facade:  # fmt: skip
         """A new repository at ``path`` from the remote at ``url`` (as ``origin``), with
-        the remote HEAD's branch checked out, like git clone."""
+        the remote HEAD's branch checked out, like git clone. ``lazy``: refs and
+        metadata only, tensor data fetched (verified) on first read."""
         from ckvc.remote.clone import clone
 
-        return cls(clone(url, path, endpoint=endpoint, region=region, threads=threads, progress=progress))
+        core = clone(url, path, endpoint=endpoint, region=region, threads=threads, progress=progress, lazy=lazy)
+        return cls(core)

@@ -16,6 +16,7 @@ from ckvc.ids import is_full_hex_id
 from ckvc.refs import BRANCH_PREFIX, HEAD, RefStore, branch_ref
 from ckvc.remote.common import Progress, remotes_of, tracking_ref
 from ckvc.remote.fetch import fetch
+from ckvc.remote.lazy import HybridSettings, lazy_fetch
 from ckvc.remote.location import RemoteSpec, normalize_url, open_backend
 from ckvc.remote.repository import open_remote, remote_exists
 
@@ -44,11 +45,13 @@ def clone(
     region: str | None = None,
     threads: int | None = None,
     progress: Progress | None = None,
+    lazy: bool = False,
 ) -> Repository:
     """A new repository at ``path`` with the remote as ``origin``, everything
     fetched, and the remote HEAD's branch created and checked out (HEAD on it),
     like git. The remote is checked before anything is created; a clone that
-    fails removes what it created."""
+    fails removes what it created. ``lazy``: refs and metadata only; chunks are
+    fetched on first read (ckvc.remote.lazy)."""
     import shutil
 
     from ckvc.core import REPO_DIR
@@ -80,7 +83,11 @@ def clone(
     try:
         core.upgrade_format(config.format_version)
         remotes_of(core).add("origin", normalized, endpoint=endpoint, region=region)
-        fetch(core, "origin", progress=progress)
+        if lazy:
+            HybridSettings(lazy=True, promisors=["origin"]).save(core)
+            lazy_fetch(core, "origin", progress=progress)
+        else:
+            fetch(core, "origin", progress=progress)
         tip = core.refs.read(tracking_ref("origin", branch))
         if tip is not None:
             core.refs.set_if_equals(branch_ref(branch), None, tip, f"clone: from {url}")

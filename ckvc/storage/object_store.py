@@ -12,7 +12,7 @@ import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from ckvc.chunking import MAX_CHUNK_SIZE
 from ckvc.codecs import registry
@@ -194,6 +194,28 @@ class StoredObject:
     pack: str
 
 
+class Promisor(Protocol):
+    """Where chunks this store lacks can be had (git's promisor remote): a lazy
+    clone's remote, or the remote holding what the cache dropped. Installed on
+    ``ObjectStore.promisor`` by ckvc.cache; read paths ask :meth:`ObjectStore.ensure`
+    before they read, and nothing else in the store fetches."""
+
+    def entry(self, oid: bytes) -> IndexEntry | None:
+        """The catalog entry of a chunk a promisor remote holds (no network); None if none does."""
+        ...
+
+    def fetch(self, oids: Sequence[bytes]) -> None:
+        """Make ``oids`` (chunks) local, each verified against its id (delta bases
+        too); RemoteUnavailableError when the remote cannot be reached, nothing written."""
+        ...
+
+    def accessed(self, entries: Sequence[IndexEntry], hit_bytes: int, miss_bytes: int) -> None:
+        """A read used these (now local) entries: ``hit_bytes`` of stored records
+        were here, ``miss_bytes`` had to be fetched; the cache's hit-rate and
+        recency bookkeeping."""
+        ...
+
+
 # Retired packs on a backend without rename (object stores): gc writes a record
 # naming them before it deletes them, and pack enumeration skips every pack a
 # record names, so a pack being deleted is never indexed again
@@ -232,6 +254,7 @@ class ObjectStore:
         self.locks = StoreLocks(backend)
         self._refresh_lock = threading.Lock()
         self._base_cache = _PlainCache(BASE_CACHE_BYTES)
+        self.promisor: Promisor | None = None  # set on lazy clones and bounded caches
 
     @staticmethod
     def _local(root: Path, readonly: bool | None) -> tuple[LocalBackend, bool]:
@@ -329,8 +352,52 @@ class ObjectStore:
         _check_sizes(oid, entry)
         return entry
 
+    def promised_size(self, oid: bytes) -> tuple[int, int] | None:
+        """(type, raw size) of an object this store lacks and its promisor can fetch."""
+        entry = None if self.promisor is None else self.promisor.entry(oid)
+        return None if entry is None else (entry.kind, entry.raw_size)
+
+    def ensure(self, oids: Sequence[bytes]) -> None:
+        """Before a read of chunks ``oids``: fetch through the promisor those not
+        here, and the absent delta bases of those that are (a cache may have
+        dropped a keyframe its deltas still need), in one batch. Without a
+        promisor nothing happens and a read of an absent chunk raises as before."""
+        if self.promisor is None or not oids:
+            return
+        wanted = list(dict.fromkeys(oids))
+        entries = self.index.get_many(wanted)
+        missing = [oid for oid, e in zip(wanted, entries, strict=True) if e is None]
+        present = [(oid, e) for oid, e in zip(wanted, entries, strict=True) if e is not None]
+        used = [e for _, e in present]
+        for oid, e in present:
+            below = None if e.codec in WHOLE_CODECS else self.base_info(oid).base
+            while below is not None:
+                entry = self.index.get(below)
+                if entry is None:
+                    missing.append(below)
+                    break
+                used.append(entry)
+                below = None if entry.codec in WHOLE_CODECS else self.base_info(below).base
+        hits = sum(e.record_size for _, e in present)
+        fetched = 0
+        if missing:
+            missing = list(dict.fromkeys(missing))
+            self.promisor.fetch(missing)
+            fetched = sum(e.record_size for e in self.index.get_many(missing) if e is not None)
+        if missing:
+            used += [e for e in self.index.get_many([*wanted, *missing]) if e is not None]
+        self.promisor.accessed(used, hits, fetched)
+
     def stat(self, oid: bytes) -> StoredObject:
-        e = self.locate(oid)
+        """What the index knows of ``oid``; for a chunk only a promisor remote holds
+        (a lazy clone), what its catalog knows (``pack`` is then the remote's pack)."""
+        try:
+            e = self.locate(oid)
+        except ObjectNotFoundError:
+            promised = None if self.promisor is None else self.promisor.entry(oid)
+            if promised is None:
+                raise
+            e = promised
         return StoredObject(oid, ObjectType(e.kind), e.codec, e.raw_size, e.record_size, e.pack)
 
     def refresh(self) -> int:

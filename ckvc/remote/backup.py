@@ -1,0 +1,215 @@
+"""auto_push: each commit pushed in the background once it is durable locally
+(docs/DESIGN.md, "Hybrid cache"; the backlog file: docs/FORMAT.md section 19).
+
+``commit`` never waits for the network: it appends the branch and commit to the
+backlog (``.ckvc/backup.json``, replaced atomically) and wakes the worker thread,
+which pushes the branch as it is then (``ckvc.remote.push``: data first, the
+remote ref last by compare-and-swap, so the remote branch only ever names data
+that is there). A failed push (remote unreachable, throttled) is retried with
+exponential backoff; the backlog survives the process, ``ckvc status`` shows it,
+a process closing with entries left says so (a warning), and the next process
+that opens the repository resumes them.
+
+The worker has its own :class:`ckvc.core.Repository` on the same directory, so a
+push in flight never uses a store the caller has closed.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import threading
+import time
+import warnings
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ckvc.core import Repository
+from ckvc.errors import CkvcError, CkvcWarning, InvalidConfigError, NonFastForwardError
+from ckvc.refs import BRANCH_PREFIX
+
+BACKLOG_KEY = "backup.json"
+BACKLOG_VERSION = 1
+FIRST_DELAY_S = 0.5
+MAX_DELAY_S = 30.0
+# How long close() lets a reachable remote drain the backlog before it warns and leaves.
+CLOSE_WAIT_S = 3.0
+
+
+@dataclass
+class Entry:
+    ref: str  # refs/heads/<branch>
+    commit: str
+    time_ns: int
+
+
+@dataclass
+class Backlog:
+    """What is not backed up yet, oldest first, and how the last attempt went."""
+
+    version: int = BACKLOG_VERSION
+    remote: str = "origin"
+    entries: list[Entry] = field(default_factory=list)
+    failures: int = 0  # consecutive failed attempts
+    last_error: str | None = None
+    last_attempt_ns: int | None = None
+
+    @classmethod
+    def load(cls, core: Repository, remote: str) -> Backlog:
+        data = core.refs.backend.get(BACKLOG_KEY)
+        if data is None:
+            return cls(remote=remote)
+        try:
+            raw = json.loads(data.decode("utf-8"))
+            if raw.get("version") != BACKLOG_VERSION:
+                raise ValueError(f"unknown version {raw.get('version')!r}")
+            entries = [Entry(str(e["ref"]), str(e["commit"]), int(e["time_ns"])) for e in raw["entries"]]
+            return cls(
+                remote=str(raw.get("remote", remote)),
+                entries=entries,
+                failures=int(raw.get("failures", 0)),
+                last_error=raw.get("last_error"),
+                last_attempt_ns=raw.get("last_attempt_ns"),
+            )
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise InvalidConfigError(f"{BACKLOG_KEY} is damaged: {exc}") from None
+
+    def save(self, core: Repository) -> None:
+        core.refs.backend.put(BACKLOG_KEY, (json.dumps(asdict(self), indent=2) + "\n").encode())
+
+    def to_json(self) -> dict[str, Any]:
+        return {**asdict(self), "pending": len(self.entries)}
+
+
+class AutoPush:
+    """The background pusher of one open repository."""
+
+    def __init__(self, path: Path, remote: str) -> None:
+        self.remote = remote
+        self.core = Repository.open_local(path, threads=2)
+        self._lock = threading.Condition()
+        self.backlog = Backlog.load(self.core, remote)
+        if self.backlog.remote != remote:  # the setting changed: what was queued goes to the new remote
+            self.backlog.remote = remote
+        self._stop = False
+        self._busy = False
+        self._rng = random.Random()
+        self._thread = threading.Thread(target=self._run, name="ckvc-auto-push", daemon=True)
+        self._thread.start()
+
+    # -- the caller's side --
+    def enqueue(self, ref: str, commit: str) -> None:
+        """Queue ``ref`` (now at ``commit``) for a push; returns at once."""
+        with self._lock:
+            self.backlog.entries.append(Entry(ref, commit, time.time_ns()))
+            self._save()
+            self._lock.notify_all()
+
+    def status(self) -> Backlog:
+        with self._lock:
+            return Backlog(**{**asdict(self.backlog), "entries": [Entry(**asdict(e)) for e in self.backlog.entries]})
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Wait until the backlog is empty (True) or ``timeout`` passed (False)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._lock:
+            while self.backlog.entries or self._busy:
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    return False
+                self._lock.wait(left if left is None else min(left, 0.5))
+            return True
+
+    def close(self, wait_s: float = CLOSE_WAIT_S) -> None:
+        """Stop after the backlog drained, or at once when the remote is failing;
+        warn about what is left (the next open resumes it)."""
+        reachable = self.backlog.failures == 0
+        self.wait(wait_s if reachable else 0.0)
+        with self._lock:
+            self._stop = True
+            left = list(self.backlog.entries)
+            error = self.backlog.last_error
+            self._lock.notify_all()
+        if left:
+            why = f" (last attempt: {error})" if error else ""
+            warnings.warn(
+                CkvcWarning(
+                    f"{len(left)} commit(s) not yet backed up to {self.remote}{why}; "
+                    "they stay queued in .ckvc/backup.json and the next ckvc command resumes them"
+                ),
+                stacklevel=3,
+            )
+        if not self._busy:
+            self._thread.join(1.0)
+            self.core.close()
+        # else: a push is in flight; its thread holds its own repository and ends with the process
+
+    # -- the worker --
+    def _save(self) -> None:
+        try:
+            self.backlog.save(self.core)
+        except (OSError, CkvcError) as exc:
+            warnings.warn(CkvcWarning(f"auto_push backlog not saved: {exc}"), stacklevel=3)
+
+    def _run(self) -> None:
+        while True:
+            with self._lock:
+                while not self._stop and not self.backlog.entries:
+                    self._lock.wait()
+                if self._stop:
+                    return
+                batch = list(self.backlog.entries)
+                self._busy = True
+            ok = self._push(batch)
+            with self._lock:
+                self._busy = False
+                if ok:
+                    done = {(e.ref, e.commit, e.time_ns) for e in batch}
+                    self.backlog.entries = [e for e in self.backlog.entries if (e.ref, e.commit, e.time_ns) not in done]
+                    self.backlog.failures = 0
+                    self.backlog.last_error = None
+                self.backlog.last_attempt_ns = time.time_ns()
+                self._save()
+                self._lock.notify_all()
+                if not ok:
+                    pause = self._rng.uniform(
+                        0.5, 1.0
+                    ) * min(MAX_DELAY_S, FIRST_DELAY_S * 2 ** (self.backlog.failures - 1))  # fmt: skip
+                    self._lock.wait_for(lambda: self._stop, timeout=pause)
+                    if self._stop:
+                        return
+
+    def _on_remote(self, batch: list[Entry]) -> bool:
+        from ckvc.remote.clone import ls_remote
+        from ckvc.remote.common import is_ancestor
+
+        try:
+            refs = ls_remote(self.core, self.remote)
+        except (CkvcError, OSError):
+            return False
+        return all(e.ref in refs and is_ancestor(self.core, e.commit, refs[e.ref]) for e in batch)
+
+    def _push(self, batch: list[Entry]) -> bool:
+        """Push each branch in the batch as it is now; False (and why, kept) on failure."""
+        from ckvc.remote.push import push
+
+        refs = list(dict.fromkeys(e.ref for e in batch if e.ref.startswith(BRANCH_PREFIX)))
+        try:
+            if refs:
+                push(self.core, self.remote, refs)
+            return True
+        except NonFastForwardError as exc:
+            # Another pusher (an earlier process resuming this backlog) got there first:
+            # done if what it left contains every queued commit, else kept and retried.
+            if self._on_remote(batch):
+                return True
+            with self._lock:
+                self.backlog.failures += 1
+                self.backlog.last_error = str(exc)
+            return False
+        except (CkvcError, OSError) as exc:
+            with self._lock:
+                self.backlog.failures += 1
+                self.backlog.last_error = (str(exc).splitlines() or [type(exc).__name__])[0]
+            return False

@@ -1,0 +1,377 @@
+"""Lazy clones: metadata now, chunks on first read (git's partial clone with a
+promisor remote; docs/DESIGN.md, "Hybrid cache").
+
+- :func:`lazy_fetch` is a fetch that copies refs and metadata objects (commits,
+  snapshots, tags) and no chunk: ``log``, ``show``, ``diff`` of metadata and
+  ``du`` work at once.
+- :class:`RemotePromisor` is what a read asks for the chunks this repository
+  lacks (``ObjectStore.promisor``, ``ObjectStore.ensure``): it knows from the
+  remotes' catalogs (local LMDB caches, no network) which remote holds a chunk
+  and its size, and fetches what a read needs in one batch: coalesced range
+  reads per pack, split over a few parallel streams for large reads, every
+  record verified against its id (a delta through its base, which is fetched
+  too when absent) before it lands in a local pack.
+- :class:`HybridSettings` is the small local file (``.ckvc/hybrid.json``,
+  docs/FORMAT.md section 19) saying a repository is lazy, its promisor remotes,
+  its cache budget and its auto_push remote.
+
+Module level imports nothing that loads numpy: ``ckvc log`` on a lazy clone
+stays a metadata command.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from ckvc.core import Repository
+from ckvc.errors import (
+    CkvcError,
+    InvalidConfigError,
+    InvalidInputError,
+    NonFastForwardError,
+    ObjectNotFoundError,
+    RefNotFoundError,
+    RemoteUnavailableError,
+    StorageError,
+    UnknownRemoteError,
+)
+from ckvc.ids import ObjectType
+from ckvc.refs import BRANCH_PREFIX, TAG_PREFIX
+from ckvc.remote.common import (
+    FetchResult,
+    Progress,
+    PullResult,
+    RefUpdate,
+    TransferStats,
+    move_tracking,
+    remotes_of,
+)
+from ckvc.remote.location import RemoteSpec
+from ckvc.remote.repository import CATALOG_DIR, Remote, catalog_dir, open_remote
+from ckvc.storage.index import Index, IndexEntry
+
+if TYPE_CHECKING:
+    from ckvc.remote.fetch import Fetch
+
+SETTINGS_KEY = "hybrid.json"
+SETTINGS_VERSION = 1
+# A read needing more than this is fetched over several parallel streams.
+PARALLEL_FETCH_BYTES = 32 << 20
+MAX_STREAMS = 4
+
+
+@dataclass
+class HybridSettings:
+    """``.ckvc/hybrid.json``: absent means a plain repository (everything local,
+    no budget, no background push)."""
+
+    version: int = SETTINGS_VERSION
+    lazy: bool = False  # made by clone --lazy: chunks arrive on first read
+    promisors: list[str] = field(default_factory=list)  # remotes asked for absent chunks, in order
+    cache_size: int | None = None  # bytes of local packs the cache keeps (None: no limit)
+    auto_push: str | None = None  # remote each commit is pushed to in the background
+
+    @property
+    def active(self) -> bool:
+        return self.lazy or self.cache_size is not None or bool(self.promisors) or self.auto_push is not None
+
+    @classmethod
+    def load(cls, core: Repository) -> HybridSettings:
+        data = core.refs.backend.get(SETTINGS_KEY)
+        if data is None:
+            return cls()
+        try:
+            raw = json.loads(data.decode("utf-8"))
+            if raw.get("version") != SETTINGS_VERSION:
+                raise InvalidConfigError(f"{SETTINGS_KEY}: unknown version {raw.get('version')!r}")
+            settings = cls(**{k: raw[k] for k in cls.__dataclass_fields__ if k in raw})
+            if not isinstance(settings.promisors, list) or not all(isinstance(p, str) for p in settings.promisors):
+                raise TypeError("promisors must be a list of remote names")
+            if settings.cache_size is not None and (
+                isinstance(settings.cache_size, bool) or not isinstance(settings.cache_size, int)
+            ):
+                raise TypeError("cache_size must be an integer or null")
+            return settings
+        except (ValueError, TypeError, AttributeError) as exc:
+            raise InvalidConfigError(f"{SETTINGS_KEY} is damaged: {exc}") from None
+
+    def save(self, core: Repository) -> None:
+        body = json.dumps(asdict(self), indent=2, sort_keys=True) + "\n"
+        core.refs.backend.put(SETTINGS_KEY, body.encode())
+
+
+def promisor_names(core: Repository, settings: HybridSettings) -> list[str]:
+    """The promisor remotes: those named, else every configured one, origin first."""
+    if settings.promisors:
+        return list(settings.promisors)
+    names = [spec.name for spec in remotes_of(core).list()]
+    return sorted(names, key=lambda n: (n != "origin", n))
+
+
+# ---- metadata-only fetch ----------------------------------------------------------
+
+
+def lazy_fetch(local: Repository, remote: str = "origin", *, progress: Progress | None = None) -> FetchResult:
+    """``fetch`` without the chunks: the remote's refs, its commits, snapshots and
+    tags (verified as fetch verifies them), remote-tracking refs moved and new
+    tags created, as fetch does. Chunks come later, on first read."""
+    from ckvc.remote.fetch import Fetch
+
+    started = time.monotonic()
+    spec = remotes_of(local).get(remote)
+    handle = open_remote(local, spec)
+    result = FetchResult(spec.name, spec.url)
+    try:
+        branches = handle.core.refs.list_refs(BRANCH_PREFIX)
+        tags = handle.core.refs.list_refs(TAG_PREFIX)
+        local.upgrade_format(handle.core.config.format_version)
+        local.store.refresh()
+        job = Fetch(local, handle, result.stats, progress)
+        with local.store.pin():
+            job.walk(list(dict.fromkeys([*branches.values(), *tags.values()])))
+            job.write_metadata()
+            for full, new in branches.items():
+                moved = move_tracking(local, spec.name, full[len(BRANCH_PREFIX) :], new, "fetch --lazy")
+                if moved is not None:
+                    result.updated.append(moved)
+            for full, new in tags.items():
+                if local.refs.read(full) is None:
+                    local.refs.set_if_equals(full, None, new, f"fetch: tag from {spec.name}")
+                    result.tags.append(RefUpdate(full, None, new))
+    finally:
+        result.stats.requests = handle.backend.requests
+        handle.close()
+    result.stats.seconds = time.monotonic() - started
+    return result
+
+
+def lazy_pull(local: Repository, remote: str = "origin", *, progress: Progress | None = None) -> PullResult:
+    """``pull`` on a lazy clone: :func:`lazy_fetch`, then the same fast-forward."""
+    from ckvc.remote.common import is_ancestor, tracking_ref
+
+    target, _ = local.refs.head()
+    if target is None or not target.startswith(BRANCH_PREFIX):
+        raise InvalidInputError("HEAD is detached: pull needs a branch")
+    branch = target[len(BRANCH_PREFIX) :]
+    fetched = lazy_fetch(local, remote, progress=progress)
+    theirs = local.refs.read(tracking_ref(remote, branch))
+    if theirs is None:
+        raise RefNotFoundError(f"remote {remote} has no branch {branch!r}")
+    ours = local.refs.read(target)
+    if ours == theirs or (ours is not None and is_ancestor(local, theirs, ours)):
+        return PullResult(fetched, branch, ours, ours, fast_forward=False)
+    if ours is not None and not is_ancestor(local, ours, theirs):
+        raise NonFastForwardError(
+            f"{branch} ({ours[:12]}) and {remote}/{branch} ({theirs[:12]}) have diverged; ckvc does not merge: "
+            f"move the branch by hand (ckvc branch) or push --force"
+        )
+    local.refs.set_if_equals(target, ours, theirs, f"pull: fast-forward to {remote}/{branch}")
+    return PullResult(fetched, branch, ours, theirs, fast_forward=True)
+
+
+# ---- the promisor -----------------------------------------------------------------
+
+
+@dataclass
+class FetchTotals:
+    """What the promisor fetched in this process (benchmarks and ``ckvc cache``)."""
+
+    fetches: int = 0
+    objects: int = 0
+    record_bytes: int = 0
+    wire_bytes: int = 0
+    requests: int = 0
+    seconds: float = 0.0
+
+
+class RemotePromisor:
+    """Fetches on demand the chunks a read needs from the first promisor remote
+    whose catalog holds them. ``on_access(entries, hit_bytes, miss_bytes)`` and
+    ``on_fetched(pack names)`` let the cache keep its statistics and budget."""
+
+    def __init__(
+        self,
+        local: Repository,
+        remotes: Sequence[str],
+        *,
+        on_access: Callable[[Sequence[IndexEntry], int, int], None] | None = None,
+        on_fetched: Callable[[Sequence[str]], None] | None = None,
+    ) -> None:
+        self.local = local
+        self.remotes = list(remotes)
+        self.on_access = on_access
+        self.on_fetched = on_fetched
+        self.totals = FetchTotals()
+        self._catalogs: dict[str, Index | None] = {}
+        self._handles: dict[str, Remote] = {}
+        self._lock = threading.RLock()
+        self._unreported = 0  # bytes fetched since the last access was reported
+        self.pack_bytes: int | None = None  # the cache's eviction unit (None: one pack per stream)
+
+    # -- the catalogs: what each remote holds, known without the network --
+    def _catalog(self, name: str) -> Index | None:
+        if name not in self._catalogs:
+            where = catalog_dir(self.local, name)
+            path = None if where is None else where / CATALOG_DIR
+            self._catalogs[name] = Index(path) if path is not None and path.is_dir() else None
+        return self._catalogs[name]
+
+    def holder(self, oid: bytes) -> tuple[str, IndexEntry] | None:
+        """The first promisor remote whose catalog holds chunk ``oid``, with its entry there."""
+        for name in self.remotes:
+            catalog = self._catalog(name)
+            entry = None if catalog is None else catalog.get(oid)
+            if entry is not None and entry.kind == ObjectType.CHUNK:
+                return name, entry
+        return None
+
+    def entry(self, oid: bytes) -> IndexEntry | None:
+        found = self.holder(oid)
+        return None if found is None else found[1]
+
+    def remote_held(self, oids: Sequence[bytes]) -> set[bytes]:
+        """Those of ``oids`` some promisor remote's catalog holds."""
+        held: set[bytes] = set()
+        for name in self.remotes:
+            catalog = self._catalog(name)
+            if catalog is None:
+                continue
+            for oid, entry in zip(oids, catalog.get_many(oids), strict=True):
+                if entry is not None:
+                    held.add(oid)
+        return held
+
+    def accessed(self, entries: Sequence[IndexEntry], hit_bytes: int, miss_bytes: int) -> None:
+        # Misses are what came over the wire (delta bases a fetch needed included).
+        with self._lock:
+            fetched, self._unreported = self._unreported, 0
+        if self.on_access is not None:
+            self.on_access(entries, hit_bytes, max(miss_bytes, fetched))
+
+    # -- fetching --
+    def fetch(self, oids: Sequence[bytes]) -> None:
+        by_remote: dict[str, list[tuple[bytes, IndexEntry]]] = {}
+        for oid in oids:
+            found = self.holder(oid)
+            if found is not None:  # held by no remote: the read raises ObjectNotFoundError as before
+                by_remote.setdefault(found[0], []).append((oid, found[1]))
+        with self._lock:
+            for name, items in by_remote.items():
+                self._fetch_from(name, items)
+
+    def _open(self, name: str, missing: int, count: int) -> Remote:
+        handle = self._handles.get(name)
+        if handle is not None:
+            return handle
+        spec: RemoteSpec | None = None
+        try:
+            spec = remotes_of(self.local).get(name)
+            handle = open_remote(self.local, spec)
+        except (StorageError, OSError, UnknownRemoteError) as exc:  # unknown: an unmounted directory
+            if isinstance(exc, UnknownRemoteError) and spec is None:
+                raise  # no such remote configured: a setup error, not the network
+            raise unavailable(name, spec, missing, count, exc) from None
+        self._handles[name] = handle
+        return handle
+
+    def _fetch_from(self, name: str, items: list[tuple[bytes, IndexEntry]]) -> None:
+        missing = sum(entry.record_size for _, entry in items)
+        started = time.monotonic()
+        for attempt in (0, 1):
+            handle = self._open(name, missing, len(items))
+            try:
+                packs = self._run(handle, [oid for oid, _ in items], missing)
+                break
+            except ObjectNotFoundError:
+                # The catalog was older than the remote (a remote gc repacked): refresh once.
+                self._drop(name)
+                if attempt:
+                    raise
+            except (StorageError, OSError) as exc:
+                self._drop(name)
+                raise unavailable(name, handle.spec, missing, len(items), exc) from None
+        self.totals.fetches += 1
+        self.totals.seconds += time.monotonic() - started
+        if self.on_fetched is not None and packs:
+            self.on_fetched(packs)
+
+    def _run(self, handle: Remote, oids: list[bytes], missing: int) -> list[str]:
+        """Fetch ``oids`` (one Fetch per stream), returning the new local packs."""
+        from ckvc.remote.fetch import Fetch
+        from ckvc.remote.transfer import locate_all
+
+        local = self.local
+        before = local.store.index.indexed_packs()
+        streams = 1 if missing < PARALLEL_FETCH_BYTES else max(1, min(MAX_STREAMS, local.threads))
+        located = locate_all(handle.core.store, oids)  # by remote pack and offset
+        ordered = [item.oid for item in located]
+        groups = [ordered[i * len(ordered) // streams : (i + 1) * len(ordered) // streams] for i in range(streams)]
+        if self.pack_bytes is not None:
+            # A cache's eviction unit is a local pack: packs of at most pack_bytes, so
+            # that the budget holds many and a hot keyframe is not evicted with cold data.
+            groups, size = [[]], 0
+            for item in located:
+                if groups[-1] and size + item.entry.record_size > self.pack_bytes:
+                    groups.append([])
+                    size = 0
+                groups[-1].append(item.oid)
+                size += item.entry.record_size
+        jobs: list[tuple[Fetch, TransferStats]] = []
+        for group in groups:
+            if group:
+                stats = TransferStats()
+                job = Fetch(local, handle, stats, None)
+                job.chunks = dict.fromkeys(group)
+                jobs.append((job, stats))
+        requests_before = handle.backend.requests
+        with local.store.pin():
+            if len(jobs) == 1 or streams == 1:
+                for job, _ in jobs:
+                    job.fetch_chunks()
+            else:
+                import concurrent.futures
+
+                with concurrent.futures.ThreadPoolExecutor(streams, thread_name_prefix="ckvc-lazy-fetch") as pool:
+                    for done in [pool.submit(job.fetch_chunks) for job, _ in jobs]:
+                        done.result()  # the first error, re-raised here
+        for _, stats in jobs:
+            self._unreported += stats.wire_bytes
+            self.totals.objects += stats.objects
+            self.totals.record_bytes += stats.record_bytes
+            self.totals.wire_bytes += stats.wire_bytes
+        self.totals.requests += handle.backend.requests - requests_before
+        return sorted(local.store.index.indexed_packs() - before)
+
+    def _drop(self, name: str) -> None:
+        handle = self._handles.pop(name, None)
+        if handle is not None:
+            handle.close()
+
+    def close(self) -> None:
+        with self._lock:
+            for name in list(self._handles):
+                self._drop(name)
+            for catalog in self._catalogs.values():
+                if catalog is not None:
+                    catalog.close()
+            self._catalogs.clear()
+
+
+def unavailable(name: str, spec: RemoteSpec | None, missing: int, count: int, exc: BaseException) -> CkvcError:
+    where = f"remote {name}" + (f" ({spec.url})" if spec is not None else "")
+    why = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    return RemoteUnavailableError(
+        f"{where} cannot be reached ({why}): {count} chunks, {missing} bytes this read needs are not cached "
+        "locally; nothing was changed (retry when the network is back)",
+        remote=name,
+        missing_bytes=missing,
+    )
+
+
+def settings_json(settings: HybridSettings) -> dict[str, Any]:
+    return asdict(settings)

@@ -1,0 +1,93 @@
+"""auto_push against the S3 server through the fault proxy: 20 commits, the remote
+unreachable for the middle 10. Every commit is acknowledged locally at once;
+``status`` shows the backlog while it exists; after recovery all 20 are on the
+remote in order and fsck is clean on both sides. A process closing with pushes
+pending warns, and the next one resumes them."""
+
+from __future__ import annotations
+
+import json
+import time
+import warnings
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("ckvc.storage.objectstore")
+pytest.importorskip("obstore")
+pytest.importorskip("moto")
+
+from fault_proxy import FaultProxy, Rule
+from helpers import assert_state_equal, run
+from hybrid_util import remote_of, source_repo, train_state
+
+import ckvc
+from ckvc.errors import CkvcWarning
+
+
+def test_twenty_commits_with_the_remote_down_for_ten(tmp_path: Path, s3_bucket: str, s3_proxy: FaultProxy) -> None:
+    repo = source_repo(tmp_path)
+    repo.remotes.add("origin", f"s3://{s3_bucket}/run", endpoint=s3_proxy.endpoint)
+    repo.set_config(auto_push="origin")
+    ids: list[str] = []
+    seen_backlog = 0
+    for i in range(20):
+        if i == 5:
+            s3_proxy.rules.append(Rule("reset", count=None))  # unreachable: every connection reset
+        if i == 15:
+            s3_proxy.rules.clear()
+        ids.append(repo.commit(train_state(i), message=f"epoch {i}"))  # returns: durable locally
+        assert repo.head()[1] == ids[-1]
+        if 5 <= i < 15:
+            backlog = repo.backup_status()
+            assert backlog is not None and backlog.entries
+            seen_backlog = max(seen_backlog, len(backlog.entries))
+            if i == 14:
+                # The outage lasts until a push attempt has failed (its retries spent).
+                for _ in range(1200):
+                    if repo.backup_status().failures:  # type: ignore[union-attr]
+                        break
+                    time.sleep(0.05)
+                assert repo.backup_status().failures >= 1  # type: ignore[union-attr]
+                status = json.loads(run(tmp_path / "src", "status", "--json").output)
+                assert status["backup"]["pending"] >= 10 and status["backup"]["last_error"]
+    assert seen_backlog >= 5
+    assert repo.wait_for_backup(120), repo.backup_status()
+    assert not repo.backup_status().entries  # type: ignore[union-attr]
+    remote = remote_of(repo)
+    try:
+        assert remote.core.refs.read("refs/heads/main") == ids[-1]
+        from ckvc import graph
+        from ckvc.fsck import run_fsck
+
+        assert [c.id for c in graph.log(remote.core, "main")] == ids[::-1]  # all 20, in order
+        assert run_fsck(remote.core).ok
+    finally:
+        remote.close()
+    assert repo.fsck().ok
+    text = run(tmp_path / "src", "status").output
+    assert "backed up to origin" in text
+    repo.close()
+
+
+def test_pending_pushes_warn_at_exit_and_resume_next_time(tmp_path: Path, s3_bucket: str, s3_proxy: FaultProxy) -> None:
+    repo = source_repo(tmp_path)
+    repo.remotes.add("origin", f"s3://{s3_bucket}/run", endpoint=s3_proxy.endpoint)
+    repo.set_config(auto_push="origin")
+    s3_proxy.rules.append(Rule("status", status=403, count=None))  # refused: fails at once
+    tip = repo.commit(train_state(0), message="offline")
+    assert not repo.wait_for_backup(1.0)
+    text = run(tmp_path / "src", "status").output
+    assert "not backed up to origin: 1 commit(s) on main" in text and "last attempt failed" in text
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        repo.close()
+    assert any(issubclass(w.category, CkvcWarning) and "not yet backed up" in str(w.message) for w in caught)
+    assert (tmp_path / "src" / ".ckvc" / "backup.json").is_file()
+    s3_proxy.rules.clear()
+    again = ckvc.Repo.open(tmp_path / "src")  # resumes the backlog
+    assert again.backup_status() is not None
+    assert again.wait_for_backup(60)
+    assert again.ls_remote()["refs/heads/main"] == tip
+    assert_state_equal(again.load(tip), train_state(0))
+    again.close()
