@@ -45,9 +45,10 @@ TOC_HEADER = struct.Struct("<4sI")
 TOC_ENTRY = struct.Struct("<32sBBHQQQ")
 FOOTER_MAGIC = b"CKVCTOC1"
 FOOTER = struct.Struct("<8sQQII")
-# The bytes read from a pack's end to find its footer and TOC at once: a TOC of
-# about 1,000 entries (a 256 MiB pack of 1 MiB chunks holds 256).
-TAIL_READ = 64 << 10
+# The bytes read from a pack's end to find its footer and TOC at once: a TOC of up
+# to 66 entries (a metadata pack, a small pack of chunks); a larger one takes a
+# second read. Small, because a lazy clone reads every pack's tail and no chunk.
+TAIL_READ = 4 << 10
 NO_BASE = bytes(ID_SIZE)
 _KINDS = frozenset(int(t) for t in ObjectType)  # record types this reader knows
 PACK_SUFFIX = ".pack"
