@@ -60,7 +60,8 @@ if TYPE_CHECKING:
 
 SETTINGS_KEY = "hybrid.json"
 SETTINGS_VERSION = 1
-# A read needing more than this is fetched over several parallel streams.
+# A read needing more than this, split into a cache's eviction units, fetches
+# several units at once.
 PARALLEL_FETCH_BYTES = 32 << 20
 MAX_STREAMS = 4
 
@@ -309,8 +310,9 @@ class RemotePromisor:
         before = local.store.index.indexed_packs()
         streams = 1 if missing < PARALLEL_FETCH_BYTES else max(1, min(MAX_STREAMS, local.threads))
         located = locate_all(handle.core.store, oids)  # by remote pack and offset
-        ordered = [item.oid for item in located]
-        groups = [ordered[i * len(ordered) // streams : (i + 1) * len(ordered) // streams] for i in range(streams)]
+        # One Fetch reads every pack at once and verifies on its workers (parallel_records);
+        # splitting a pack's run between Fetch jobs would only add requests.
+        groups = [[item.oid for item in located]]
         if self.pack_bytes is not None:
             # A cache's eviction unit is a local pack: packs of at most pack_bytes, so
             # that the budget holds many and a hot keyframe is not evicted with cold data.
