@@ -228,7 +228,9 @@ def parallel_records(
     not across them. Leaving the loop early stops the workers before it returns."""
     reads = list(_reads(items))
     workers = min(executor.threads, len(reads))
-    if workers <= 1 or executor.threads <= 1:  # a serial executor runs a worker inline
+    # A serial executor runs a worker inline. One request still gets a worker: it
+    # reads and verifies while this thread writes.
+    if workers == 0 or executor.threads <= 1:
         for read in reads:
             for item, record in _read(store, read, describe):
                 yield item, record, work(item, record)
