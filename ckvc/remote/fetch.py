@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from ckvc.core import Repository
@@ -305,15 +305,22 @@ def fetch(local: Repository, remote: str = "origin", *, progress: Progress | Non
     return result
 
 
-def pull(local: Repository, remote: str = "origin", *, progress: Progress | None = None) -> PullResult:
-    """fetch, then fast-forward HEAD's branch to its remote-tracking branch (an
-    unborn branch is set to it). A branch with commits the remote lacks and the
-    remote with commits it lacks: NonFastForwardError, nothing moved."""
+def pull(
+    local: Repository,
+    remote: str = "origin",
+    *,
+    progress: Progress | None = None,
+    fetcher: Callable[..., FetchResult] | None = None,
+) -> PullResult:
+    """fetch (or ``fetcher``: a lazy clone's metadata-only fetch), then fast-forward
+    HEAD's branch to its remote-tracking branch (an unborn branch is set to it). A
+    branch with commits the remote lacks and the remote with commits it lacks:
+    NonFastForwardError, nothing moved."""
     target, _ = local.refs.head()
     if target is None or not target.startswith(BRANCH_PREFIX):
         raise InvalidInputError("HEAD is detached: pull needs a branch")
     branch = target[len(BRANCH_PREFIX) :]
-    fetched = fetch(local, remote, progress=progress)
+    fetched = (fetcher or fetch)(local, remote, progress=progress)
     theirs = local.refs.read(tracking_ref(remote, branch))
     if theirs is None:
         raise RefNotFoundError(f"remote {remote} has no branch {branch!r}")

@@ -32,10 +32,7 @@ from ckvc.core import Repository
 from ckvc.errors import (
     CkvcError,
     InvalidConfigError,
-    InvalidInputError,
-    NonFastForwardError,
     ObjectNotFoundError,
-    RefNotFoundError,
     RemoteUnavailableError,
     StorageError,
     UnknownRemoteError,
@@ -153,26 +150,9 @@ def lazy_fetch(local: Repository, remote: str = "origin", *, progress: Progress 
 
 def lazy_pull(local: Repository, remote: str = "origin", *, progress: Progress | None = None) -> PullResult:
     """``pull`` on a lazy clone: :func:`lazy_fetch`, then the same fast-forward."""
-    from ckvc.remote.common import is_ancestor, tracking_ref
+    from ckvc.remote.fetch import pull
 
-    target, _ = local.refs.head()
-    if target is None or not target.startswith(BRANCH_PREFIX):
-        raise InvalidInputError("HEAD is detached: pull needs a branch")
-    branch = target[len(BRANCH_PREFIX) :]
-    fetched = lazy_fetch(local, remote, progress=progress)
-    theirs = local.refs.read(tracking_ref(remote, branch))
-    if theirs is None:
-        raise RefNotFoundError(f"remote {remote} has no branch {branch!r}")
-    ours = local.refs.read(target)
-    if ours == theirs or (ours is not None and is_ancestor(local, theirs, ours)):
-        return PullResult(fetched, branch, ours, ours, fast_forward=False)
-    if ours is not None and not is_ancestor(local, ours, theirs):
-        raise NonFastForwardError(
-            f"{branch} ({ours[:12]}) and {remote}/{branch} ({theirs[:12]}) have diverged; ckvc does not merge: "
-            f"move the branch by hand (ckvc branch) or push --force"
-        )
-    local.refs.set_if_equals(target, ours, theirs, f"pull: fast-forward to {remote}/{branch}")
-    return PullResult(fetched, branch, ours, theirs, fast_forward=True)
+    return pull(local, remote, progress=progress, fetcher=lazy_fetch)
 
 
 # ---- the promisor -----------------------------------------------------------------
