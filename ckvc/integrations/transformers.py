@@ -116,6 +116,9 @@ class CkvcCallback(TrainerCallback):
         if not state.is_world_process_zero:
             return
         folder = Path(args.output_dir) / f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}"
+        # One background commit at a time: the previous save's lands first, so its
+        # folder can go now and host copies never pile up behind a slow disk.
+        self._landings.settle(wait=True)
         if self.commit_every_save:
             self._commit(folder, args, state)
         else:
