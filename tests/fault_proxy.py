@@ -70,6 +70,7 @@ class FaultProxy:
         self.rules: list[Rule] = list(rules or [])
         self.requests: list[tuple[str, str]] = []
         self.body_bytes = 0  # response body bytes sent to the client (what a transfer costs on the wire)
+        self.in_flight = 0  # requests being answered (a client may stop reading a listing early)
         self.rng = random.Random(seed)
         self.lock = threading.Lock()
         proxy = self
@@ -111,7 +112,26 @@ class FaultProxy:
                     return rule
         return None
 
+    def reset_counts(self, timeout: float = 10.0) -> None:
+        """Zero ``body_bytes`` and ``requests`` once the requests being answered are
+        done, so that what an earlier step left in flight is not counted against the next."""
+        deadline = time.monotonic() + timeout
+        while self.in_flight and time.monotonic() < deadline:
+            time.sleep(0.01)
+        with self.lock:
+            self.body_bytes = 0
+            self.requests.clear()
+
     def serve(self, h: http.server.BaseHTTPRequestHandler) -> None:
+        with self.lock:
+            self.in_flight += 1
+        try:
+            self._serve(h)
+        finally:
+            with self.lock:
+                self.in_flight -= 1
+
+    def _serve(self, h: http.server.BaseHTTPRequestHandler) -> None:
         body = read_body(h)
         rule = self.pick(h.command, h.path)
         if rule is not None and not rule.after and rule.fault in ("status", "reset"):

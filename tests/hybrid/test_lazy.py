@@ -51,7 +51,7 @@ def test_lazy_clone_fetches_metadata_then_only_what_each_read_needs(
     src, ids, url, endpoint = pushed
     remote = remote_of(src)
     meta = metadata_bytes(remote)
-    s3_proxy.body_bytes = 0
+    s3_proxy.reset_counts()
     lazy = ckvc.Repo.clone(url, tmp_path / "lazy", endpoint=endpoint, lazy=True)
     clone_wire = s3_proxy.body_bytes
     # Nothing but metadata came: every local record is a commit or snapshot, all of them.
@@ -77,7 +77,7 @@ def test_lazy_clone_fetches_metadata_then_only_what_each_read_needs(
     assert report.ok and report.remote_chunks > 0
 
     # One tensor: its chunks (and the keyframes they decode through) only.
-    s3_proxy.body_bytes = 0
+    s3_proxy.reset_counts()
     before = lazy.cache.promisor.totals.record_bytes
     view = lazy.view(ids[6])
     w = view["model.w"]
