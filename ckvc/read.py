@@ -218,12 +218,44 @@ def _finish_batch(
         progress.add(read.size)
 
 
+def _land_fetched(store: ObjectStore, reads: Sequence[ChunkRead], progress: Progress) -> Sequence[ChunkRead]:
+    """What a lazy clone or the cache lacks, fetched in one batch (``store.ensure``)
+    and decoded and verified by the fetch straight into the reads' buffers: the
+    reads still to do. Another read of a chunk that landed copies it."""
+    if store.promisor is None or not reads:
+        return reads
+    landing: dict[bytes, memoryview] = {}
+    for read in reads:
+        if read.into is not None:
+            landing.setdefault(read.oid, read.into)
+        # a chunk read only into scratch (GPU, strided) is fetched, then read locally
+    landed = store.ensure([read.oid for read in reads], landing)
+    if not landed:
+        return reads
+    todo: list[ChunkRead] = []
+    for read in reads:
+        if read.oid not in landed:
+            todo.append(read)
+            continue
+        source = landing[read.oid]
+        if read.into is not None:
+            if read.into is not source:
+                read.into[:] = source
+        else:
+            assert read.then is not None
+            scratch = _scratch(read)
+            scratch[:] = np.frombuffer(source, dtype=np.uint8)
+            read.then(scratch)
+        progress.add(read.size)
+    return todo
+
+
 def run_reads(core: ReadCore, commit: Commit, reads: Sequence[ChunkRead], progress: Progress) -> None:
     """Decode and verify ``reads`` (in :func:`plan`'s order) on the executor, a
     bounded window of batches in flight. Each scratch read's ``then`` runs on the
     calling thread once its batch is done; no read outlives this call."""
     store = core.store
-    store.ensure([read.oid for read in reads])  # what a lazy clone or the cache lacks, in one fetch
+    reads = _land_fetched(store, reads, progress)
     groups = plan(store, reads)
     ordered = [read for group in groups for read in group.reads]
     with core.executor.window() as window:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from ckvc.core import Repository
@@ -59,6 +59,7 @@ class Fetch:
         self.snapshot_ids: set[bytes] = set()
         self.prefetched: dict[bytes, tuple[Located, Record]] = {}
         self.metadata_by_pack: dict[str, list[bytes]] | None = None
+        self.landing: Mapping[bytes, memoryview] | None = None  # a lazy read's buffers (Verifier)
 
     def _stream(self, items: list[Located]) -> Iterator[tuple[Located, Record]]:
         """The items' records as they arrive (one pack batch in memory at a time)."""
@@ -185,7 +186,7 @@ class Fetch:
     def fetch_chunks(self) -> None:
         store = self.local.store
         # keyframes are worth keeping for the deltas after them only when several commits come
-        self.verifier = Verifier(store, keep_keyframes=len(self.snapshots) > 1)
+        self.verifier = Verifier(store, keep_keyframes=len(self.snapshots) > 1, landing=self.landing)
         writer = store.writer(self.local.codec, self.local.config.max_pack_size)
         want = list(self.chunks)
         asked: set[bytes] = set(want)

@@ -24,7 +24,7 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -235,15 +235,17 @@ class RemotePromisor:
             self.on_access(entries, hit_bytes, max(miss_bytes, fetched))
 
     # -- fetching --
-    def fetch(self, oids: Sequence[bytes]) -> None:
+    def fetch(self, oids: Sequence[bytes], landing: Mapping[bytes, memoryview] | None = None) -> set[bytes]:
         by_remote: dict[str, list[tuple[bytes, IndexEntry]]] = {}
         for oid in oids:
             found = self.holder(oid)
             if found is not None:  # held by no remote: the read raises ObjectNotFoundError as before
                 by_remote.setdefault(found[0], []).append((oid, found[1]))
+        landed: set[bytes] = set()
         with self._lock:
             for name, items in by_remote.items():
-                self._fetch_from(name, items)
+                landed |= self._fetch_from(name, items, landing)
+        return landed
 
     def _open(self, name: str, missing: int, count: int) -> Remote:
         handle = self._handles.get(name)
@@ -260,13 +262,15 @@ class RemotePromisor:
         self._handles[name] = handle
         return handle
 
-    def _fetch_from(self, name: str, items: list[tuple[bytes, IndexEntry]]) -> None:
+    def _fetch_from(
+        self, name: str, items: list[tuple[bytes, IndexEntry]], landing: Mapping[bytes, memoryview] | None
+    ) -> set[bytes]:
         missing = sum(entry.record_size for _, entry in items)
         started = time.monotonic()
         for attempt in (0, 1):
             handle = self._open(name, missing, len(items))
             try:
-                packs = self._run(handle, [oid for oid, _ in items], missing)
+                packs, landed = self._run(handle, [oid for oid, _ in items], missing, landing)
                 break
             except ObjectNotFoundError:
                 # The catalog was older than the remote (a remote gc repacked): refresh once.
@@ -280,9 +284,13 @@ class RemotePromisor:
         self.totals.seconds += time.monotonic() - started
         if self.on_fetched is not None and packs:
             self.on_fetched(packs)
+        return landed
 
-    def _run(self, handle: Remote, oids: list[bytes], missing: int) -> list[str]:
-        """Fetch ``oids`` (one Fetch per stream), returning the new local packs."""
+    def _run(
+        self, handle: Remote, oids: list[bytes], missing: int, landing: Mapping[bytes, memoryview] | None
+    ) -> tuple[list[str], set[bytes]]:
+        """Fetch ``oids`` (one Fetch per stream), returning the new local packs and
+        the chunks verified straight into ``landing``."""
         from ckvc.remote.fetch import Fetch
         from ckvc.remote.transfer import locate_all
 
@@ -309,6 +317,7 @@ class RemotePromisor:
                 stats = TransferStats()
                 job = Fetch(local, handle, stats, None)
                 job.chunks = dict.fromkeys(group)
+                job.landing = landing
                 jobs.append((job, stats))
         requests_before = handle.backend.requests
         with local.store.pin():
@@ -327,7 +336,10 @@ class RemotePromisor:
             self.totals.record_bytes += stats.record_bytes
             self.totals.wire_bytes += stats.wire_bytes
         self.totals.requests += handle.backend.requests - requests_before
-        return sorted(local.store.index.indexed_packs() - before)
+        landed: set[bytes] = set()
+        for job, _ in jobs:
+            landed |= job.verifier.landed
+        return sorted(local.store.index.indexed_packs() - before), landed
 
     def _drop(self, name: str) -> None:
         handle = self._handles.pop(name, None)

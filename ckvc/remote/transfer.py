@@ -18,7 +18,7 @@ import collections
 import concurrent.futures
 import queue
 import threading
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -337,15 +337,24 @@ class Verifier:
     commits) or else once a delta has been met, so that one commit's fetch copies
     nothing) or from the ``local`` store, whose reads verify it; without either,
     :meth:`plain` and :meth:`check` say so (None) and the caller fetches the base
-    first."""
+    first.
 
-    def __init__(self, local: ObjectStore, *, keep_keyframes: bool = True) -> None:
+    ``landing``: where a read waiting for these records wants their plain bytes
+    (chunk id -> a buffer of its size). :meth:`check` decodes such a record
+    there instead of into scratch, so a lazy read decodes and hashes each
+    fetched chunk once; ``landed`` is what it verified in place."""
+
+    def __init__(
+        self, local: ObjectStore, *, keep_keyframes: bool = True, landing: Mapping[bytes, memoryview] | None = None
+    ) -> None:
         self.local = local
         self._cache: collections.OrderedDict[bytes, np.ndarray] = collections.OrderedDict()
         self._cached = 0
         self._keeping = keep_keyframes
         self._lock = threading.Lock()
         self._scratch = threading.local()
+        self.landing: Mapping[bytes, memoryview] = landing or {}
+        self.landed: set[bytes] = set()
 
     def _base(self, oid: bytes, size: int) -> np.ndarray | None:
         with self._lock:
@@ -389,7 +398,18 @@ class Verifier:
     def check(self, oid: bytes, record: Record) -> bool | None:
         """:meth:`plain` for a caller that needs only the verdict: decoded into
         this thread's scratch buffer, reused (fresh memory costs a page fault per
-        page), unless the keyframe is kept. True, or None when the base is not at hand."""
+        page), unless the keyframe is kept, or into its landing buffer. True, or
+        None when the base is not at hand."""
+        target = self.landing.get(oid)
+        if target is not None and len(target) == record.raw_size:
+            out = np.frombuffer(target, dtype=np.uint8)
+            if not self._decoded(oid, record, out):
+                return None
+            if self._keeping and self._keepable(record):
+                self._keep(oid, record, out.copy())
+            with self._lock:
+                self.landed.add(oid)
+            return True
         if self._keeping and self._keepable(record):
             return None if self.plain(oid, record) is None else True
         scratch: np.ndarray | None = getattr(self._scratch, "buffer", None)

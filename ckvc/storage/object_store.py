@@ -9,7 +9,7 @@ import collections
 import contextlib
 import os
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
@@ -204,9 +204,11 @@ class Promisor(Protocol):
         """The catalog entry of a chunk a promisor remote holds (no network); None if none does."""
         ...
 
-    def fetch(self, oids: Sequence[bytes]) -> None:
+    def fetch(self, oids: Sequence[bytes], landing: Mapping[bytes, memoryview] | None = None) -> set[bytes]:
         """Make ``oids`` (chunks) local, each verified against its id (delta bases
-        too); RemoteUnavailableError when the remote cannot be reached, nothing written."""
+        too); RemoteUnavailableError when the remote cannot be reached, nothing written.
+        ``landing``: buffers (of their sizes) the caller reads some of them into;
+        returns those it filled with their verified plain bytes on the way."""
         ...
 
     def accessed(self, entries: Sequence[IndexEntry], hit_bytes: int, miss_bytes: int) -> None:
@@ -357,13 +359,15 @@ class ObjectStore:
         entry = None if self.promisor is None else self.promisor.entry(oid)
         return None if entry is None else (entry.kind, entry.raw_size)
 
-    def ensure(self, oids: Sequence[bytes]) -> None:
+    def ensure(self, oids: Sequence[bytes], landing: Mapping[bytes, memoryview] | None = None) -> set[bytes]:
         """Before a read of chunks ``oids``: fetch through the promisor those not
         here, and the absent delta bases of those that are (a cache may have
         dropped a keyframe its deltas still need), in one batch. Without a
-        promisor nothing happens and a read of an absent chunk raises as before."""
+        promisor nothing happens and a read of an absent chunk raises as before.
+        ``landing``: the read's buffers by chunk id; returns the chunks the fetch
+        decoded and verified straight into them (the read need not read those again)."""
         if self.promisor is None or not oids:
-            return
+            return set()
         wanted = list(dict.fromkeys(oids))
         entries = self.index.get_many(wanted)
         missing = [oid for oid, e in zip(wanted, entries, strict=True) if e is None]
@@ -380,13 +384,15 @@ class ObjectStore:
                 below = None if entry.codec in WHOLE_CODECS else self.base_info(below).base
         hits = sum(e.record_size for _, e in present)
         fetched = 0
+        landed: set[bytes] = set()
         if missing:
             missing = list(dict.fromkeys(missing))
-            self.promisor.fetch(missing)
+            landed = self.promisor.fetch(missing, landing)
             fetched = sum(e.record_size for e in self.index.get_many(missing) if e is not None)
         if missing:
             used += [e for e in self.index.get_many([*wanted, *missing]) if e is not None]
         self.promisor.accessed(used, hits, fetched)
+        return landed
 
     def stat(self, oid: bytes) -> StoredObject:
         """What the index knows of ``oid``; for a chunk only a promisor remote holds
