@@ -401,24 +401,23 @@ class Verifier:
         page), unless the keyframe is kept, or into its landing buffer. True, or
         None when the base is not at hand."""
         target = self.landing.get(oid)
-        if target is not None and len(target) == record.raw_size:
+        lands = target is not None and len(target) == record.raw_size
+        if target is not None and lands:
             out = np.frombuffer(target, dtype=np.uint8)
-            if not self._decoded(oid, record, out):
-                return None
+        else:
             if self._keeping and self._keepable(record):
-                self._keep(oid, record, out.copy())
+                return None if self.plain(oid, record) is None else True
+            scratch: np.ndarray | None = getattr(self._scratch, "buffer", None)
+            if scratch is None or len(scratch) < record.raw_size:
+                scratch = self._scratch.buffer = np.empty(record.raw_size, dtype=np.uint8)
+            out = scratch[: record.raw_size]
+        if not self._decoded(oid, record, out):
+            return None
+        if self._keeping and self._keepable(record):  # a kept keyframe, or the first delta met while decoding
+            self._keep(oid, record, out.copy())
+        if lands:
             with self._lock:
                 self.landed.add(oid)
-            return True
-        if self._keeping and self._keepable(record):
-            return None if self.plain(oid, record) is None else True
-        scratch: np.ndarray | None = getattr(self._scratch, "buffer", None)
-        if scratch is None or len(scratch) < record.raw_size:
-            scratch = self._scratch.buffer = np.empty(record.raw_size, dtype=np.uint8)
-        if not self._decoded(oid, record, scratch[: record.raw_size]):
-            return None
-        if self._keeping and self._keepable(record):  # the first delta was met while decoding
-            self._keep(oid, record, scratch[: record.raw_size].copy())
         return True
 
     @staticmethod
