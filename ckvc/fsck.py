@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import random
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -13,8 +14,8 @@ from ckvc.chunking import chunk_spans
 from ckvc.core import ProgressCallback, Repository
 from ckvc.errors import CkvcError, CorruptObjectError, InvalidInputError, ObjectNotFoundError, UnsafeContentError
 from ckvc.ids import ObjectType
-from ckvc.storage.object_store import StoredObject
-from ckvc.storage.packs import TMP_SUFFIX
+from ckvc.storage.object_store import ObjectStore, StoredObject
+from ckvc.storage.packs import TMP_SUFFIX, RecordInfo, pack_key, parse_toc_copy, toc_copy_name
 
 # Problem kinds. "error" severity makes fsck fail; "warning" does not.
 MISSING_OBJECT = "missing-object"
@@ -27,6 +28,8 @@ UNFINISHED_PACK = "unfinished-pack"
 UNREFERENCED = "unreferenced"
 BAD_PACK = "bad-pack"
 UNINDEXED_PACK = "unindexed-pack"
+BAD_TOC_COPY = "bad-toc-copy"  # a remote pack's TOC copy that is not its TOC
+ORPHAN_TOC_COPY = "orphan-toc-copy"  # the TOC copy of a pack that is gone (gc deletes it)
 # A commit whose state load refuses: its tree or blob table breaks the format's
 # rules (state.parse_snapshot, the checks load makes), or a chunk's stored size
 # differs from its span. One per commit, naming the path.
@@ -72,6 +75,19 @@ class FsckReport:
 LEVELS = ("refs", "metadata", "full")
 
 
+def _check_toc_copy(store: ObjectStore, name: str, entries: list[RecordInfo], add: Callable[..., None]) -> None:
+    """A remote pack's TOC copy must be its TOC: a damaged one only costs readers
+    the pack's own, but one that parses and differs would send their reads astray."""
+    data = store.backend.get(pack_key(toc_copy_name(name)))
+    if data is None:
+        return  # deleted since the listing
+    parsed = parse_toc_copy(data)
+    if parsed is None:
+        add(BAD_TOC_COPY, None, f"pack {name}: its TOC copy is damaged (readers use the pack's own TOC)", "warning")
+    elif parsed[0] != entries or parsed[1] != store.reader.size(name):
+        add(BAD_TOC_COPY, None, f"pack {name}: its TOC copy describes another pack (delete {toc_copy_name(name)})")
+
+
 def run_fsck(
     repo: Repository,
     *,
@@ -106,16 +122,21 @@ def run_fsck(
 
     # 1. Packs: readable header and table of contents; every pack indexed.
     indexed = store.index.indexed_packs()
-    for name in store.packs():
+    names, copied = store.pack_listing()
+    for name in names:
         report.packs_checked += 1
         try:
-            _, from_toc = store.pack_entries(name)
+            toc, from_toc = store.pack_entries(name)
             if not from_toc:
                 add(BAD_PACK, None, f"pack {name}: table of contents damaged (records recovered by scanning)")
+            elif name in copied:
+                _check_toc_copy(store, name, toc, add)
         except CkvcError as exc:
             add(BAD_PACK, None, f"pack {name}: {exc}")
         if name not in indexed:
             add(UNINDEXED_PACK, None, f"pack {name} is not in the index", "warning")
+    for key in store.orphan_toc_copies():
+        add(ORPHAN_TOC_COPY, None, f"{key}: the TOC copy of a pack that is gone (the next gc deletes it)", "warning")
     for tmp in sorted(t.key.rpartition("/")[2] for t in store.temporaries() if t.key.endswith(TMP_SUFFIX)):
         add(UNFINISHED_PACK, None, f"{tmp}: being written, or left by a writer that died", "warning")
 

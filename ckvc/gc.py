@@ -282,7 +282,8 @@ def retire_packs(store: ObjectStore, names: list[str]) -> None:
 
 
 def purge_retired(store: ObjectStore) -> None:
-    """Delete what retirement left: the trash, or the packs each record names and then the record."""
+    """Delete what retirement left: the trash, or the packs each record names and
+    then the record; then the TOC copies of packs that are gone."""
     backend = store.backend
     if backend.capabilities.atomic_rename:
         for key in list(backend.list(f"{PACK_DIR}/", recursive=False)):
@@ -295,6 +296,8 @@ def purge_retired(store: ObjectStore) -> None:
                 if name:
                     _unlink(backend, pack_key(name))
             _unlink(backend, record)
+    for key in store.orphan_toc_copies():  # a remote's, once its pack is gone
+        _unlink(backend, key)
     backend.sync(f"{PACK_DIR}/")
 
 

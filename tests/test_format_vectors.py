@@ -535,6 +535,12 @@ def test_pack(vec: Vector, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> N
     path = tmp_path / writer.seal()
     assert path.name == vec.text("name")
     assert path.read_bytes() == expected
+    # The TOC copy (section 18.1.1) a push writes beside a remote pack: the pack's end.
+    copy_at = int(vec.text("toc_copy_offset"))
+    assert writer.tail == expected[copy_at:]
+    parsed_copy = packs.parse_toc_copy(writer.tail)
+    assert parsed_copy is not None and parsed_copy[1] == len(expected)
+    assert _toc_json(parsed_copy[0]) == entries
     assert not list(tmp_path.glob("*.tmp"))
 
     # An independent parse, from the tables in section 7.
@@ -711,6 +717,12 @@ def test_remote_layout(vec: Vector, tmp_path: Path) -> None:
         for k in backend.list("")
     )
     assert keys == sorted(vec.lines("key"))
+    # Each TOC copy is its pack's end (18.1.1).
+    for key in backend.list("packs/"):
+        if key.endswith(".pack.toc"):
+            pack, copy = backend.get(key.removesuffix(".toc")), backend.get(key)
+            assert pack is not None and copy is not None and pack.endswith(copy)
+            assert packs.parse_toc_copy(copy) is not None
     # Contents as sections 3, 7, 11 and 18.3 describe them.
     assert backend.get("HEAD") == b"ref: refs/heads/main\n"
     assert backend.get("refs/heads/main") == f"{repo.head()[1]}\n".encode()
@@ -722,7 +734,8 @@ def test_remote_layout(vec: Vector, tmp_path: Path) -> None:
         entry = json.loads(backend.get(key) or b"")
         assert entry["message"] == f"push: from {repo.config.repo_id}" and entry["old"] is None
     for key in backend.list("packs/"):
-        assert packs.read_toc(backend, key) is not None
+        if key.endswith(".pack"):
+            assert packs.read_toc(backend, key) is not None
     repo.close()
     forget_memory_remote(url)
 

@@ -37,6 +37,11 @@ def pack_framing(records: int) -> int:
     return PACK_HEADER.size + TOC_HEADER.size + records * TOC_ENTRY.size + FOOTER.size
 
 
+def toc_copy_size(records: int) -> int:
+    """Bytes of the TOC copy a push writes beside a pack of ``records`` records."""
+    return TOC_HEADER.size + records * TOC_ENTRY.size + FOOTER.size
+
+
 def remotes_of(core: Repository) -> RemoteList:
     """The remotes configured in ``core`` (``repo.remotes``); removing one also
     deletes its remote-tracking refs and its catalog."""

@@ -3,6 +3,7 @@ then move the remote-tracking refs (the order of writes: ckvc.remote.common)."""
 
 from __future__ import annotations
 
+import contextlib
 import time
 import warnings
 from collections.abc import Callable, Iterator, Mapping
@@ -31,7 +32,7 @@ from ckvc.remote.common import (
     remotes_of,
     tracking_ref,
 )
-from ckvc.remote.repository import Remote, open_remote
+from ckvc.remote.repository import Remote, forget_packs, open_remote
 from ckvc.remote.transfer import Located, Verifier, locate_all, parallel_records, records_in
 from ckvc.storage.packs import RECORD_HEADER_SIZE, Record
 
@@ -64,12 +65,26 @@ class Fetch:
     def _stream(self, items: list[Located]) -> Iterator[tuple[Located, Record]]:
         """The items' records as they arrive (one pack batch in memory at a time)."""
         self.total += sum(item.entry.record_size for item in items)
-        for item, record in records_in(self.handle.core.store, items, self.handle.describe):
-            self.stats.wire_bytes += item.entry.record_size
-            self.done += item.entry.record_size
-            if self.progress is not None:
-                self.progress(self.done, self.total)
-            yield item, record
+        with self._distrusting_damaged_packs():
+            for item, record in records_in(self.handle.core.store, items, self.handle.describe):
+                self.stats.wire_bytes += item.entry.record_size
+                self.done += item.entry.record_size
+                if self.progress is not None:
+                    self.progress(self.done, self.total)
+                yield item, record
+
+    @contextlib.contextmanager
+    def _distrusting_damaged_packs(self) -> Iterator[None]:
+        """A record that is not what the catalog says (a damaged pack, or TOC copies
+        that are not their packs' TOCs, perhaps of more packs than this one): the
+        catalog, a cache, forgets every pack, so that the next fetch reads the
+        packs' indexes again rather than failing on what it cached."""
+        try:
+            yield
+        except CorruptObjectError:
+            catalog = self.handle.core.store
+            forget_packs(catalog, catalog.index.indexed_packs())
+            raise
 
     def _checked(self, items: list[Located]) -> Iterator[tuple[Located, Record, bool]]:
         """The items' chunk records as they arrive, several packs at once, each
@@ -83,14 +98,15 @@ class Fetch:
             return self._verified(item, record, keep=False) is not None
 
         executor = self.handle.core.executor
-        for item, record, verified in parallel_records(
-            self.handle.core.store, items, self.handle.describe, executor, check
-        ):
-            self.stats.wire_bytes += item.entry.record_size
-            self.done += item.entry.record_size
-            if self.progress is not None:
-                self.progress(self.done, self.total)
-            yield item, record, verified
+        with self._distrusting_damaged_packs():
+            for item, record, verified in parallel_records(
+                self.handle.core.store, items, self.handle.describe, executor, check
+            ):
+                self.stats.wire_bytes += item.entry.record_size
+                self.done += item.entry.record_size
+                if self.progress is not None:
+                    self.progress(self.done, self.total)
+                yield item, record, verified
 
     def _locate(self, oids: list[bytes]) -> list[Located]:
         try:

@@ -242,7 +242,7 @@ def _upload(
         stats.objects += len(pack.entries)
         size = sum(e.record_size for e in pack.entries)
         stats.record_bytes += size
-        stats.wire_bytes += pack.size
+        stats.wire_bytes += pack.size + pack.copy_size
         done += size
         if progress is not None:
             progress(done, total)

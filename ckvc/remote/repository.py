@@ -32,7 +32,7 @@ from ckvc.storage.backend import STREAM_PIECE, Backend, ForwardingBackend, KeyIn
 from ckvc.storage.index import AnyIndex, Index, MemoryIndex
 from ckvc.storage.local import LocalBackend
 from ckvc.storage.object_store import ObjectStore
-from ckvc.storage.packs import RecordInfo
+from ckvc.storage.packs import RecordInfo, pack_key, toc_copy_name
 
 CATALOG_DIR = "catalog"
 CATALOG_READERS = 8  # TOCs read at once when a catalog learns of new packs
@@ -167,16 +167,22 @@ def _catalog(local: Repository, name: str, repo_id: str) -> AnyIndex:
 
 
 def refresh_catalog(store: ObjectStore, damaged: list[str] | None = None) -> int:
-    """Index the remote's packs the catalog does not know (their TOCs only) and
-    forget those the listing no longer has. Returns the packs added. A pack
+    """Index the remote's packs the catalog does not know (their TOCs only, from
+    the TOC copies where there are, else from each pack's end) and forget those
+    the listing no longer has. Returns the packs added. A pack
     whose TOC cannot be read is left out (and named in ``damaged``): its objects
     count as absent (a push sends them again; a fetch needing them fails naming it)."""
     index = store.index
-    listed = store.packs()
+    listed, copied = store.pack_listing()
     known = index.indexed_packs()
     added = 0
 
     def read(name: str) -> tuple[list[RecordInfo], bool]:
+        if name in copied:  # one small GET rather than ranged reads of the pack
+            data = store.backend.get(pack_key(toc_copy_name(name)))
+            entries = None if data is None else store.reader.entries_from_copy(name, data)
+            if entries is not None:
+                return entries, True
         try:
             # a large pack's header is checked by the first read of its records:
             # a clone streams them from the pack's start, so that costs no request
@@ -197,14 +203,22 @@ def refresh_catalog(store: ObjectStore, damaged: list[str] | None = None) -> int
             continue
         index.add_pack(name, entries)
         added += 1
-    gone = known - set(listed)
-    if gone:
-        removed: dict[str, list[RecordInfo]] = {name: [] for name in gone}
-        for oid, e in index.iter_entries():
-            if e.pack in removed:
-                removed[e.pack].append(RecordInfo(oid, e.kind, e.codec, e.offset, e.record_size, e.raw_size))
-        index.swap_packs([], list(removed.items()))
+    forget_packs(store, known - set(listed))
     return added
+
+
+def forget_packs(store: ObjectStore, names: set[str]) -> None:
+    """Drop packs from a catalog: gone from the remote, or found not to hold what
+    the catalog said (the next refresh reads their TOCs again)."""
+    if not names:
+        return
+    index = store.index
+    removed: dict[str, list[RecordInfo]] = {name: [] for name in names & index.indexed_packs()}
+    for oid, e in index.iter_entries():
+        if e.pack in removed:
+            removed[e.pack].append(RecordInfo(oid, e.kind, e.codec, e.offset, e.record_size, e.raw_size))
+    if removed:
+        index.swap_packs([], list(removed.items()))
 
 
 class CatalogStore(ObjectStore):

@@ -32,7 +32,16 @@ from ckvc.ids import ObjectType, object_id
 from ckvc.storage.backend import Backend
 from ckvc.storage.index import IndexEntry
 from ckvc.storage.object_store import ObjectStore
-from ckvc.storage.packs import PACK_DIR, PACK_HEADER, PackWriter, Record, RecordInfo, pack_key, parse_record
+from ckvc.storage.packs import (
+    PACK_DIR,
+    PACK_HEADER,
+    PackWriter,
+    Record,
+    RecordInfo,
+    pack_key,
+    parse_record,
+    toc_copy_name,
+)
 
 # One read_ranges call covers at most this many bytes of records (memory bound of a fetch batch).
 BATCH_BYTES = 16 << 20
@@ -285,6 +294,7 @@ class UploadedPack:
     name: str
     entries: list[RecordInfo]
     size: int  # bytes of the pack: header, records, TOC, footer
+    copy_size: int = 0  # bytes of its TOC copy
 
 
 def upload_packs(
@@ -309,7 +319,10 @@ def upload_packs(
         except BaseException:
             pack.abort()
             raise
-        return UploadedPack(pack.name, pack.entries, pack.size)
+        # After the pack: a copy never names a pack that is not there (a reader
+        # without one reads the pack's own TOC, so a push killed here loses nothing).
+        target.put(pack_key(toc_copy_name(pack.name)), pack.tail)
+        return UploadedPack(pack.name, pack.entries, pack.size, len(pack.tail))
 
     with executor.window(depth=max(1, executor.threads)) as window:
         for group in groups:

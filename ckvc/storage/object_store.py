@@ -40,6 +40,7 @@ from ckvc.storage.packs import (
     PackReader,
     Record,
     RecordInfo,
+    copied_pack_name,
     is_pack_name,
     pack_key,
     parse_record,
@@ -307,10 +308,24 @@ class ObjectStore:
     # ---- packs --------------------------------------------------------------
     def packs(self) -> list[str]:
         """Names of the sealed packs, sorted, without those a gc has retired."""
+        return self.pack_listing()[0]
+
+    def pack_listing(self) -> tuple[list[str], set[str]]:
+        """:meth:`packs`, and the names of those packs that have a TOC copy beside
+        them (``packs.toc_copy_name``; remotes only), from one listing."""
         names = [key.rpartition("/")[2] for key in self.backend.list(f"{PACK_DIR}/", recursive=False)]
         packs = [n for n in names if is_pack_name(n)]
         retired = self.retired_packs()
-        return [n for n in packs if n not in retired] if retired else packs
+        if retired:
+            packs = [n for n in packs if n not in retired]
+        copied = {copied_pack_name(n) for n in names} - {None}
+        return packs, {n for n in packs if n in copied}
+
+    def orphan_toc_copies(self) -> list[str]:
+        """Keys of TOC copies whose pack is gone (a gc deleted it): what gc deletes."""
+        names = [key.rpartition("/")[2] for key in self.backend.list(f"{PACK_DIR}/", recursive=False)]
+        packs = {n for n in names if is_pack_name(n)}
+        return [pack_key(n) for n in names if (p := copied_pack_name(n)) is not None and p not in packs]
 
     def retirement_records(self) -> list[str]:
         """Keys of gc's records of packs being deleted (object stores only)."""

@@ -53,6 +53,10 @@ NO_BASE = bytes(ID_SIZE)
 _KINDS = frozenset(int(t) for t in ObjectType)  # record types this reader knows
 PACK_SUFFIX = ".pack"
 TMP_SUFFIX = ".pack.tmp"  # a pack sink's temporary, locally
+# A remote pack's TOC and footer, copied into a small key of their own beside it
+# (``<pack>.toc``): a reader builds its catalog without a ranged read of each
+# pack, which some servers answer by reading the whole object.
+TOC_COPY_SUFFIX = ".toc"
 PACK_DIR = "packs"  # the folder (key prefix) of packs in a repository's backend
 
 
@@ -64,6 +68,17 @@ def is_pack_name(name: str) -> bool:
 
 def pack_key(name: str, directory: str = PACK_DIR) -> str:
     return f"{directory}/{name}" if directory else name
+
+
+def toc_copy_name(pack: str) -> str:
+    """The name, beside pack ``pack``, of the copy of its TOC and footer."""
+    return pack + TOC_COPY_SUFFIX
+
+
+def copied_pack_name(name: str) -> str | None:
+    """The pack a TOC copy's name belongs to, or None when ``name`` is no TOC copy."""
+    pack = name.removesuffix(TOC_COPY_SUFFIX)
+    return pack if pack != name and is_pack_name(pack) else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,6 +149,7 @@ class PackWriter:
         self.sink: Sink = backend.open_sink(self.key)
         self._done = False
         self.entries: list[RecordInfo] = []
+        self.tail = b""  # the TOC and footer, once sealed (what a TOC copy holds)
         try:
             self.sink.write(PACK_HEADER.pack(PACK_MAGIC, PACK_VERSION, 0, self.pack_uuid.bytes))
         except BaseException:
@@ -164,6 +180,7 @@ class PackWriter:
         self.sink.writev((toc, footer))
         self.sink.publish()
         self._done = True
+        self.tail = bytes(toc) + footer
         return self.name
 
     def abort(self) -> None:
@@ -214,6 +231,23 @@ def parse_toc(toc: Buffer, toc_offset: int, count: int, crc: int) -> list[Record
             return None
         entries.append(RecordInfo(oid, kind, codec, offset, record_size, raw_size))
     return entries
+
+
+def parse_toc_copy(data: Buffer) -> tuple[list[RecordInfo], int] | None:
+    """(entries, the pack's size) from a TOC copy (a pack's TOC and footer, as its
+    last bytes), or None when it is damaged. Nothing here proves the copy matches
+    its pack: a reader still checks each record it reads against its entry and
+    every read against the pack's real size."""
+    view = memoryview(data)
+    if len(view) < TOC_HEADER.size + FOOTER.size:
+        return None
+    magic, toc_offset, count, crc, _ = FOOTER.unpack(view[-FOOTER.size :])
+    if magic != FOOTER_MAGIC or TOC_HEADER.size + count * TOC_ENTRY.size + FOOTER.size != len(view):
+        return None
+    if toc_offset < PACK_HEADER.size:
+        return None
+    entries = parse_toc(view[: -FOOTER.size], toc_offset, count, crc)
+    return None if entries is None else (entries, toc_offset + len(view))
 
 
 def _read(backend: Backend, key: str, offset: int, size: int) -> bytearray:
@@ -329,6 +363,16 @@ class PackReader:
         if found.header_pending:
             self._headers_pending.add(name)
         return found.entries, found.from_toc
+
+    def entries_from_copy(self, name: str, data: Buffer) -> list[RecordInfo] | None:
+        """The entries of pack ``name`` from its TOC copy (None: damaged, read the
+        pack's own). The pack is not read: its header waits for its first read, and
+        its size is learnt by the first range check, not taken from the copy."""
+        parsed = parse_toc_copy(data)
+        if parsed is None:
+            return None
+        self._headers_pending.add(name)
+        return parsed[0]
 
     def header_pending(self, name: str) -> bool:
         """Whether the pack's header is left for its first read."""

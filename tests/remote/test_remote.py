@@ -25,7 +25,7 @@ from ckvc.errors import (
 from ckvc.fsck import run_fsck
 from ckvc.gc import mark
 from ckvc.remote import fetch as fetch_module
-from ckvc.remote.common import pack_framing
+from ckvc.remote.common import pack_framing, toc_copy_size
 from ckvc.remote.location import forget_memory_remote, open_backend
 from ckvc.remote.repository import Remote, open_remote
 from ckvc.storage import packs
@@ -139,7 +139,9 @@ def test_push_sends_exactly_the_stored_records(tmp_path: Path, url: str) -> None
         remote.close()
     assert full.stats.objects == len(live)
     assert full.stats.record_bytes == stored_size(a, live)
-    assert full.bytes_sent == sum(sizes.values()) == full.stats.record_bytes + sum(map(pack_framing, counts.values()))
+    copies = sum(map(toc_copy_size, counts.values()))  # each pack's TOC copy, beside it
+    assert full.bytes_sent - copies == sum(sizes.values())
+    assert sum(sizes.values()) == full.stats.record_bytes + sum(map(pack_framing, counts.values()))
     # one more commit: only its new records
     a.commit(state(3), message="epoch 3")
     new = reachable(a) - live
@@ -148,7 +150,8 @@ def test_push_sends_exactly_the_stored_records(tmp_path: Path, url: str) -> None
     new_chunks = sum(1 for oid in new if a.store.stat(oid).kind == 1)
     # two packs: the chunks, then the metadata (published after them)
     assert more.stats.packs == 2
-    assert more.bytes_sent == more.stats.record_bytes + pack_framing(new_chunks) + pack_framing(len(new) - new_chunks)
+    framing = sum(pack_framing(n) + toc_copy_size(n) for n in (new_chunks, len(new) - new_chunks))
+    assert more.bytes_sent == more.stats.record_bytes + framing
     # unchanged: no pack at all
     again = a.push("origin", ["main", "dev"], tags=True)
     assert again.stats.packs == 0 and again.bytes_sent == 0 and not again.updated
@@ -550,5 +553,91 @@ def test_a_bad_pack_header_is_caught_by_the_first_read(
     assert key.removeprefix("packs/").removesuffix(".pack") in str(info.value)
     assert c.remote_branches() == {} and c.fsck().ok
     assert not any(c.store.has(oid) for oid in reachable(a))
+    a.close()
+    c.close()
+
+
+def test_toc_copies_build_the_catalog_without_reading_the_packs(
+    tmp_path: Path, url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each pushed pack has its TOC copy beside it (FORMAT.md 18.1.1), and a clone
+    builds its catalog from the copies alone: no pack is read for its TOC."""
+    a = new_repo(tmp_path, "a")
+    ids = history(a)
+    a.remotes.add("origin", url)
+    a.push("origin", ["main", "dev"], tags=True)
+    backend = open_backend(url)
+    pack_keys = sorted(k for k in backend.list("packs/") if k.endswith(".pack"))
+    for key in pack_keys:
+        pack, copy = backend.get(key) or b"", backend.get(key + ".toc") or b""
+        assert copy and pack.endswith(copy) and packs.parse_toc_copy(copy) == (read_toc(backend, key), len(pack))
+    read_from_packs: list[str] = []
+    original = packs.read_pack_index
+    monkeypatch.setattr(packs, "read_pack_index", lambda b, k, **kw: read_from_packs.append(k) or original(b, k, **kw))
+    b = ckvc.Repo.clone(url, tmp_path / "b")
+    assert read_from_packs == []
+    assert_same_history(a, b)
+    for commit in ids:
+        assert_state_equal(b.load(commit), a.load(commit))
+    assert b.fsck().ok and b.fsck_remote().ok
+    a.close()
+    b.close()
+
+
+@pytest.mark.parametrize("damage", ["garbage", "truncated", "missing"])
+def test_a_damaged_or_missing_toc_copy_costs_only_a_read_of_the_pack(tmp_path: Path, url: str, damage: str) -> None:
+    a = new_repo(tmp_path, "a")
+    ids = history(a)
+    a.remotes.add("origin", url)
+    a.push("origin", ["main", "dev"], tags=True)
+    backend = open_backend(url)
+    copies = sorted(k for k in backend.list("packs/") if k.endswith(".pack.toc"))
+    for key in copies:
+        copy = backend.get(key) or b""
+        if damage == "garbage":
+            backend.put(key, bytes(len(copy)))
+        elif damage == "truncated":
+            backend.put(key, copy[:-7])
+        else:
+            backend.delete(key)
+    b = ckvc.Repo.clone(url, tmp_path / "b")
+    for commit in ids:
+        assert_state_equal(b.load(commit), a.load(commit))
+    report = b.fsck_remote()
+    assert report.ok  # a copy that does not parse is ignored: a warning, no error
+    kinds = {p.kind for p in report.problems}
+    assert kinds == (set() if damage == "missing" else {"bad-toc-copy"})
+    a.close()
+    b.close()
+
+
+def test_a_toc_copy_of_another_pack_is_refused_and_named(tmp_path: Path, url: str) -> None:
+    """A copy that parses but describes another pack sends reads astray: the fetch
+    fails with CorruptObjectError naming the remote and the pack, nothing stored,
+    and fsck of the remote names the copy."""
+    a = new_repo(tmp_path, "a")
+    history(a)
+    a.remotes.add("origin", url)
+    a.push("origin", ["main", "dev"], tags=True)
+    backend = open_backend(url)
+    first, second = sorted(k for k in backend.list("packs/") if k.endswith(".pack.toc"))[:2]
+    one, other = backend.get(first) or b"", backend.get(second) or b""
+    backend.put(first, other)
+    backend.put(second, one)
+    c = new_repo(tmp_path, "c")
+    c.remotes.add("origin", url)
+    with pytest.raises(CorruptObjectError) as info:
+        c.fetch()
+    assert "remote origin" in str(info.value) and "packs/" in str(info.value)
+    assert c.remote_branches() == {} and c.fsck().ok
+    assert not any(c.store.has(oid) for oid in reachable(a))
+    report = a.fsck_remote()
+    assert not report.ok and {p.kind for p in report.problems if p.severity == "error"} == {"bad-toc-copy"}
+    # The catalog did not keep what the bad copy said: with the copies deleted (what
+    # fsck says to do), the same repository's next fetch reads the packs' own TOCs.
+    backend.delete(first)
+    backend.delete(second)
+    c.fetch()
+    assert c.remote_branches() == a.remote_branches() and c.fsck().ok
     a.close()
     c.close()

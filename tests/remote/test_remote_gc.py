@@ -150,6 +150,9 @@ def test_gc_deletes_exactly_the_dead_packs(tmp_path: Path, where_s3: Where) -> N
     assert done.kept_revived == []
     assert packs(s.backend) == {k: v for k, v in listing.items() if k not in s.dead}
     assert not [k for k in s.backend.list("packs/") if "retired" in k or k.endswith(".trash")]
+    # the TOC copies went with their packs: one beside each pack left, no other
+    copies = {k.removesuffix(".toc") for k in s.backend.list("packs/") if k.endswith(".pack.toc")}
+    assert copies == set(packs(s.backend))
     assert not list(s.backend.list("locks/"))  # every lease (pushes' pins, gc's locks) released
     assert remote_fsck_ok(s.a)
     check_clone(tmp_path, s, {c: s.a for c in s.main})
@@ -335,6 +338,9 @@ def test_a_gc_killed_before_deleting_is_finished_by_the_next(
     assert second.packs_deleted == 0 and second.bytes_freed == sum(s.dead.values())  # the leftovers
     assert packs(s.backend) == {k: v for k, v in listing.items() if k not in s.dead}
     assert not [k for k in s.backend.list("packs/") if "retired" in k or k.endswith(".trash")]
+    # the TOC copies went with their packs: one beside each pack left, no other
+    copies = {k.removesuffix(".toc") for k in s.backend.list("packs/") if k.endswith(".pack.toc")}
+    assert copies == set(packs(s.backend))
     close(s)
 
 
