@@ -281,30 +281,36 @@ class Fetch:
             raise
 
 
-def fetch(local: Repository, remote: str = "origin", *, progress: Progress | None = None) -> FetchResult:
+def fetch(
+    local: Repository, remote: str = "origin", *, progress: Progress | None = None, chunks: bool = True
+) -> FetchResult:
     """Copy what the remote's branches and tags reach and this repository lacks,
     every record verified against its id before it is written (CorruptObjectError
     naming the remote and the key otherwise, nothing stored); then move the
     remote-tracking refs ``refs/remotes/<remote>/*`` and create the remote's tags
     that do not exist here (an existing tag that differs is kept, with a warning).
-    An interrupted fetch keeps the packs it sealed and the next one resumes."""
+    An interrupted fetch keeps the packs it sealed and the next one resumes.
+    ``chunks=False``: commits, snapshots and tags only (a lazy clone's fetch)."""
     started = time.monotonic()
     spec = remotes_of(local).get(remote)
     handle = open_remote(local, spec)
     result = FetchResult(spec.name, spec.url)
+    how = "fetch" if chunks else "fetch --lazy"
     try:
-        branches = handle.core.refs.list_refs(BRANCH_PREFIX)
-        tags = handle.core.refs.list_refs(TAG_PREFIX)
+        refs = handle.core.refs.list_refs("refs/")  # one listing for branches and tags
+        branches = {k: v for k, v in refs.items() if k.startswith(BRANCH_PREFIX)}
+        tags = {k: v for k, v in refs.items() if k.startswith(TAG_PREFIX)}
         local.upgrade_format(handle.core.config.format_version)
         local.store.refresh()  # packs an interrupted fetch sealed
         job = Fetch(local, handle, result.stats, progress)
         with local.store.pin():
             job.walk(list(dict.fromkeys([*branches.values(), *tags.values()])))
-            job.fetch_chunks()
+            if chunks:
+                job.fetch_chunks()
             job.write_metadata()
             # the refs move under the pin too: a gc cannot take what they are about to name
             for full, new in branches.items():
-                moved = move_tracking(local, spec.name, full[len(BRANCH_PREFIX) :], new, "fetch")
+                moved = move_tracking(local, spec.name, full[len(BRANCH_PREFIX) :], new, how)
                 if moved is not None:
                     result.updated.append(moved)
             for full, new in tags.items():

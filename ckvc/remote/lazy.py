@@ -38,14 +38,11 @@ from ckvc.errors import (
     UnknownRemoteError,
 )
 from ckvc.ids import ObjectType
-from ckvc.refs import BRANCH_PREFIX, TAG_PREFIX
 from ckvc.remote.common import (
     FetchResult,
     Progress,
     PullResult,
-    RefUpdate,
     TransferStats,
-    move_tracking,
     remotes_of,
 )
 from ckvc.remote.location import RemoteSpec
@@ -118,34 +115,9 @@ def lazy_fetch(local: Repository, remote: str = "origin", *, progress: Progress 
     """``fetch`` without the chunks: the remote's refs, its commits, snapshots and
     tags (verified as fetch verifies them), remote-tracking refs moved and new
     tags created, as fetch does. Chunks come later, on first read."""
-    from ckvc.remote.fetch import Fetch
+    from ckvc.remote.fetch import fetch
 
-    started = time.monotonic()
-    spec = remotes_of(local).get(remote)
-    handle = open_remote(local, spec)
-    result = FetchResult(spec.name, spec.url)
-    try:
-        branches = handle.core.refs.list_refs(BRANCH_PREFIX)
-        tags = handle.core.refs.list_refs(TAG_PREFIX)
-        local.upgrade_format(handle.core.config.format_version)
-        local.store.refresh()
-        job = Fetch(local, handle, result.stats, progress)
-        with local.store.pin():
-            job.walk(list(dict.fromkeys([*branches.values(), *tags.values()])))
-            job.write_metadata()
-            for full, new in branches.items():
-                moved = move_tracking(local, spec.name, full[len(BRANCH_PREFIX) :], new, "fetch --lazy")
-                if moved is not None:
-                    result.updated.append(moved)
-            for full, new in tags.items():
-                if local.refs.read(full) is None:
-                    local.refs.set_if_equals(full, None, new, f"fetch: tag from {spec.name}")
-                    result.tags.append(RefUpdate(full, None, new))
-    finally:
-        result.stats.requests = handle.backend.requests
-        handle.close()
-    result.stats.seconds = time.monotonic() - started
-    return result
+    return fetch(local, remote, progress=progress, chunks=False)
 
 
 def lazy_pull(local: Repository, remote: str = "origin", *, progress: Progress | None = None) -> PullResult:

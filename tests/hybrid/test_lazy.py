@@ -170,3 +170,34 @@ def test_flaky_network_mid_checkout_retries_and_stays_exact(
     assert lazy.fsck().ok
     lazy.close()
     src.close()
+
+
+def test_a_lazy_read_decodes_each_fetched_chunk_once(
+    tmp_path: Path, pushed: tuple[ckvc.Repo, list[str], str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Decode-once: a cold read's chunks are decoded and verified by the fetch
+    straight into the read's tensors, and not read back from the local pack they
+    were also written to; the next (warm) read reads every chunk from the local packs."""
+    from ckvc import read as read_module
+
+    src, ids, url, endpoint = pushed
+    expected = src.load(ids[-1])
+    lazy = ckvc.Repo.clone(url, tmp_path / "lazy", endpoint=endpoint, lazy=True)
+    read_locally: list[bytes] = []
+    original = read_module._read_batch
+
+    def recording(store: Any, commit: Any, targets: Any) -> Any:
+        read_locally.extend(read.oid for read, _ in targets)
+        return original(store, commit, targets)
+
+    monkeypatch.setattr(read_module, "_read_batch", recording)
+    chunks = {c for blob in lazy.read_snapshot(lazy.read_commit(ids[-1])).blobs for c in blob.chunks}
+    cold = lazy.load(ids[-1])
+    assert_state_equal(cold, expected)
+    assert read_locally == []  # every chunk landed in its tensor from the wire
+    assert chunks <= {oid for oid, _ in lazy.store.index.iter_entries()}  # and is stored locally too
+    warm = lazy.load(ids[-1])
+    assert_state_equal(warm, expected)
+    assert set(read_locally) == chunks
+    assert lazy.fsck().ok
+    lazy.close()
