@@ -8,6 +8,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from ckvc import graph
+from ckvc.codecs.ids import WHOLE_CODECS
 from ckvc.config import RepoConfig
 from ckvc.core import Repository
 from ckvc.errors import (
@@ -19,7 +20,7 @@ from ckvc.ids import ObjectType
 from ckvc.refs import BRANCH_PREFIX, TAG_PREFIX, check_ref_name
 from ckvc.remote.common import Progress, PushResult, RefUpdate, TransferStats, is_ancestor, move_tracking, remotes_of
 from ckvc.remote.repository import Remote, open_remote
-from ckvc.remote.transfer import Located, UploadedPack, locate_all, split_groups, upload_packs
+from ckvc.remote.transfer import Located, UploadedPack, Verifier, locate_all, split_groups, upload_packs
 
 # ---- push ------------------------------------------------------------------------
 
@@ -252,5 +253,10 @@ def _upload(
     if plan.pruned:  # before the commits: the remote never holds a pruned commit it calls whole
         for policy, commits in plan.pruned.items():
             handle.core.prune_log.add(commits, policy)
+    # Every record is verified before it leaves: a backup must not take on damage
+    # from this side. Keyframes are kept for the deltas of later waves, if any come.
+    deltas = any(item.entry.codec not in WHOLE_CODECS for wave in plan.waves for item in wave)
+    verifier = Verifier(local.store, keep_keyframes=deltas)
     for wave in plan.waves:
-        upload_packs(local.store, handle.backend, split_groups(wave, max_pack), handle.core.executor, landed)
+        groups = split_groups(wave, max_pack)
+        upload_packs(local.store, handle.backend, groups, handle.core.executor, landed, verifier)

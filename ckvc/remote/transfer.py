@@ -303,17 +303,22 @@ def upload_packs(
     groups: list[list[Located]],
     executor: Executor,
     on_pack: Callable[[UploadedPack], None],
+    verifier: Verifier | None = None,
 ) -> None:
     """Write each group as one new pack on ``target`` (its records copied from
     ``source`` as they are), the packs in parallel; ``on_pack`` is called on this
-    thread as each is published. A failure aborts the packs not yet published
-    (a published pack holds only whole records and is harmless: the next push
-    finds it in the catalog and does not send it again)."""
+    thread as each is published. ``verifier``: each record is first decoded and
+    checked against its id (its delta base from ``source``), so that damage on
+    this side is never sent (CorruptObjectError naming the local pack). A failure
+    aborts the packs not yet published (a published pack holds only whole records
+    and is harmless: the next push finds it in the catalog and does not send it again)."""
 
     def write(group: list[Located]) -> UploadedPack:
         pack = PackWriter(target)
         try:
             for item, record in records_in(source, group, lambda key: f"local {key}"):
+                if verifier is not None:
+                    _verify_outgoing(verifier, item, record)
                 pack.append(item.oid, record.kind, record.codec, record.raw_size, record.payload, record.base)
             pack.seal()
         except BaseException:
@@ -327,6 +332,22 @@ def upload_packs(
     with executor.window(depth=max(1, executor.threads)) as window:
         for group in groups:
             window.submit(write, group, then=on_pack)
+
+
+def _verify_outgoing(verifier: Verifier, item: Located, record: Record) -> None:
+    where = f"local {pack_key(item.entry.pack, PACK_DIR)}"
+    try:
+        verified = verifier.check(item.oid, record)
+    except CorruptObjectError as exc:
+        raise CorruptObjectError(
+            f"{where}: {exc.reason}; nothing that needs it was sent (ckvc fsck names what is damaged)",
+            object_id=item.oid.hex(),
+        ) from None
+    if verified is None:
+        raise ObjectNotFoundError(
+            f"{where}: the delta base {(verifier.needs(record) or b'').hex()} of an object is missing",
+            object_id=item.oid.hex(),
+        )
 
 
 def split_groups(items: list[Located], max_bytes: int) -> list[list[Located]]:

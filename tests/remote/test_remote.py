@@ -641,3 +641,27 @@ def test_a_toc_copy_of_another_pack_is_refused_and_named(tmp_path: Path, url: st
     assert c.remote_branches() == a.remote_branches() and c.fsck().ok
     a.close()
     c.close()
+
+
+def test_push_verifies_what_it_sends_and_sends_no_local_damage(tmp_path: Path, url: str) -> None:
+    """A chunk damaged in a local pack (bit rot) is caught before it leaves: push
+    raises CorruptObjectError naming the local pack and the object, and no remote
+    ref moves, so the backup never names damaged data."""
+    import os
+
+    a = new_repo(tmp_path, "a")
+    history(a)
+    a.remotes.add("origin", url)
+    name = next(n for n in a.store.packs() if any(e.kind == 1 for e in a.store.pack_entries(n)[0]))
+    victim = max((e for e in a.store.pack_entries(name)[0] if e.kind == 1), key=lambda e: e.record_size)
+    path = a.dir / "packs" / name
+    os.chmod(path, 0o644)
+    data = bytearray(path.read_bytes())
+    data[victim.offset + RECORD_HEADER_SIZE + 5] ^= 0x40
+    path.write_bytes(bytes(data))
+    with pytest.raises(CorruptObjectError) as info:
+        a.push("origin", ["main", "dev"], tags=True)
+    assert f"local packs/{name}" in str(info.value) and info.value.object_id == victim.oid.hex()
+    assert not any(k.startswith("refs/") for k in a.ls_remote("origin"))
+    assert a.remote_branches() == {}
+    a.close()
