@@ -96,6 +96,10 @@ def test_read_stream_pieces(backend: Backend) -> None:
     assert b"".join(pieces) == data[1000:46_000]
     assert all(pieces)  # no empty piece (an in-memory store may hand over all at once)
     assert b"".join(bytes(p) for p in backend.read_stream("packs/s.pack", 0, len(data))) == data
+    # from the start but short of the end (a pack without its TOC): exactly that much
+    assert b"".join(bytes(p) for p in backend.read_stream("packs/s.pack", 0, 30_001, piece=8192)) == data[:30_001]
+    with pytest.raises(CorruptObjectError, match="truncated"):
+        list(backend.read_stream("packs/s.pack", 0, len(data) + 1))
     assert list(backend.read_stream("packs/s.pack", 10, 0)) == []
     with pytest.raises(CorruptObjectError, match="truncated"):
         list(backend.read_stream("packs/s.pack", 40_000, 10_001))
