@@ -137,12 +137,16 @@ def _tips(repo: Repository, reflog_expiry_s: float) -> tuple[list[str], list[str
     return ref_tips, list(dict.fromkeys(repo.refs.iter_reflog_ids(since_ns=since)))
 
 
-def mark(repo: Repository, live: set[bytes], visited: set[str], *, reflog_expiry_s: float) -> set[bytes]:
+def mark(
+    repo: Repository, live: set[bytes], visited: set[str], *, reflog_expiry_s: float, remote: bool = False
+) -> set[bytes]:
     """Add to ``live`` every object reachable from the refs and recent reflog
     entries: commit and tag objects always, snapshots and chunks of unpruned
     commits. Commits in ``visited`` are not walked again (incremental re-mark).
     Returns the ids newly added. Refuses to go on past a missing or corrupt
-    reachable commit: its ancestors would look dead."""
+    reachable commit: its ancestors would look dead. ``remote``: a prune record
+    covers only a commit whose snapshot is absent (FORMAT 18.2: on a remote, a
+    present snapshot came with a whole push of that commit, after the record)."""
     pruned = repo.pruned()
     added: set[bytes] = set()
 
@@ -180,7 +184,7 @@ def mark(repo: Repository, live: set[bytes], visited: set[str], *, reflog_expiry
             ) from None
         add(bytes.fromhex(reached.oid))
         commit = reached.commit
-        if commit is None or commit.id in pruned:
+        if commit is None or (commit.id in pruned and not (remote and repo.store.has(bytes.fromhex(commit.tree)))):
             continue  # a tag object, or a pruned commit: only the object itself stays
         add(bytes.fromhex(commit.tree))
         try:

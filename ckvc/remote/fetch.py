@@ -175,7 +175,9 @@ class Fetch:
                 commit = Commit.decode(plain.data, oid)
                 self.commits.append((raw, record))
                 stack.extend(commit.parents)
-                if oid in remote_pruned:
+                # a record covers a commit the remote holds without its data (FORMAT
+                # 18.2); with its snapshot there, a whole push followed the record
+                if oid in remote_pruned and not self.handle.core.store.has(bytes.fromhex(commit.tree)):
                     self.pruned.setdefault(remote_pruned[oid].policy, []).append(oid)
                 else:
                     self._snapshot(bytes.fromhex(commit.tree))

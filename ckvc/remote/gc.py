@@ -215,7 +215,7 @@ def plan_remote_gc(remote: Remote, *, grace_s: float, reflog_expiry_s: float) ->
     core.store.refresh()
     report = RemoteGcReport(remote.spec.name, remote.spec.url, grace_s, dry_run=True)
     marks = GcMarks()
-    mark(core, marks.live, marks.visited, reflog_expiry_s=reflog_expiry_s)
+    mark(core, marks.live, marks.visited, reflog_expiry_s=reflog_expiry_s, remote=True)
     now = time.time()
     report.packs = [_read_pack(remote, name, now, grace_s) for name in core.store.packs()]
     _settle(core, report.packs, marks.live, marks.visited)
@@ -244,7 +244,7 @@ def _execute(remote: Remote, report: RemoteGcReport, marks: GcMarks, reflog_expi
                     if pack.action != "unreadable":
                         pack.action = "new"
                     report.packs.append(pack)
-            mark(core, live, visited, reflog_expiry_s=reflog_expiry_s)
+            mark(core, live, visited, reflog_expiry_s=reflog_expiry_s, remote=True)
             _settle(core, report.packs, live, visited)
             removed = [p for p in report.packs if p.action == "delete"]
             report.kept_revived = sorted(doomed - {p.name for p in removed})

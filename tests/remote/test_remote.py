@@ -399,6 +399,37 @@ def test_pruned_commits_travel_as_history_without_data(tmp_path: Path, url: str)
     b.close()
 
 
+def test_a_prune_record_left_by_an_interrupted_push_does_not_hide_a_later_whole_push(tmp_path: Path, url: str) -> None:
+    """A push killed after writing a commit's prune record but before the commit
+    leaves the record behind. When the same commit later arrives whole (pushed by
+    a repository that kept its data), the record no longer covers it: clones fetch
+    its data and remote gc keeps it, so nothing acknowledged is lost."""
+    a = new_repo(tmp_path, "a")
+    ids = [a.commit(state(i, base=i), message=f"epoch {i}") for i in range(2)]
+    a.remotes.add("origin", url)
+    a.push()
+    a.commit(state(2, base=2), message="epoch 2")
+    tip = a.head()[1]
+    assert tip is not None
+    remote = opened(a)
+    try:  # what the interrupted push of a repository that pruned ``tip`` left: its record alone
+        remote.core.prune_log.add([tip], "keep_last=1")
+    finally:
+        remote.close()
+    a.push()  # the whole commit, from a repository that kept its data
+    b = ckvc.Repo.clone(url, tmp_path / "b")
+    assert tip not in b.pruned()
+    assert_state_equal(b.load(tip), a.load(tip))
+    done = a.gc_remote(now=True)
+    assert done.executed
+    c = ckvc.Repo.clone(url, tmp_path / "c")
+    for commit in [*ids, tip]:
+        assert_state_equal(c.load(commit), a.load(commit))
+    assert c.fsck().ok and a.fsck_remote().ok
+    for repo in (a, b, c):
+        repo.close()
+
+
 def test_fetch_requests_do_not_grow_with_history(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A history pushed at once is one chunk pack and one metadata pack: fetching it
     costs the same requests for 2 commits as for 8 (coalesced reads per pack)."""
