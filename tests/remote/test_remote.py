@@ -29,6 +29,7 @@ from ckvc.remote.common import pack_framing, toc_copy_size
 from ckvc.remote.location import forget_memory_remote, open_backend
 from ckvc.remote.repository import Remote, open_remote
 from ckvc.storage import packs
+from ckvc.storage.backend import Backend
 from ckvc.storage.packs import RECORD_HEADER_SIZE, read_toc
 
 CHUNK = 16 << 10
@@ -588,16 +589,22 @@ def test_a_bad_pack_header_is_caught_by_the_first_read(
     c.close()
 
 
+def pushed_history(tmp_path: Path, url: str) -> tuple[ckvc.Repo, list[str], Backend]:
+    """``history`` in a new repository, every branch and tag pushed to ``url``:
+    (the repository, its commits, the remote's backend)."""
+    a = new_repo(tmp_path, "a")
+    ids = history(a)
+    a.remotes.add("origin", url)
+    a.push("origin", ["main", "dev"], tags=True)
+    return a, ids, open_backend(url)
+
+
 def test_toc_copies_build_the_catalog_without_reading_the_packs(
     tmp_path: Path, url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Each pushed pack has its TOC copy beside it (FORMAT.md 18.1.1), and a clone
     builds its catalog from the copies alone: no pack is read for its TOC."""
-    a = new_repo(tmp_path, "a")
-    ids = history(a)
-    a.remotes.add("origin", url)
-    a.push("origin", ["main", "dev"], tags=True)
-    backend = open_backend(url)
+    a, ids, backend = pushed_history(tmp_path, url)
     pack_keys = sorted(k for k in backend.list("packs/") if k.endswith(".pack"))
     for key in pack_keys:
         pack, copy = backend.get(key) or b"", backend.get(key + ".toc") or b""
@@ -617,11 +624,7 @@ def test_toc_copies_build_the_catalog_without_reading_the_packs(
 
 @pytest.mark.parametrize("damage", ["garbage", "truncated", "missing"])
 def test_a_damaged_or_missing_toc_copy_costs_only_a_read_of_the_pack(tmp_path: Path, url: str, damage: str) -> None:
-    a = new_repo(tmp_path, "a")
-    ids = history(a)
-    a.remotes.add("origin", url)
-    a.push("origin", ["main", "dev"], tags=True)
-    backend = open_backend(url)
+    a, ids, backend = pushed_history(tmp_path, url)
     copies = sorted(k for k in backend.list("packs/") if k.endswith(".pack.toc"))
     for key in copies:
         copy = backend.get(key) or b""
@@ -646,11 +649,7 @@ def test_a_toc_copy_of_another_pack_is_refused_and_named(tmp_path: Path, url: st
     """A copy that parses but describes another pack sends reads astray: the fetch
     fails with CorruptObjectError naming the remote and the pack, nothing stored,
     and fsck of the remote names the copy."""
-    a = new_repo(tmp_path, "a")
-    history(a)
-    a.remotes.add("origin", url)
-    a.push("origin", ["main", "dev"], tags=True)
-    backend = open_backend(url)
+    a, _, backend = pushed_history(tmp_path, url)
     first, second = sorted(k for k in backend.list("packs/") if k.endswith(".pack.toc"))[:2]
     one, other = backend.get(first) or b"", backend.get(second) or b""
     backend.put(first, other)
