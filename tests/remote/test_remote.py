@@ -611,7 +611,12 @@ def test_toc_copies_build_the_catalog_without_reading_the_packs(
         assert copy and pack.endswith(copy) and packs.parse_toc_copy(copy) == (read_toc(backend, key), len(pack))
     read_from_packs: list[str] = []
     original = packs.read_pack_index
-    monkeypatch.setattr(packs, "read_pack_index", lambda b, k, **kw: read_from_packs.append(k) or original(b, k, **kw))
+
+    def reading(backend: Backend, key: str, **kwargs: Any) -> packs.PackIndex:
+        read_from_packs.append(key)
+        return original(backend, key, **kwargs)
+
+    monkeypatch.setattr(packs, "read_pack_index", reading)
     b = ckvc.Repo.clone(url, tmp_path / "b")
     assert read_from_packs == []
     assert_same_history(a, b)
