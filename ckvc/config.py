@@ -131,8 +131,24 @@ class RepoConfig:
             data = backend.get(CONFIG_NAME)
             if data is None:
                 raise FileNotFoundError(2, "No such file or directory", str(where))
+        except (OSError, StorageError) as exc:
+            raise UnsupportedFormatError(f"cannot read {where}: {exc}") from None
+        return cls.parse(data, where)
+
+    @classmethod
+    def load_if_present(cls, backend: Backend) -> RepoConfig | None:
+        """The config of a remote's ``backend``, or None when it has none (a remote
+        exists when its config does: one request, where checking first takes two).
+        A storage error (403, the network) is raised as it is, not as a format error."""
+        data = backend.get(CONFIG_NAME)
+        return None if data is None else cls.parse(data, CONFIG_NAME)
+
+    @classmethod
+    def parse(cls, data: bytes, where: str | os.PathLike[str] = CONFIG_NAME) -> RepoConfig:
+        """The config in ``data`` (the bytes of ``where``), checked."""
+        try:
             raw = json.loads(data.decode("utf-8"))
-        except (OSError, ValueError, StorageError) as exc:
+        except ValueError as exc:
             raise UnsupportedFormatError(f"cannot read {where}: {exc}") from None
         version = raw.get("format_version") if isinstance(raw, dict) else None
         if version not in READABLE_VERSIONS:

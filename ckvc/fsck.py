@@ -122,14 +122,14 @@ def run_fsck(
 
     # 1. Packs: readable header and table of contents; every pack indexed.
     indexed = store.index.indexed_packs()
-    names, copied = store.pack_listing()
-    for name in names:
+    listing = store.pack_listing()
+    for name in listing.packs:
         report.packs_checked += 1
         try:
             toc, from_toc = store.pack_entries(name)
             if not from_toc:
                 add(BAD_PACK, None, f"pack {name}: table of contents damaged (records recovered by scanning)")
-            elif name in copied:
+            elif name in listing.copied:
                 _check_toc_copy(store, name, toc, add)
         except CkvcError as exc:
             add(BAD_PACK, None, f"pack {name}: {exc}")

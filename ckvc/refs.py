@@ -245,8 +245,9 @@ class RefStore:
         target, detached = self._parse_head(self._read_file(HEAD))
         return (target, self.read(target)) if target is not None else (None, detached)
 
-    def _head_branch(self) -> str | None:
-        """The branch HEAD points at, without reading it (None: detached or unreadable)."""
+    def head_branch(self) -> str | None:
+        """The branch (full ref name) HEAD points at, without reading it (None:
+        detached or unreadable): one read where :meth:`head` makes two."""
         try:
             value = self._read_file(HEAD)
         except RefNotFoundError:
@@ -374,7 +375,7 @@ class RefStore:
             if current is None:
                 self._check_no_dir_file_conflict(name)
                 self._clear_stale_logs(name)
-            head_on_it = self._head_branch() == name
+            head_on_it = self.head_branch() == name
             self._publish(name, version, (new + "\n").encode(), moved)
             with self._after_move(f"{name} now names {new[:12]}", new):
                 self.backend.sync(name)

@@ -18,7 +18,7 @@ from ckvc.remote.common import Progress, remotes_of, tracking_ref
 from ckvc.remote.fetch import fetch
 from ckvc.remote.lazy import HybridSettings, lazy_fetch
 from ckvc.remote.location import RemoteSpec, normalize_url, open_backend
-from ckvc.remote.repository import open_remote, remote_exists
+from ckvc.remote.repository import open_remote
 
 if TYPE_CHECKING:
     from ckvc.fsck import FsckReport
@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 def remote_head_branch(refs: RefStore, fallback: str) -> str:
     """The branch a remote's HEAD names (short), else ``fallback``."""
     try:
-        target, _ = refs.head()
+        target = refs.head_branch()
     except CkvcError:
         return fallback
     if target is None or not target.startswith(BRANCH_PREFIX):
@@ -62,11 +62,11 @@ def clone(
     normalized = normalize_url(url)
     backend = open_backend(normalized, endpoint=endpoint, region=region)
     try:
-        if not remote_exists(backend):
+        config = RepoConfig.load_if_present(backend)
+        if config is None:
             raise InvalidInputError(f"{url} holds no ckvc repository")
-        config = RepoConfig.load(backend)
         branch = remote_head_branch(RefStore(backend), config.default_branch)
-        names = RefStore(backend).list_refs(BRANCH_PREFIX)
+        names = RefStore(backend).list_refs(BRANCH_PREFIX)  # tombstones are not branches
         if BRANCH_PREFIX + branch not in names and names:
             branch = next(iter(names))[len(BRANCH_PREFIX) :]
     finally:
@@ -107,9 +107,8 @@ def ls_remote(local: Repository | None, remote: str) -> dict[str, str]:
         spec = RemoteSpec("(url)", normalize_url(remote, None if local is None else local.path))
     backend = open_backend(spec.url, endpoint=spec.endpoint, region=spec.region)
     try:
-        if not remote_exists(backend):
+        if RepoConfig.load_if_present(backend) is None:  # an unknown format version is refused here too
             raise InvalidInputError(f"{spec.url} holds no ckvc repository")
-        RepoConfig.load(backend)  # an unknown format version is refused here too
         refs = RefStore(backend)
         out: dict[str, str] = {}
         try:

@@ -121,6 +121,10 @@ class RequestCounter(ForwardingBackend):
         self._count("list")
         return super().list(prefix, recursive=recursive)
 
+    def list_sizes(self, prefix: str = "", *, recursive: bool = True) -> dict[str, int]:
+        self._count("list")
+        return super().list_sizes(prefix, recursive=recursive)
+
 
 @dataclass
 class Remote:
@@ -173,7 +177,10 @@ def refresh_catalog(store: ObjectStore, damaged: list[str] | None = None) -> int
     whose TOC cannot be read is left out (and named in ``damaged``): its objects
     count as absent (a push sends them again; a fetch needing them fails naming it)."""
     index = store.index
-    listed, copied = store.pack_listing()
+    listing = store.pack_listing(sizes=True)
+    listed, copied = listing.packs, listing.copied
+    for name, size in listing.sizes.items():  # the listing's sizes: no HEAD per pack at its first read
+        store.reader.know_size(name, size)
     known = index.indexed_packs()
     added = 0
 
@@ -230,10 +237,6 @@ class CatalogStore(ObjectStore):
         return refresh_catalog(self)
 
 
-def remote_exists(backend: Backend) -> bool:
-    return backend.stat(CONFIG_NAME) is not None
-
-
 def create_layout(backend: Backend, template: RepoConfig) -> None:
     """A new bare repository on ``backend``: the config (``template``'s settings,
     a repository id of its own) and HEAD on the default branch, the config last. Packs and refs
@@ -246,7 +249,7 @@ def create_layout(backend: Backend, template: RepoConfig) -> None:
         default_branch=template.default_branch,
         keyframe_interval=template.keyframe_interval,
     )
-    # HEAD first: the config is what makes the remote exist (remote_exists), so a
+    # HEAD first: the config is what makes the remote exist (open_remote), so a
     # creation killed in between is simply done again. Created only if absent: of
     # two first pushes racing, one repository id stands and both use it.
     RefStore(backend).init_head(branch_ref(template.default_branch))
@@ -261,13 +264,14 @@ def open_remote(local: Repository, spec: RemoteSpec, *, create_from: RepoConfig 
     raw = open_backend(spec.url, endpoint=spec.endpoint, region=spec.region)
     backend = RequestCounter(raw)
     try:
-        if not remote_exists(backend):
+        found = RepoConfig.load_if_present(backend)  # a remote exists when its config does
+        if found is None:
             if create_from is None:
                 raise UnknownRemoteError(f"remote {spec.name} ({spec.url}) holds no ckvc repository")
             if isinstance(raw, LocalBackend):
                 raw.root.mkdir(parents=True, exist_ok=True)
             create_layout(backend, create_from)
-        config = RepoConfig.load(backend)
+        config = found or RepoConfig.load(backend)
         store = CatalogStore(backend, index=_catalog(local, spec.name, config.repo_id))
     except BaseException:
         backend.close()  # its connections and threads, not left to the garbage collector

@@ -267,6 +267,16 @@ class Backend(ABC):
         folder (locally also a directory there, which then fails to read: the
         caller reports it rather than missing it)."""
 
+    def list_sizes(self, prefix: str = "", *, recursive: bool = True) -> dict[str, int]:
+        """:meth:`list` with each key's size. An object store's listing carries the
+        sizes, saving a HEAD per key; elsewhere one stat each."""
+        sizes: dict[str, int] = {}
+        for key in self.list(prefix, recursive=recursive):
+            info = self.stat(key)
+            if info is not None:
+                sizes[key] = info.size
+        return sizes
+
     def temporaries(self, prefix: str = "") -> builtins.list[KeyInfo]:
         """Unpublished sinks' temporaries directly in ``prefix``'s folder (live or
         left by dead writers), for fsck and gc to report and reclaim; their
@@ -380,6 +390,9 @@ class ForwardingBackend(Backend):
 
     def list(self, prefix: str = "", *, recursive: bool = True) -> Iterator[str]:
         return self.inner.list(prefix, recursive=recursive)
+
+    def list_sizes(self, prefix: str = "", *, recursive: bool = True) -> dict[str, int]:
+        return self.inner.list_sizes(prefix, recursive=recursive)
 
     def temporaries(self, prefix: str = "") -> builtins.list[KeyInfo]:
         return self.inner.temporaries(prefix)

@@ -227,6 +227,15 @@ RETIRED_PREFIX = "retired-"
 RETIRED_SUFFIX = ".list"
 
 
+@dataclass(frozen=True)
+class PackListing:
+    """One listing of a store's pack folder (:meth:`ObjectStore.pack_listing`)."""
+
+    packs: list[str]  # sealed, not retired, sorted
+    copied: set[str]  # those with a TOC copy beside them
+    sizes: dict[str, int]  # pack -> bytes, when asked for
+
+
 class ObjectStore:
     """Objects in packs on a ``backend``, found through ``index`` (None: the LMDB
     index beside a LocalBackend's directory, a MemoryIndex otherwise).
@@ -308,18 +317,25 @@ class ObjectStore:
     # ---- packs --------------------------------------------------------------
     def packs(self) -> list[str]:
         """Names of the sealed packs, sorted, without those a gc has retired."""
-        return self.pack_listing()[0]
+        return self.pack_listing().packs
 
-    def pack_listing(self) -> tuple[list[str], set[str]]:
-        """:meth:`packs`, and the names of those packs that have a TOC copy beside
-        them (``packs.toc_copy_name``; remotes only), from one listing."""
-        names = [key.rpartition("/")[2] for key in self.backend.list(f"{PACK_DIR}/", recursive=False)]
-        packs = [n for n in names if is_pack_name(n)]
+    def pack_listing(self, *, sizes: bool = False) -> PackListing:
+        """:meth:`packs`, the names of those packs that have a TOC copy beside them
+        (``packs.toc_copy_name``; remotes only) and, with ``sizes``, each pack's
+        size as the listing gives it (``Backend.list_sizes``), from one listing."""
+        where = f"{PACK_DIR}/"
+        keys = (
+            self.backend.list_sizes(where, recursive=False)
+            if sizes
+            else dict.fromkeys(self.backend.list(where, recursive=False), 0)
+        )
+        by_name = {key.rpartition("/")[2]: size for key, size in keys.items()}
+        packs = sorted(n for n in by_name if is_pack_name(n))
         retired = self.retired_packs()
         if retired:
             packs = [n for n in packs if n not in retired]
-        copied = {copied_pack_name(n) for n in names} - {None}
-        return packs, {n for n in packs if n in copied}
+        copied = {copied_pack_name(n) for n in by_name} - {None}
+        return PackListing(packs, {n for n in packs if n in copied}, {n: by_name[n] for n in packs} if sizes else {})
 
     def orphan_toc_copies(self) -> list[str]:
         """Keys of TOC copies whose pack is gone (a gc deleted it): what gc deletes."""

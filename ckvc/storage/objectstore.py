@@ -496,6 +496,9 @@ class ObjectStoreBackend(Backend):
         return KeyInfo(key, int(meta["size"]), version_token(meta), meta["last_modified"].timestamp())
 
     def list(self, prefix: str = "", *, recursive: bool = True) -> Iterator[str]:
+        return iter(sorted(self.list_sizes(prefix, recursive=recursive)))
+
+    def list_sizes(self, prefix: str = "", *, recursive: bool = True) -> dict[str, int]:
         """obstore lists whole path segments (prefix "a" means "a/..."), so this
         lists ``prefix``'s folder and filters by the string prefix."""
         where = (self.prefix + prefix.rpartition("/")[0]).rstrip("/") or None
@@ -505,7 +508,7 @@ class ObjectStoreBackend(Backend):
             else:
                 metas = self.obs.list_with_delimiter(self.store, prefix=where)["objects"]
         cut = len(self.prefix)
-        return iter(sorted(k for k in (m["path"][cut:] for m in metas) if k.startswith(prefix)))
+        return {k: int(m["size"]) for m in metas if (k := m["path"][cut:]).startswith(prefix)}
 
     # ---- coordination -----------------------------------------------------------------
     def lock(

@@ -364,6 +364,10 @@ class PackReader:
             self._headers_pending.add(name)
         return found.entries, found.from_toc
 
+    def know_size(self, name: str, size: int) -> None:
+        """Pack ``name``'s size, from a listing (packs never change once sealed)."""
+        self._sizes[name] = size
+
     def entries_from_copy(self, name: str, data: Buffer) -> list[RecordInfo] | None:
         """The entries of pack ``name`` from its TOC copy (None: damaged, read the
         pack's own). The pack is not read: its header waits for its first read, and

@@ -159,6 +159,9 @@ class RetryingBackend(ForwardingBackend):
     def list(self, prefix: str = "", *, recursive: bool = True) -> Iterator[str]:
         return iter(self.retry(lambda: builtins.list(self.inner.list(prefix, recursive=recursive))))
 
+    def list_sizes(self, prefix: str = "", *, recursive: bool = True) -> dict[str, int]:
+        return self.retry(lambda: self.inner.list_sizes(prefix, recursive=recursive))
+
     def temporaries(self, prefix: str = "") -> builtins.list[KeyInfo]:
         return self.retry(lambda: self.inner.temporaries(prefix))
 

@@ -218,6 +218,20 @@ def test_list_order_prefix_and_folders(backend: Backend) -> None:
     assert list(backend.list("")) == sorted([*list(backend.list("refs/")), "packs/p.pack"])
 
 
+def test_list_sizes_is_the_listing_with_each_size(backend: Backend) -> None:
+    data = {"packs/a.pack": b"x" * 1000, "packs/a.pack.toc": b"y" * 92, "packs/sub/b.pack": b"", "refs/x": b"r"}
+    for key, body in data.items():
+        backend.put(key, body)
+    assert backend.list_sizes("packs/") == {k: len(v) for k, v in data.items() if k.startswith("packs/")}
+    flat = backend.list_sizes("packs/", recursive=False)
+    assert {k: v for k, v in flat.items() if not k.startswith("packs/sub")} == {
+        "packs/a.pack": 1000,
+        "packs/a.pack.toc": 92,
+    }
+    assert sorted(flat) == list(backend.list("packs/", recursive=False))
+    assert backend.list_sizes("nothing/") == {}
+
+
 def test_stat(backend: Backend) -> None:
     assert backend.stat("config") is None
     before = time.time()
