@@ -33,7 +33,7 @@ from ckvc.remote.common import (
     tracking_ref,
 )
 from ckvc.remote.repository import Remote, forget_packs, open_remote
-from ckvc.remote.transfer import Located, Verifier, locate_all, parallel_records, records_in
+from ckvc.remote.transfer import LocalBaseCorruptError, Located, Verifier, locate_all, parallel_records, records_in
 from ckvc.storage.packs import RECORD_HEADER_SIZE, Record
 
 # ---- fetch -----------------------------------------------------------------------
@@ -81,6 +81,8 @@ class Fetch:
         packs' indexes again rather than failing on what it cached."""
         try:
             yield
+        except LocalBaseCorruptError:
+            raise
         except CorruptObjectError:
             catalog = self.handle.core.store
             forget_packs(catalog, catalog.index.indexed_packs())
@@ -130,6 +132,8 @@ class Fetch:
             if not keep:
                 return self.verifier.check(item.oid, record)
             return self.verifier.plain(item.oid, record)
+        except LocalBaseCorruptError:
+            raise  # this repository's damage: not the remote's to be named for
         except CorruptObjectError as exc:
             key = f"packs/{item.entry.pack}"
             raise CorruptObjectError(f"{self.handle.describe(key)}: {exc.reason}", object_id=item.oid.hex()) from None

@@ -364,6 +364,11 @@ def split_groups(items: list[Located], max_bytes: int) -> list[list[Located]]:
     return groups
 
 
+class LocalBaseCorruptError(CorruptObjectError):
+    """A delta base read from the local store while verifying a transferred record
+    is damaged: this repository's damage, not the other side's."""
+
+
 class Verifier:
     """Decodes records and checks them against their ids, from several threads at
     once. A delta's base comes from a keyframe verified shortly before (kept in a
@@ -399,7 +404,12 @@ class Verifier:
         if not self.local.has(oid):
             return None
         out = np.empty(size, dtype=np.uint8)
-        self.local.read_into(oid, out.data)
+        try:
+            self.local.read_into(oid, out.data)
+        except CorruptObjectError as exc:
+            raise LocalBaseCorruptError(
+                f"the local delta base {oid.hex()} is damaged ({exc.reason}; ckvc fsck names it)", object_id=oid.hex()
+            ) from None
         return out
 
     def needs(self, record: Record) -> bytes | None:

@@ -700,3 +700,38 @@ def test_push_verifies_what_it_sends_and_sends_no_local_damage(tmp_path: Path, u
     assert not any(k.startswith("refs/") for k in a.ls_remote("origin"))
     assert a.remote_branches() == {}
     a.close()
+
+
+def test_a_damaged_local_delta_base_is_named_as_local_not_as_the_remotes(tmp_path: Path, url: str) -> None:
+    """Fetching deltas whose bases are here reads those bases from the local store;
+    a damaged one is this repository's damage: the error says so (not the remote,
+    whose data is fine), and nothing new is stored."""
+    import os
+
+    from ckvc.codecs.ids import WHOLE_CODECS
+
+    a = ckvc.Repo.init(tmp_path / "a")  # default chunks: large enough for deltas
+    first = {"w": torch.randn(256, 256, generator=torch.Generator().manual_seed(5))}
+    a.commit(first, message="epoch 0")
+    a.remotes.add("origin", url)
+    a.push()
+    b = ckvc.Repo.clone(url, tmp_path / "b")
+    first["w"][0, :8] += 1.0  # a few values: the new chunk is a delta against the one b holds
+    a.commit(first, message="a few weights moved")
+    assert any(e.codec not in WHOLE_CODECS for _, e in a.store.index.iter_entries() if e.kind == 1)
+    a.push()
+    for name in b.store.packs():  # every whole chunk here damaged: whichever base the fetch reads
+        path = b.dir / "packs" / name
+        os.chmod(path, 0o644)
+        data = bytearray(path.read_bytes())
+        for e in b.store.pack_entries(name)[0]:
+            if e.kind == 1 and e.codec in WHOLE_CODECS and e.record_size > RECORD_HEADER_SIZE + 8:
+                data[e.offset + RECORD_HEADER_SIZE + 3] ^= 0x10
+        path.write_bytes(bytes(data))
+    before = b.remote_branches()
+    with pytest.raises(CorruptObjectError) as info:
+        b.fetch()
+    assert "local delta base" in str(info.value) and "remote origin" not in str(info.value)
+    assert b.remote_branches() == before
+    a.close()
+    b.close()
