@@ -135,7 +135,7 @@ def run_fsck(
             add(BAD_PACK, None, f"pack {name}: {exc}")
         if name not in indexed:
             add(UNINDEXED_PACK, None, f"pack {name} is not in the index", "warning")
-    for key in store.orphan_toc_copies():
+    for key in listing.orphan_copies:
         add(ORPHAN_TOC_COPY, None, f"{key}: the TOC copy of a pack that is gone (the next gc deletes it)", "warning")
     for tmp in sorted(t.key.rpartition("/")[2] for t in store.temporaries() if t.key.endswith(TMP_SUFFIX)):
         add(UNFINISHED_PACK, None, f"{tmp}: being written, or left by a writer that died", "warning")

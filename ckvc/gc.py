@@ -300,7 +300,7 @@ def purge_retired(store: ObjectStore) -> None:
                 if name:
                     _unlink(backend, pack_key(name))
             _unlink(backend, record)
-    for key in store.orphan_toc_copies():  # a remote's, once its pack is gone
+    for key in store.pack_listing().orphan_copies:  # a remote's, once its pack is gone (listed after the deletes)
         _unlink(backend, key)
     backend.sync(f"{PACK_DIR}/")
 

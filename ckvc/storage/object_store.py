@@ -234,6 +234,7 @@ class PackListing:
     packs: list[str]  # sealed, not retired, sorted
     copied: set[str]  # those with a TOC copy beside them
     sizes: dict[str, int]  # pack -> bytes, when asked for
+    orphan_copies: list[str]  # keys of TOC copies whose pack is gone (a gc deleted it): what gc deletes
 
 
 class ObjectStore:
@@ -330,18 +331,15 @@ class ObjectStore:
             else dict.fromkeys(self.backend.list(where, recursive=False), 0)
         )
         by_name = {key.rpartition("/")[2]: size for key, size in keys.items()}
-        packs = sorted(n for n in by_name if is_pack_name(n))
+        listed = sorted(n for n in by_name if is_pack_name(n))
+        copies = {n: pack for n in by_name if (pack := copied_pack_name(n)) is not None}
+        orphans = sorted(pack_key(n) for n, pack in copies.items() if pack not in by_name)
         retired = self.retired_packs()
-        if retired:
-            packs = [n for n in packs if n not in retired]
-        copied = {copied_pack_name(n) for n in by_name} - {None}
-        return PackListing(packs, {n for n in packs if n in copied}, {n: by_name[n] for n in packs} if sizes else {})
-
-    def orphan_toc_copies(self) -> list[str]:
-        """Keys of TOC copies whose pack is gone (a gc deleted it): what gc deletes."""
-        names = [key.rpartition("/")[2] for key in self.backend.list(f"{PACK_DIR}/", recursive=False)]
-        packs = {n for n in names if is_pack_name(n)}
-        return [pack_key(n) for n in names if (p := copied_pack_name(n)) is not None and p not in packs]
+        packs = [n for n in listed if n not in retired] if retired else listed
+        copied = set(copies.values())
+        return PackListing(
+            packs, {n for n in packs if n in copied}, {n: by_name[n] for n in packs} if sizes else {}, orphans
+        )
 
     def retirement_records(self) -> list[str]:
         """Keys of gc's records of packs being deleted (object stores only)."""
