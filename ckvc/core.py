@@ -128,6 +128,10 @@ class Repository:
         self.executor = executor
         self.path = path
         self.dir = dir
+        # Called with each ckvc.write.Committed once a commit has landed on this
+        # repository, by every commit path (ckvc.write fires them): stats,
+        # retention, the hybrid cache and auto_push hang here, not in the facade.
+        self.commit_observers: list[Callable[[Any], None]] = []
         self._codec: Codec | None = None
         if self.refs.repair_pending(self.object_exists):
             self._repair_on_open()

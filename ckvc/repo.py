@@ -37,7 +37,7 @@ if TYPE_CHECKING:
     from ckvc.refs import RefStore
     from ckvc.remote.backup import Backlog
     from ckvc.remote.common import PushResult
-    from ckvc.retention_policy import RetentionPolicy
+    from ckvc.remote.status import Status
     from ckvc.state import MapLocation, PendingBlob
     from ckvc.storage.object_store import ObjectStore
     from ckvc.view import CommitView
@@ -91,6 +91,7 @@ class Repo(RemoteOps):
             from ckvc.cache import attach
 
             self._hybrid = attach(core)
+        core.commit_observers.extend((self._record_stats, self._apply_retention, self._update_cache))
 
     path: Part[Path] = Part("local_path")  # the directory holding .ckvc
     dir: Part[Path] = Part("local_dir")  # path/.ckvc
@@ -209,15 +210,14 @@ class Repo(RemoteOps):
             background.raise_unseen()
         started = time.perf_counter()
         request = write.CommitRequest.checked(message, metrics, metadata, time_ns=time_ns)
-        policy = self.retention_policy()
-        if retain and policy is None:
+        if retain and self.retention_policy() is None:
             raise InvalidInputError("retain=True but no retention policy is set (Repo.set_retention)")
         # Async: GPU tensors go to pinned host memory (when CUDA is present).
         staged = write.stage(
             self.core, state, allow_pickle=allow_pickle, pin_memory=not blocking, lossy=lossy, metadata=metadata
         )
         request = dataclasses.replace(request, tree=staged.tree, pickled=staged.pickled)
-        args = (request, tuple(merge), lossy, policy, retain, progress, started)
+        args = (request, tuple(merge), lossy, retain, progress, started)
         if not blocking:
             return background.submit(self._write_commit, write.owned(staged.pending), *args)
         return self._write_commit(staged.pending, *args)
@@ -233,11 +233,12 @@ class Repo(RemoteOps):
 
     def _write_commit(
         self, pending: list[PendingBlob], request: write.CommitRequest, merge: tuple[str, ...], lossy: LossySpec,
-        policy: RetentionPolicy | None, retain: bool | None, progress: ProgressCallback | None, started: float,
+        retain: bool | None, progress: ProgressCallback | None, started: float,
     ) -> str:  # fmt: skip
         """write_blobs then finish, in one batch. The outcome is exact (docs/GUIDE.md,
         "Errors and exit codes"): an error means the branch did not move; once it
-        has moved the commit is reported, a failing follow-up step being a warning."""
+        has moved the commit is reported, a failing follow-up step (a commit
+        observer) being a warning."""
         from ckvc import write
 
         assert self._backoff is not None  # commit() made it
@@ -252,15 +253,26 @@ class Repo(RemoteOps):
                     progress=progress,
                 )  # fmt: skip
                 request = dataclasses.replace(request, lossy=report.lossy)
-                commit_id = write.finish(self.core, blobs, request, head=head, writer=writer, outcome=outcome)
+                return write.finish(
+                    self.core, blobs, request, head=head, writer=writer, outcome=outcome, report=report,
+                    started=started, retain=retain,
+                )  # fmt: skip
         except BaseException as exc:
             return write.settle(self.core, outcome, exc)
-        self.last_commit_stats = report.stats(commit_id, writer.bytes_written, time.perf_counter() - started)
-        if policy is not None and (retain or (retain is None and policy.auto)):
-            retention.retain_after_commit(self.core, policy, commit_id)
+
+    # ---- commit observers: every commit path fires them (ckvc.write.finish) ----
+    def _record_stats(self, event: write.Committed) -> None:
+        if event.stats is not None:
+            self.last_commit_stats = event.stats
+
+    def _apply_retention(self, event: write.Committed) -> None:
+        policy = self.retention_policy()
+        if policy is not None and (event.retain or (event.retain is None and policy.auto)):
+            retention.retain_after_commit(self.core, policy, event.commit)
+
+    def _update_cache(self, event: write.Committed) -> None:
         if self._hybrid is not None:
-            self._hybrid.committed(commit_id)  # the budget holds; auto_push takes it from here
-        return commit_id
+            self._hybrid.committed(event.commit)  # the budget holds; auto_push takes it from here
 
     # ---- reading ------------------------------------------------------------
     read_commit = OnCore(Repository.read_commit)
@@ -408,6 +420,15 @@ class Repo(RemoteOps):
         if self._hybrid is not None:
             self._hybrid.prune()
         return result
+
+    def status(self) -> Status:
+        """HEAD and its standing against the remote (auto_push's, else origin): ahead
+        and behind counts, and ``backed_up`` only when the remote's branch, as last
+        seen, holds HEAD's commit (ckvc.remote.status)."""
+        from ckvc.remote.status import status
+
+        auto_push = self._hybrid.settings.auto_push if self._hybrid is not None else None
+        return status(self.core, self.backup_status(), auto_push)
 
     def backup_status(self) -> Backlog | None:
         """auto_push's backlog: commits not yet on the remote and how the last

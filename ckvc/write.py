@@ -25,6 +25,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import wait as futures_wait
 from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -196,9 +197,18 @@ def chunk_policy(core: Repository, lossy: LossySpec = None, backoff: DeltaBackof
 def batch(core: Repository) -> Iterator[ObjectWriter]:
     """A pack writer, under a pin that keeps gc from removing anything the batch
     deduplicates against until the writer is done (and, in ``Repo.commit``, the
-    branch has moved: gc then sees the commit from the refs)."""
-    with core.store.pin(), core.store.writer(core.codec, core.config.max_pack_size) as writer:
-        yield writer
+    branch has moved: gc then sees the commit from the refs). The observers of a
+    commit that :func:`finish` landed in the batch run once the pin is released:
+    retention may then collect."""
+    landed: list[tuple[Repository, Committed]] = []
+    token = _LANDED.set(landed)
+    try:
+        with core.store.pin(), core.store.writer(core.codec, core.config.max_pack_size) as writer:
+            yield writer
+    finally:
+        _LANDED.reset(token)
+        for where, event in landed:
+            notify(where, event)
 
 
 # ---- write_blobs ----------------------------------------------------------------
@@ -436,14 +446,25 @@ def finish(
     head: Head | None = None,
     writer: ObjectWriter | None = None,
     outcome: Outcome | None = None,
+    report: WriteReport | None = None,
+    started: float | None = None,
+    retain: bool | None = None,
 ) -> str:
     """Write the snapshot of ``blobs`` (in the tree's order) and the commit, make
     them durable, then move the branch by compare-and-swap from ``head`` (default:
     where HEAD is now) with its reflog entry. Returns the commit id. Without
-    ``writer`` this call uses (and seals) its own batch."""
+    ``writer`` this call uses (and seals) its own batch.
+
+    Once the branch has moved, the repository's commit observers get a
+    :class:`Committed` (after the batch's pin is released): ``report`` and
+    ``started`` (a ``time.perf_counter()``) make its stats, ``retain`` is passed on."""
     if writer is None:
         with batch(core) as own:
-            return finish(core, blobs, request, head=head or read_head(core, outcome), writer=own, outcome=outcome)
+            head = head or read_head(core, outcome)
+            return finish(
+                core, blobs, request, head=head, writer=own, outcome=outcome, report=report, started=started,
+                retain=retain,
+            )  # fmt: skip
     head = head or read_head(core, outcome)
     snapshot_id = writer.put(ObjectType.SNAPSHOT, Snapshot(tuple(blobs), request.tree).encode())
     parent = head.parent
@@ -457,7 +478,52 @@ def finish(
     else:
         assert parent is not None
         core.refs.set_head_if_equals(parent, commit_id, reflog_message)
+    stats = None
+    if report is not None:
+        seconds = time.perf_counter() - started if started is not None else 0.0
+        stats = report.stats(commit_id, writer.bytes_written, seconds)
+    event = Committed(commit_id, head, stats, retain)
+    deferred = _LANDED.get()
+    if deferred is not None:
+        deferred.append((core, event))
+    else:
+        notify(core, event)
     return commit_id
+
+
+# ---- commit observers -----------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Committed:
+    """A commit that has landed, as its observers see it (``Repository.commit_observers``).
+    ``stats``: what the commit wrote, when its path measured it; ``retain``: the
+    caller's word on applying the retention policy (None: the policy's own)."""
+
+    commit: str
+    head: Head
+    stats: CommitStats | None = None
+    retain: bool | None = None
+
+
+# The commits landed inside the open batch of this thread, fired when it closes.
+_LANDED: ContextVar[list[tuple[Repository, Committed]] | None] = ContextVar("ckvc_landed", default=None)
+
+
+def notify(core: Repository, event: Committed) -> None:
+    """Run ``core``'s commit observers. The commit stands whatever they do: a
+    failing observer is a DurabilityWarning naming it, never an error."""
+    for observer in list(core.commit_observers):
+        try:
+            observer(event)
+        except InterruptedOperationError:
+            raise  # an interrupt says the commit landed (its own message)
+        except Exception as exc:
+            what = getattr(observer, "__name__", type(observer).__name__).strip("_").replace("_", " ")
+            warnings.warn(
+                DurabilityWarning(f"commit {event.commit[:12]} landed on {event.head.where}, but {what} failed: {exc}"),
+                stacklevel=2,
+            )
 
 
 def landed(core: Repository, head: Head | None, commit_id: str) -> bool:

@@ -83,15 +83,16 @@ _MEMORY_FORMATS = {
 }
 
 # Repositories this process opened by path: one each (an LMDB environment must not
-# be opened twice in one process), reopened after a fork.
-_OPENED: dict[tuple[int, str], Repository] = {}
+# be opened twice in one process), reopened after a fork. Opened as a Repo, so a
+# save gets the repository's commit observers (auto_push, retention, the cache).
+_OPENED: dict[tuple[int, str], Repo] = {}
 
 
 def _open(path: str) -> Repository:
     key = (os.getpid(), path)
     if key not in _OPENED:
-        _OPENED[key] = Repository.open_local(path)
-    return _OPENED[key]
+        _OPENED[key] = Repo.open(path)
+    return _OPENED[key].core
 
 
 class _RepoHandle:

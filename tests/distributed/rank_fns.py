@@ -113,3 +113,16 @@ def commit_with_a_victim(rank: int, world: int, repo_dir: str, victim: int, dela
 def random_delays(runs: int, seed: int, longest_s: float) -> list[float]:
     rng = random.Random(seed)
     return [rng.uniform(0.0, longest_s) for _ in range(runs)]
+
+
+def distributed_commit_and_wait_backup(rank: int, world: int, repo_dir: str, blocking: bool) -> dict[str, Any]:
+    """A distributed commit into a repository with auto_push: the coordinator's
+    observers queue it, and it reaches the remote."""
+    with ckvc.Repo.open(repo_dir) as repo:
+        state = make_state(5, rank, rich=False)
+        if blocking:
+            commit_id = ckvc.distributed.commit(repo, state, "step 5", time_ns=TIME_NS)
+        else:
+            commit_id = ckvc.distributed.commit(repo, state, "step 5", time_ns=TIME_NS, blocking=False).result()
+        backed_up = repo.wait_for_backup(120) and repo.status().backed_up
+        return {"id": commit_id, "backed_up": backed_up}

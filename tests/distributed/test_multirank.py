@@ -185,3 +185,18 @@ def test_pickled_values_are_recorded_and_refused_on_load_unless_allowed(tmp_path
             assert torch.equal(loaded["w"], state["w"])
     finally:
         dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("blocking", [True, False])
+def test_a_distributed_commit_is_pushed_by_auto_push(tmp_path: Path, blocking: bool) -> None:
+    """Every commit path gets the commit observers: a distributed commit into a
+    repository with auto_push reaches the remote, and status then says so."""
+    repo = ckvc.Repo.init(tmp_path / "src")
+    repo.remotes.add("origin", str(tmp_path / "remote"))
+    repo.set_config(auto_push="origin")
+    repo.close()
+    results = run_world(2, rank_fns.distributed_commit_and_wait_backup, (str(tmp_path / "src"), blocking))
+    (commit_id,) = {r["id"] for r in results}
+    assert results[0]["backed_up"] is True
+    with ckvc.Repo.open(tmp_path / "src") as repo:
+        assert repo.ls_remote("origin")["refs/heads/main"] == commit_id
