@@ -553,8 +553,9 @@ def attach(core: Repository) -> Hybrid | None:
 
 
 def configure(core: Repository, current: Hybrid | None, **values: Any) -> Hybrid | None:
-    """Set ``cache_size`` (bytes or None) and/or ``auto_push`` (a remote or None)
-    in ``.ckvc/hybrid.json``; returns the repository's cache as it now is."""
+    """Set ``cache_size`` (bytes or None), ``auto_push`` (a remote or None) and/or
+    ``promisors`` (the remotes asked for absent chunks) in ``.ckvc/hybrid.json``;
+    returns the repository's cache as it now is."""
     from ckvc.remote.common import remotes_of
 
     core.require_writable("changing the config")
@@ -568,6 +569,13 @@ def configure(core: Repository, current: Hybrid | None, **values: Any) -> Hybrid
         if size is not None and not remotes_of(core).list():
             raise InvalidInputError("cache_size needs a remote to hold what the cache drops: add one first")
         settings.cache_size = size
+    if "promisors" in values:
+        names = values["promisors"]
+        if not isinstance(names, (list, tuple)) or not all(isinstance(n, str) for n in names):
+            raise InvalidInputError(f"promisors must be a list of remote names, got {names!r}")
+        for name in names:
+            remotes_of(core).get(name)  # UnknownRemoteError for a name not configured
+        settings.promisors = list(dict.fromkeys(names))
     if "auto_push" in values:
         name = values["auto_push"]
         if name in ("", "none", "off"):
@@ -578,6 +586,7 @@ def configure(core: Repository, current: Hybrid | None, **values: Any) -> Hybrid
     settings.save(core)
     if current is not None:
         current.settings = settings
+        current.promisor.remotes = promisor_names(core, settings)
         current.set_unit()
         current.start_backup()
         if settings.cache_size is not None:

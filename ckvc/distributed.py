@@ -32,11 +32,15 @@ out of parts, for this module and the DCP writer.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime
+import os
+import socket
 import time
 import warnings
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, overload
 
@@ -304,7 +308,7 @@ def commit(
     metadata: Mapping[str, Any] | None = None, *, group: dist.ProcessGroup | None = None, coordinator: int = 0,
     timeout: float = DEFAULT_TIMEOUT_S, blocking: Literal[True] = True, consistency_key: str | None = None,
     allow_pickle: bool = False, lossy: LossySpec = None, time_ns: int | None = None,
-    progress: ProgressCallback | None = None,
+    progress: ProgressCallback | None = None, remote: str | None = None,
 ) -> str: ...  # fmt: skip
 
 
@@ -314,7 +318,7 @@ def commit(
     metadata: Mapping[str, Any] | None = None, *, group: dist.ProcessGroup | None = None, coordinator: int = 0,
     timeout: float = DEFAULT_TIMEOUT_S, blocking: Literal[False], consistency_key: str | None = None,
     allow_pickle: bool = False, lossy: LossySpec = None, time_ns: int | None = None,
-    progress: ProgressCallback | None = None,
+    progress: ProgressCallback | None = None, remote: str | None = None,
 ) -> PendingCommit: ...  # fmt: skip
 
 
@@ -334,6 +338,7 @@ def commit(
     lossy: LossySpec = None,
     time_ns: int | None = None,
     progress: ProgressCallback | None = None,
+    remote: str | None = None,
 ) -> str | PendingCommit:
     """Commit every rank's ``state`` as one commit; call it on every rank of
     ``group`` (default: a gloo group over the world with ``timeout`` seconds, made
@@ -347,7 +352,16 @@ def commit(
     no commit, DistributedCommitError on every surviving rank (``failures``: by
     rank). ``blocking=False`` returns a PendingCommit once this rank's state is
     copied; the protocol then runs on the repository's background commit thread
-    (ranks must all commit the same way, in the same order)."""
+    (ranks must all commit the same way, in the same order).
+
+    ``remote``: commit straight to that remote (a bucket every node reaches; each
+    node's ``repo`` is its own clone of it, lazy or not, with no shared path). Each
+    rank writes its chunks into its node's packs, uploads what the remote lacks of
+    them, and only when every rank has, the coordinator uploads the commit and
+    moves the remote's branch (HEAD's branch name) by compare-and-swap; then each
+    node records the commit locally (remote-tracking ref and branch, no download).
+    With ``blocking=False`` the PendingCommit's ``local()`` says when this rank's
+    part is durable on its node, ``result()`` when the commit is on the remote."""
     repo.core.require_writable("committing")
     if metadata is not None and METADATA_KEY in metadata:
         raise InvalidInputError(f"metadata key {METADATA_KEY!r} is ckvc's, for the world size")
@@ -367,6 +381,15 @@ def commit(
     pending = [dataclasses.replace(b, path=f"{key}.{b.path}" if b.path else key) for b in staged.pending]
     consistency = _consistency_value(state, consistency_key)
     request = dataclasses.replace(request, pickled=staged.pickled)
+    if remote is not None:
+        _hold_parts_on(repo, remote)
+        local_stage: Future[None] = Future()
+        bucket_args = (repo, group, coordinator, staged.tree, request, lossy, consistency, progress, remote)
+        if not blocking:
+            handle = repo.run_in_background(_run_remote, write.owned(pending), *bucket_args, local_stage)
+            handle.local_stage = local_stage
+            return handle
+        return _run_remote(pending, *bucket_args, local_stage)
     args = (repo, group, coordinator, staged.tree, request, lossy, consistency, progress)
     if not blocking:
         return repo.run_in_background(_run, write.owned(pending), *args)
@@ -432,17 +455,8 @@ def _run(
                 message = _failed_message(failures, start.target)
                 raise DistributedCommitError(message, failures=failures) from local_error
             # 3. The one commit: every rank computes its id, the coordinator writes it.
-            blobs = [b for e in entries for b in e.blobs]
-            combined = nest_trees([(rank_key(r), e.tree, len(e.blobs)) for r, e in enumerate(entries)])
-            request = dataclasses.replace(
-                request,
-                tree=combined,
-                pickled=any(e.pickled for e in entries),
-                lossy={k: v for e in entries for k, v in e.lossy.items()},
-            )
-            snapshot_id = object_id(ObjectType.SNAPSHOT, Snapshot(tuple(blobs), combined).encode())
-            commit_object = write.commit_object(snapshot_id, request, head.parent)
-            expected = object_id(ObjectType.COMMIT, commit_object.encode()).hex()
+            blobs, request = _combined(entries, request)
+            expected = _expected_id(blobs, request, head.parent)
             outcome: bytes | None = None
             if rank == coordinator:
                 try:
@@ -472,6 +486,245 @@ def _run(
         ) from exc
     assert isinstance(commit_id, str)
     return commit_id
+
+
+# ---- commit straight to a remote ----------------------------------------------------
+
+
+def _node_key(repo: Repo) -> str:
+    """Which node's repository a rank writes to: ranks with the same key share it."""
+    return f"{socket.gethostname()}:{os.path.realpath(repo.core.local_dir)}"
+
+
+def _run_remote(
+    pending: list[state_mod.PendingBlob],
+    repo: Repo,
+    group: dist.ProcessGroup,
+    coordinator: int,
+    tree: bytes,
+    request: write.CommitRequest,
+    lossy: LossySpec,
+    consistency: bytes | None,
+    progress: ProgressCallback | None,
+    remote: str,
+    local_stage: Future[None],
+) -> str:
+    """The protocol of :func:`_run` with a remote as the commit's home
+    (ckvc.remote.publish): the coordinator reads the remote's branch and, once every
+    rank reports its part uploaded, publishes the commit there; each node's first
+    rank then records it locally, and all ranks leave together."""
+    from ckvc.remote import publish
+
+    core = repo.core
+    rank, world = dist.get_rank(group), dist.get_world_size(group)
+    expected: str | None = None
+    start: _Start | None = None
+    handle: Any = None
+    leader = False
+    entries: list[_Entry] = []
+    try:
+        with contextlib.ExitStack() as stack, write.batch(core) as writer:
+            # 1. The coordinator opens the remote (making it on the first commit) and
+            #    reads its branch: the parent every rank deltas against.
+            prepared: str | None = None  # this rank's error before writing, if any
+            if rank == coordinator:
+                try:
+                    target, _ = core.refs.head()
+                    if target is None:
+                        raise InvalidInputError("HEAD is detached: a commit to a remote lands on HEAD's branch")
+                    handle = stack.enter_context(contextlib.closing(publish.open_for_commit(core, remote, create=True)))
+                    start = _Start(
+                        target,
+                        handle.core.refs.read(target),
+                        default_author() if request.author is None else request.author,
+                        request.time_ns if request.time_ns is not None else time.time_ns(),
+                    )
+                except (CkvcError, OSError) as exc:
+                    start = _Start(None, None, "", 0, error=_describe(exc))
+            start = _Start.decode(_broadcast_bytes(group, coordinator, start.encode() if start else None))
+            if start.error is not None:
+                raise DistributedCommitError(
+                    f"rank {coordinator} (coordinator) could not start the commit on {remote}: {start.error}; "
+                    "nothing was committed",
+                    failures={coordinator: start.error},
+                )
+            assert start.target is not None
+            head = write.Head(start.target, start.parent)
+            request = dataclasses.replace(request, author=start.author, time_ns=start.time_ns)
+            try:
+                if handle is None:
+                    handle = stack.enter_context(
+                        contextlib.closing(publish.open_for_commit(core, remote, create=False))
+                    )
+                stack.enter_context(handle.core.store.pin())
+            except (CkvcError, OSError) as exc:
+                prepared = _describe(exc)
+            # 1b. Ranks sharing a repository name its first rank, which records the
+            #     commit there; a node that lacks the parent's history fetches it first.
+            has_parent = start.parent is None or core.object_exists(start.parent)
+            node = _node_key(repo)
+            nodes = [_unpack(b) for b in _all_gather_bytes(group, _pack([node, has_parent]))]
+            leader = next(r for r, (key, _) in enumerate(nodes) if key == node) == rank
+            if not all(ok for _, ok in nodes):
+                if leader and not has_parent and prepared is None:
+                    prepared = _fetch_history(core, remote)
+                _all_gather_bytes(group, b"")  # the others wait for their node's history
+            # 2. This rank's chunks, durable in its node's packs, then on the remote.
+            part = _Entry(tree, pickled=request.pickled, consistency=consistency)
+            if prepared is None:
+                entry, local_error = _write_part(core, pending, part, head, lossy, writer, progress)
+            else:
+                entry, local_error = _Entry(error=prepared), None
+            _settle_stage(local_stage, entry.error)
+            if entry.error is None and handle is not None:
+                try:
+                    publish.upload_part(core, handle, entry.blobs)
+                except (CkvcError, OSError) as exc:
+                    entry, local_error = _Entry(error=f"uploading to {remote}: {_describe(exc)}"), exc
+            entries = [_Entry.decode(e) for e in _all_gather_bytes(group, entry.encode())]
+            failures = {r: e.error for r, e in enumerate(entries) if e.error is not None}
+            if not failures:
+                failures = _inconsistent(entries)
+            if failures:
+                raise DistributedCommitError(
+                    _failed_message(failures, f"{remote}/{start.target.removeprefix('refs/heads/')}"),
+                    failures=failures,
+                ) from local_error
+            # 3. The one commit: every rank computes its id, the coordinator publishes it.
+            blobs, request = _combined(entries, request)
+            expected = _expected_id(blobs, request, head.parent)
+            outcome: bytes | None = None
+            if rank == coordinator:
+                assert handle is not None
+                try:
+                    landed = publish.publish(core, handle, writer, blobs, request, head.parent, start.target)
+                    assert landed == expected, (landed, expected)
+                    outcome = _pack([landed, None])
+                except Exception as exc:
+                    outcome = _pack([None, _describe(exc)])
+                    if publish.landed_on_remote(handle, start.target, expected):
+                        outcome = _pack([expected, None])
+            commit_id, error = msgpack.unpackb(_broadcast_bytes(group, coordinator, outcome), raw=False)
+            if error is not None:
+                failures = {coordinator: error}
+                raise DistributedCommitError(
+                    _failed_message(failures, f"{remote}/{start.target.removeprefix('refs/heads/')}"),
+                    failures=failures,
+                )
+            # 4. Each node learns the commit; no rank returns before its node knows it.
+            if leader:
+                _record(core, remote, writer, blobs, request, head, commit_id)
+            _all_gather_bytes(group, b"")
+    except _PeerLost as exc:
+        if expected is not None and start is not None and start.target and _landed_on(core, remote, start, expected):
+            # The coordinator moved the remote's branch, then was lost before saying so.
+            if leader:
+                blobs, request = _combined(entries, request)
+                with write.batch(core) as writer:
+                    _record(core, remote, writer, blobs, request, write.Head(start.target, start.parent), expected)
+            warnings.warn(
+                DurabilityWarning(
+                    f"commit {expected[:12]} landed on {remote}, but a rank was lost after it did: {exc}"
+                ),
+                stacklevel=2,
+            )
+            return expected
+        where = f"{remote}/{start.target.removeprefix('refs/heads/')}" if start and start.target else remote
+        raise DistributedCommitError(
+            f"rank {rank} of {world} lost contact with the other ranks ({exc}): nothing was committed; "
+            f"{where} is unchanged"
+        ) from exc
+    finally:
+        _settle_stage(local_stage, "the commit failed before this rank's part was written")
+    assert isinstance(commit_id, str)
+    return commit_id
+
+
+def _landed_on(core: Any, remote: str, start: _Start, expected: str) -> bool:
+    """Whether the remote's branch names ``expected`` (read afresh: the commit's
+    own connection closed with the error that brought us here)."""
+    from ckvc.remote import publish
+
+    assert start.target is not None
+    try:
+        with contextlib.closing(publish.open_for_commit(core, remote, create=False)) as handle:
+            return publish.landed_on_remote(handle, start.target, expected)
+    except (CkvcError, OSError):
+        return False
+
+
+def _hold_parts_on(repo: Repo, remote: str) -> None:
+    """A node's repository holds only its own ranks' parts: ``remote`` becomes a
+    promisor of it (absent chunks are fetched from there, fsck counts them as held
+    there), as a lazy clone's origin is. UnknownRemoteError before anything is written."""
+    from ckvc.remote.lazy import HybridSettings, promisor_names
+
+    repo.remotes.get(remote)
+    settings = HybridSettings.load(repo.core)
+    if not settings.active or remote not in promisor_names(repo.core, settings):
+        repo.set_config(promisors=[*settings.promisors, remote])
+
+
+def _settle_stage(stage: Future[None], error: str | None) -> None:
+    """Mark this rank's local stage done (or failed), once."""
+    if stage.done():
+        return
+    if error is None:
+        stage.set_result(None)
+    else:
+        stage.set_exception(DistributedCommitError(error))
+
+
+def _fetch_history(core: Any, remote: str) -> str | None:
+    """Fetch the remote's commits and snapshots (no chunks); the error, if any."""
+    from ckvc.remote.fetch import fetch
+
+    try:
+        fetch(core, remote, chunks=False)
+    except (CkvcError, OSError) as exc:
+        return f"fetching the history of {remote}: {_describe(exc)}"
+    return None
+
+
+def _record(
+    core: Any,
+    remote: str,
+    writer: Any,
+    blobs: list[Blob],
+    request: write.CommitRequest,
+    head: write.Head,
+    commit_id: str,
+) -> None:
+    """This node's record of a commit that landed on the remote; a failure here
+    leaves the commit standing (a warning: the next fetch brings it)."""
+    from ckvc.remote import publish
+
+    assert head.target is not None
+    try:
+        publish.record(core, remote, writer, blobs, request, head.parent, head.target)
+    except (CkvcError, OSError) as exc:
+        warnings.warn(
+            DurabilityWarning(f"commit {commit_id[:12]} landed on {remote}, but recording it here failed: {exc}"),
+            stacklevel=3,
+        )
+
+
+def _combined(entries: Sequence[_Entry], request: write.CommitRequest) -> tuple[list[Blob], write.CommitRequest]:
+    """The blobs and request of the commit made of every rank's entry."""
+    blobs = [b for e in entries for b in e.blobs]
+    combined = nest_trees([(rank_key(r), e.tree, len(e.blobs)) for r, e in enumerate(entries)])
+    request = dataclasses.replace(
+        request,
+        tree=combined,
+        pickled=any(e.pickled for e in entries),
+        lossy={k: v for e in entries for k, v in e.lossy.items()},
+    )
+    return blobs, request
+
+
+def _expected_id(blobs: Sequence[Blob], request: write.CommitRequest, parent: str | None) -> str:
+    snapshot_id = object_id(ObjectType.SNAPSHOT, Snapshot(tuple(blobs), request.tree).encode())
+    return object_id(ObjectType.COMMIT, write.commit_object(snapshot_id, request, parent).encode()).hex()
 
 
 def _write_part(

@@ -406,8 +406,9 @@ class Repo(RemoteOps):
     def set_config(self, **values: Any) -> RepoConfig:
         """As ``Repository.set_config``, plus the hybrid settings of this clone
         (``.ckvc/hybrid.json``): ``cache_size`` (bytes of local packs to keep,
-        None: no limit) and ``auto_push`` (a remote name, None: off)."""
-        hybrid = {k: values.pop(k) for k in ("cache_size", "auto_push") if k in values}
+        None: no limit), ``auto_push`` (a remote name, None: off) and
+        ``promisors`` (remotes asked for chunks absent here)."""
+        hybrid = {k: values.pop(k) for k in ("cache_size", "auto_push", "promisors") if k in values}
         if hybrid:
             from ckvc.cache import configure
 

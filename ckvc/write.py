@@ -466,13 +466,12 @@ def finish(
                 retain=retain,
             )  # fmt: skip
     head = head or read_head(core, outcome)
-    snapshot_id = writer.put(ObjectType.SNAPSHOT, Snapshot(tuple(blobs), request.tree).encode())
     parent = head.parent
-    commit_id = writer.put(ObjectType.COMMIT, commit_object(snapshot_id, request, parent).encode()).hex()
+    _, commit_id = put_commit(writer, blobs, request, parent)
     if outcome is not None:
         outcome.commit = commit_id
     writer.commit()
-    reflog_message = f"commit: {request.message.splitlines()[0] if request.message else ''}".rstrip()
+    reflog_message = commit_reflog_message(request)
     if head.target is not None:
         core.refs.set_if_equals(head.target, parent, commit_id, reflog_message)
     else:
@@ -482,13 +481,22 @@ def finish(
     if report is not None:
         seconds = time.perf_counter() - started if started is not None else 0.0
         stats = report.stats(commit_id, writer.bytes_written, seconds)
-    event = Committed(commit_id, head, stats, retain)
-    deferred = _LANDED.get()
-    if deferred is not None:
-        deferred.append((core, event))
-    else:
-        notify(core, event)
+    announce(core, Committed(commit_id, head, stats, retain))
     return commit_id
+
+
+def commit_reflog_message(request: CommitRequest) -> str:
+    """The reflog line of a commit: its message's first line."""
+    return f"commit: {request.message.splitlines()[0] if request.message else ''}".rstrip()
+
+
+def put_commit(
+    writer: ObjectWriter, blobs: Sequence[Blob], request: CommitRequest, parent: str | None
+) -> tuple[bytes, str]:
+    """Add the snapshot of ``blobs`` and the commit on ``parent`` to ``writer``
+    (unsealed); returns the snapshot's id and the commit's (hex)."""
+    snapshot_id = writer.put(ObjectType.SNAPSHOT, Snapshot(tuple(blobs), request.tree).encode())
+    return snapshot_id, writer.put(ObjectType.COMMIT, commit_object(snapshot_id, request, parent).encode()).hex()
 
 
 # ---- commit observers -----------------------------------------------------------
@@ -508,6 +516,16 @@ class Committed:
 
 # The commits landed inside the open batch of this thread, fired when it closes.
 _LANDED: ContextVar[list[tuple[Repository, Committed]] | None] = ContextVar("ckvc_landed", default=None)
+
+
+def announce(core: Repository, event: Committed) -> None:
+    """A commit landed on ``core``: its observers run when the open batch closes
+    (now, outside one)."""
+    deferred = _LANDED.get()
+    if deferred is not None:
+        deferred.append((core, event))
+    else:
+        notify(core, event)
 
 
 def notify(core: Repository, event: Committed) -> None:
@@ -574,9 +592,21 @@ class PendingCommit:
 
     def __init__(self, future: Future[str]) -> None:
         self._future = future
+        # A commit to a remote (ckvc.distributed) lands in two stages: this
+        # process's part durable on its own disk, then the commit on the remote.
+        self.local_stage: Future[None] | None = None
 
     def done(self) -> bool:
         return self._future.done()
+
+    def local(self, timeout: float | None = None) -> None:
+        """Wait until this process's part is durable locally (for a commit to a
+        remote: before its upload; otherwise the whole commit). Raises the
+        commit's error if it failed before that."""
+        if self.local_stage is None:
+            self.result(timeout)
+        else:
+            self.local_stage.result(timeout)
 
     def result(self, timeout: float | None = None) -> str:
         """The commit id once it is durable and the branch has moved; raises its error."""

@@ -168,7 +168,7 @@ class RemotePromisor:
 
     # -- the catalogs: what each remote holds, known without the network --
     def _catalog(self, name: str) -> Index | None:
-        if name not in self._catalogs:
+        if self._catalogs.get(name) is None:  # a catalog made after the first look is found at the next
             where = catalog_dir(self.local, name)
             path = None if where is None else where / CATALOG_DIR
             self._catalogs[name] = Index(path) if path is not None and path.is_dir() else None

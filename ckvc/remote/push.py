@@ -4,7 +4,7 @@ order of publication: ckvc.remote.common)."""
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from ckvc import graph
@@ -100,13 +100,21 @@ def _plan_push(local: Repository, remote: Remote, tips: list[str], max_pack: int
         for blob in local.read_snapshot(commit).blobs:
             for chunk in blob.chunks:
                 _add_chunk(local, chunk, chunks, there)
+    # Parents before children, and a tag's target tag (found after it) before it.
+    ordered = (snapshots, parents_first(commits, parents_of), tag_objects[::-1])
+    return _PushPlan(_waves(local, chunks, ordered, max_pack), sent_pruned)
+
+
+def _waves(
+    local: Repository, chunks: dict[bytes, int], metadata: Sequence[list[bytes]], max_pack: int
+) -> list[list[Located]]:
+    """Publication waves for ``chunks`` (id -> delta depth: a base's wave comes
+    before its deltas') then ``metadata`` (lists of ids, each after the one before)."""
     by_depth: dict[int, list[bytes]] = {}
     for chunk, depth in chunks.items():
         by_depth.setdefault(depth, []).append(chunk)
     chunk_items = [locate_all(local.store, by_depth[d]) for d in sorted(by_depth)]
-    # Parents before children, and a tag's target tag (found after it) before it.
-    ordered = (snapshots, parents_first(commits, parents_of), tag_objects[::-1])
-    meta_items = [locate_all(local.store, ids, in_order=True) for ids in ordered if ids]
+    meta_items = [locate_all(local.store, ids, in_order=True) for ids in metadata if ids]
     waves: list[list[Located]] = []
     for items, in_order in ((chunk_items, False), (meta_items, True)):
         # One pack is published whole, so what fits in one needs no order inside it.
@@ -117,7 +125,7 @@ def _plan_push(local: Repository, remote: Remote, tips: list[str], max_pack: int
             waves.extend(pack for group in items for pack in split_groups(group, max_pack))
         else:
             waves.extend(items)
-    return _PushPlan([w for w in waves if w], sent_pruned)
+    return [w for w in waves if w]
 
 
 def parents_first(commits: list[bytes], parents_of: dict[bytes, tuple[bytes, ...]]) -> list[bytes]:
@@ -217,6 +225,33 @@ def push(
         handle.close()
     result.stats.seconds = time.monotonic() - started
     return result
+
+
+def upload_objects(
+    local: Repository,
+    handle: Remote,
+    chunks: Iterable[bytes] = (),
+    metadata: Sequence[list[bytes]] = (),
+    *,
+    stats: TransferStats | None = None,
+    progress: Progress | None = None,
+) -> TransferStats:
+    """Send what ``handle`` lacks of ``chunks`` (with the delta bases they need)
+    and of ``metadata`` (lists of ids, each list published after the one before),
+    verified as push verifies, moving no ref: the parts of a commit that
+    several processes write (ckvc.remote.publish). Call it under the remote's
+    pin, as push does, so a remote gc deletes nothing this upload counts on."""
+    stats = stats if stats is not None else TransferStats()
+    there = handle.core.store.has
+    closure: dict[bytes, int] = {}
+    for chunk in chunks:
+        _add_chunk(local, chunk, closure, there)
+    wanted = [[oid for oid in ids if not there(oid)] for ids in metadata]
+    max_pack = min(local.config.max_pack_size, handle.core.config.max_pack_size)
+    _raise_format(handle, local.config)
+    plan = _PushPlan(_waves(local, closure, wanted, max_pack), {})
+    _upload(local, handle, plan, max_pack, stats, progress)
+    return stats
 
 
 def _raise_format(handle: Remote, config: RepoConfig) -> None:

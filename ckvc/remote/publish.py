@@ -1,0 +1,110 @@
+"""A commit whose parts several processes wrote, published on a remote: the
+bucket side of a multi-node commit (ckvc.distributed with ``remote=``; docs/DESIGN.md,
+"Training across machines").
+
+Each node's repository is a (lazy) clone of the remote, its fast tier. A rank
+writes its chunks into its node's packs, then :func:`upload_part` sends what the
+remote lacks of them. Once every rank has, the coordinator's :func:`publish`
+uploads the snapshot and commit and moves the remote's branch by compare-and-swap,
+last: the branch never names anything that is not there. Then each node's
+:func:`record` writes the same snapshot and commit locally (every rank knows
+every part, so nothing is downloaded) and moves the remote-tracking ref and the
+local branch.
+
+Every step that touches the remote runs under the remote's writer pin (as push
+does): a remote gc deletes nothing an upload counted on, and packs of a commit
+that never landed are unreferenced, for ``gc --remote`` after its grace period.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Sequence
+
+from ckvc import write
+from ckvc.core import Repository
+from ckvc.errors import CkvcError, CkvcWarning
+from ckvc.objects import Blob
+from ckvc.refs import BRANCH_PREFIX
+from ckvc.remote.common import TransferStats, is_ancestor, move_tracking, remotes_of
+from ckvc.remote.push import upload_objects
+from ckvc.remote.repository import Remote, open_remote
+from ckvc.storage.object_writer import ObjectWriter
+
+
+def open_for_commit(local: Repository, remote: str, *, create: bool) -> Remote:
+    """The remote ``remote`` of ``local``, its catalog fresh; ``create``: make the
+    remote repository if there is none (the coordinator's first commit)."""
+    spec = remotes_of(local).get(remote)
+    return open_remote(local, spec, create_from=local.config if create else None)
+
+
+def upload_part(local: Repository, handle: Remote, blobs: Sequence[Blob]) -> TransferStats:
+    """Send what the remote lacks of one rank's chunks (and their delta bases)."""
+    return upload_objects(local, handle, chunks=[chunk for blob in blobs for chunk in blob.chunks])
+
+
+def publish(
+    local: Repository,
+    handle: Remote,
+    writer: ObjectWriter,
+    blobs: Sequence[Blob],
+    request: write.CommitRequest,
+    parent: str | None,
+    ref: str,
+) -> str:
+    """The coordinator's step once every part is on the remote: the snapshot and
+    commit written locally and uploaded, then ``ref`` on the remote moved from
+    ``parent`` by compare-and-swap (RefConflictError if another writer moved it:
+    nothing is committed). Returns the commit id."""
+    snapshot_id, commit_id = write.put_commit(writer, blobs, request, parent)
+    writer.commit()
+    upload_objects(local, handle, metadata=[[snapshot_id, bytes.fromhex(commit_id)]])
+    # a pin whose lease lapsed no longer holds a remote gc off what the ref will name
+    handle.backend.check_locks_held()
+    handle.core.refs.set_if_equals(ref, parent, commit_id, write.commit_reflog_message(request))
+    return commit_id
+
+
+def landed_on_remote(handle: Remote, ref: str, commit_id: str) -> bool:
+    """Whether the remote's ``ref`` names ``commit_id`` now (a lost coordinator's
+    outcome, read from the remote)."""
+    try:
+        return handle.core.refs.read(ref) == commit_id
+    except (CkvcError, OSError):
+        return False
+
+
+def record(
+    local: Repository,
+    remote: str,
+    writer: ObjectWriter,
+    blobs: Sequence[Blob],
+    request: write.CommitRequest,
+    parent: str | None,
+    ref: str,
+) -> str:
+    """A commit that landed on ``remote``, made known to this node: its snapshot
+    and commit written here (from the parts every rank was sent), the
+    remote-tracking ref moved, and the local branch fast-forwarded when it was at
+    ``parent`` or behind it (else left, with a warning). The commit observers
+    run (stats, retention, the cache; auto_push finds the remote up to date)."""
+    _, commit_id = write.put_commit(writer, blobs, request, parent)
+    writer.commit()
+    branch = ref[len(BRANCH_PREFIX) :]
+    move_tracking(local, remote, branch, commit_id, "commit")
+    current = local.refs.read(ref)
+    if current == commit_id:
+        return commit_id
+    if current is None or current == parent or (parent is not None and is_ancestor(local, current, parent)):
+        local.refs.set_if_equals(ref, current, commit_id, write.commit_reflog_message(request))
+        write.announce(local, write.Committed(commit_id, write.Head(ref, current)))
+    else:
+        warnings.warn(
+            CkvcWarning(
+                f"commit {commit_id[:12]} landed on {remote}/{branch}; the local branch {branch} "
+                f"({current[:12]}) has commits the remote lacks and was left where it is"
+            ),
+            stacklevel=2,
+        )
+    return commit_id

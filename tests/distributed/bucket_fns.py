@@ -1,0 +1,121 @@
+"""Rank functions for tests/distributed/test_bucket.py: "nodes" are directories
+``nodes/node<k>`` with ``RANKS_PER_NODE`` ranks each, sharing nothing but the S3
+server (run by ranks.run_world in spawned processes)."""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+from typing import Any
+
+from rank_fns import TIME_NS, describe, make_state
+
+import ckvc
+import ckvc.distributed
+from ckvc.errors import DistributedCommitError
+
+RANKS_PER_NODE = 2
+# Rows of each rank's weight x 48: parts of about 4.3 MB (over the S3 reader's 1 MiB coalescing gap), so that a fresh node's
+# fetch of one part is measured against that part, not against a gap read to save a request.
+SCALE = 350
+
+
+def node_dir(nodes: str, rank: int) -> Path:
+    return Path(nodes) / f"node{rank // RANKS_PER_NODE}"
+
+
+def commit_steps(rank: int, world: int, nodes: str, steps: list[int], blocking: bool) -> dict[str, Any]:
+    """One remote commit per step; what each node's repository knows afterwards."""
+    with ckvc.Repo.open(node_dir(nodes, rank)) as repo:
+        ids: list[str] = []
+        stages: list[bool] = []
+        for step in steps:
+            state = make_state(step, rank, rich=True, scale=SCALE)
+            message = f"step {step}"
+            if blocking:
+                ids.append(ckvc.distributed.commit(repo, state, message, remote="origin", time_ns=TIME_NS + step))
+            else:
+                pending = ckvc.distributed.commit(
+                    repo, state, message, remote="origin", time_ns=TIME_NS + step, blocking=False
+                )
+                pending.local()
+                stages.append(True)
+                state["model"]["weight"].add_(1.0)  # training goes on: the commit holds a copy
+                ids.append(pending.result())
+        loaded = ckvc.distributed.load(repo, ids[-1])
+        return {
+            "ids": ids,
+            "head": repo.head()[1],
+            "tracking": repo.remote_branches().get("origin/main"),
+            "status": repo.status().to_json(),
+            "loaded": describe(loaded),
+            "expected": describe(make_state(steps[-1], rank, rich=True, scale=SCALE)),
+            "stages": stages,
+        }
+
+
+def commit_expecting_failure(rank: int, world: int, nodes: str, step: int) -> dict[str, Any]:
+    """A remote commit that some rank cannot make: every rank raises DistributedCommitError."""
+    with ckvc.Repo.open(node_dir(nodes, rank)) as repo:
+        state: dict[str, Any] = make_state(step, rank, rich=False)
+        try:
+            ckvc.distributed.commit(repo, state, f"step {step}", remote="origin", time_ns=TIME_NS + step)
+        except DistributedCommitError as exc:
+            return {"error": type(exc).__name__, "failures": sorted(exc.failures), "message": str(exc)}
+        return {"error": None}
+
+
+# The object-store calls a remote commit makes; a victim dies at the n-th of them.
+KILL_POINTS = ("upload", "put", "put_if_absent", "compare_and_swap", "get", "get_versioned", "list", "read_tail")
+
+
+def arm_kill(after_calls: int) -> None:
+    """SIGKILL this process as it makes its ``after_calls``-th object-store call
+    (counted from now): a kill instant chosen by the call, not by a timer."""
+    from ckvc.storage.objectstore import ObjectStoreBackend
+
+    calls = [0]
+    for name in KILL_POINTS:
+        original = getattr(ObjectStoreBackend, name)
+
+        def counted(self: Any, *args: Any, _original: Any = original, **kwargs: Any) -> Any:
+            calls[0] += 1
+            if calls[0] >= after_calls:
+                os.kill(os.getpid(), signal.SIGKILL)
+            return _original(self, *args, **kwargs)
+
+        setattr(ObjectStoreBackend, name, counted)
+
+
+def kill_after_publish() -> None:
+    """SIGKILL the coordinator right after its compare-and-swap on the remote, before it tells anyone."""
+    from ckvc.remote import publish
+
+    original = publish.publish
+
+    def then_die(*args: Any, **kwargs: Any) -> str:
+        original(*args, **kwargs)
+        os.kill(os.getpid(), signal.SIGKILL)
+        raise AssertionError("unreachable")
+
+    publish.publish = then_die  # type: ignore[assignment]
+
+
+def commit_with_a_kill(rank: int, world: int, nodes: str, step: int, victim: int, after_calls: int) -> dict[str, Any]:
+    """A remote commit during which rank ``victim`` is SIGKILLed at its
+    ``after_calls``-th object-store call (0: right after the coordinator's swap)."""
+    with ckvc.Repo.open(node_dir(nodes, rank)) as repo:
+        if rank == victim:
+            if after_calls == 0:
+                kill_after_publish()
+            else:
+                arm_kill(after_calls)
+        try:
+            commit_id = ckvc.distributed.commit(
+                repo, make_state(step, rank, rich=False), f"step {step}", remote="origin", time_ns=TIME_NS + step,
+                timeout=60,
+            )  # fmt: skip
+            return {"id": commit_id}
+        except DistributedCommitError as exc:
+            return {"error": type(exc).__name__, "message": str(exc)}
