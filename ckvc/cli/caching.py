@@ -1,6 +1,5 @@
 """``ckvc cache``: the local chunk cache in front of a remote (usage, hit rate,
-pins), ``cache pin REV`` / ``unpin REV``, ``cache prune``. Registered on the main
-group like the remote commands; imports no torch."""
+pins), ``cache pin REV`` / ``unpin REV``, ``cache prune``. Imports no torch."""
 
 from __future__ import annotations
 
@@ -8,14 +7,15 @@ from typing import TYPE_CHECKING
 
 import click
 
-from ckvc.cli.remote import CliTools, HasRepo
+from ckvc.cli.main import Context, cli
+from ckvc.cli.output import emit_json, human_bytes, json_option
 
 if TYPE_CHECKING:
     from ckvc.cache import CacheReport
 
 
-def _text(tools: CliTools, r: CacheReport) -> list[str]:
-    h = tools.human_bytes
+def _text(r: CacheReport) -> list[str]:
+    h = human_bytes
     budget = "unlimited" if r.budget is None else h(r.budget)
     rate = "n/a" if r.hit_rate is None else f"{100 * r.hit_rate:.1f}%"
     lines = [
@@ -29,59 +29,59 @@ def _text(tools: CliTools, r: CacheReport) -> list[str]:
     return lines
 
 
-def register(group: click.Group, tools: CliTools) -> None:
-    json_option = tools.json_option
-
-    @group.group(invoke_without_command=True)
-    @json_option
-    @click.pass_context
-    def cache(ctx: click.Context, as_json: bool) -> None:
-        """The local chunk cache: usage against cache_size, hit rate, pins."""
-        if ctx.invoked_subcommand is None:
-            report = ctx.obj.repo.cache.report()
-            if as_json:
-                tools.emit_json(report.to_json())
-            else:
-                for line in _text(tools, report):
-                    click.echo(line)
-
-    @cache.command("pin")
-    @click.argument("rev")
-    @json_option
-    @click.pass_obj
-    def cache_pin(obj: HasRepo, rev: str, as_json: bool) -> None:
-        """Keep REV's data local whatever the budget says."""
-        commit_id = obj.repo.cache.pin(rev)
+@cli.group(invoke_without_command=True)
+@json_option
+@click.pass_context
+def cache(ctx: click.Context, as_json: bool) -> None:
+    """The local chunk cache: usage against cache_size, hit rate, pins."""
+    if ctx.invoked_subcommand is None:
+        report = ctx.obj.repo.cache.report()
         if as_json:
-            tools.emit_json({"pinned": commit_id, "rev": rev})
+            emit_json(report.to_json())
         else:
-            click.echo(f"pinned {commit_id[:12]} ({rev})")
+            for line in _text(report):
+                click.echo(line)
 
-    @cache.command("unpin")
-    @click.argument("rev")
-    @json_option
-    @click.pass_obj
-    def cache_unpin(obj: HasRepo, rev: str, as_json: bool) -> None:
-        """Let REV's data be dropped again (when a remote holds it)."""
-        commit_id = obj.repo.cache.unpin(rev)
-        if as_json:
-            tools.emit_json({"unpinned": commit_id, "rev": rev})
-        else:
-            click.echo(f"unpinned {commit_id[:12]} ({rev})")
 
-    @cache.command("prune")
-    @json_option
-    @click.pass_obj
-    def cache_prune(obj: HasRepo, as_json: bool) -> None:
-        """Trim the cache to cache_size now (only data a remote holds goes)."""
-        result = obj.repo.cache.prune()
-        if as_json:
-            tools.emit_json(result.to_json())
-            return
-        h = tools.human_bytes
-        click.echo(
-            f"{h(result.before_bytes)} -> {h(result.after_bytes)}: {result.packs_deleted} packs deleted, "
-            f"{result.packs_rewritten} rewritten, {h(result.bytes_freed)} freed"
-        )
-        if result.over_budget_bytes:
-            click.echo(f"still {h(result.over_budget_bytes)} over budget: data no remote holds (push it) or pinned")
+@cache.command("pin")
+@click.argument("rev")
+@json_option
+@click.pass_obj
+def cache_pin(obj: Context, rev: str, as_json: bool) -> None:
+    """Keep REV's data local whatever the budget says."""
+    commit_id = obj.repo.cache.pin(rev)
+    if as_json:
+        emit_json({"pinned": commit_id, "rev": rev})
+    else:
+        click.echo(f"pinned {commit_id[:12]} ({rev})")
+
+
+@cache.command("unpin")
+@click.argument("rev")
+@json_option
+@click.pass_obj
+def cache_unpin(obj: Context, rev: str, as_json: bool) -> None:
+    """Let REV's data be dropped again (when a remote holds it)."""
+    commit_id = obj.repo.cache.unpin(rev)
+    if as_json:
+        emit_json({"unpinned": commit_id, "rev": rev})
+    else:
+        click.echo(f"unpinned {commit_id[:12]} ({rev})")
+
+
+@cache.command("prune")
+@json_option
+@click.pass_obj
+def cache_prune(obj: Context, as_json: bool) -> None:
+    """Trim the cache to cache_size now (only data a remote holds goes)."""
+    result = obj.repo.cache.prune()
+    if as_json:
+        emit_json(result.to_json())
+        return
+    h = human_bytes
+    click.echo(
+        f"{h(result.before_bytes)} -> {h(result.after_bytes)}: {result.packs_deleted} packs deleted, "
+        f"{result.packs_rewritten} rewritten, {h(result.bytes_freed)} freed"
+    )
+    if result.over_budget_bytes:
+        click.echo(f"still {h(result.over_budget_bytes)} over budget: data no remote holds (push it) or pinned")

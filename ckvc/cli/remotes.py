@@ -1,48 +1,28 @@
 """The remote commands: remote add|remove|list, push, fetch, pull, clone, ls-remote.
 
-Registered on the main group by ``register`` (ckvc/cli/__init__.py hands over
-its shared helpers: progress bars, JSON output, human sizes), so this module
-imports nothing of the CLI's own and no torch: a push or fetch moves stored
-records and never decodes a tensor.
+No torch: a push or fetch moves stored records and never decodes a tensor.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager
-from dataclasses import dataclass
+from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING
 
 import click
 
+from ckvc.cli.main import Context, cli
+from ckvc.cli.output import emit_json, human_bytes, json_option, progress_bar
+
 if TYPE_CHECKING:
     from ckvc.remote.common import FetchResult, PushResult, TransferStats
-    from ckvc.repo import Repo
 
 
-class HasRepo(Protocol):
-    directory: str
-
-    @property
-    def repo(self) -> Repo: ...
-
-
-@dataclass(frozen=True)
-class CliTools:
-    """What the main CLI module shares with this one."""
-
-    progress_bar: Callable[[str, bool], AbstractContextManager[Callable[[int, int], None] | None]]
-    emit_json: Callable[[Any], None]
-    human_bytes: Callable[[float], str]
-    json_option: Callable[[Any], Any]
-
-
-def _rate(tools: CliTools, stats: TransferStats) -> str:
+def _rate(stats: TransferStats) -> str:
     per_s = stats.wire_bytes / stats.seconds if stats.seconds > 0 else 0.0
     return (
-        f"{stats.objects} objects, {tools.human_bytes(stats.wire_bytes)} in {stats.packs} pack(s), "
-        f"{stats.seconds:.2f} s ({tools.human_bytes(per_s)}/s), {stats.requests} requests"
+        f"{stats.objects} objects, {human_bytes(stats.wire_bytes)} in {stats.packs} pack(s), "
+        f"{stats.seconds:.2f} s ({human_bytes(per_s)}/s), {stats.requests} requests"
     )
 
 
@@ -54,155 +34,157 @@ def _ref_lines(updates: Iterator[tuple[str, str | None, str, bool]]) -> Iterator
             yield f" {'+' if forced else ' '} {old[:12]}..{new[:12]} {ref}"
 
 
-def register(group: click.Group, tools: CliTools) -> None:
-    """Add the remote commands to ``group``."""
-    json_option = tools.json_option
+@cli.group(invoke_without_command=True)
+@json_option
+@click.pass_context
+def remote(ctx: click.Context, as_json: bool) -> None:
+    """List, add or remove remotes (URLs: a path, file://, s3://, gs://, az://)."""
+    if ctx.invoked_subcommand is None:
+        ctx.invoke(remote_list, as_json=as_json)
 
-    @group.group(invoke_without_command=True)
-    @json_option
-    @click.pass_context
-    def remote(ctx: click.Context, as_json: bool) -> None:
-        """List, add or remove remotes (URLs: a path, file://, s3://, gs://, az://)."""
-        if ctx.invoked_subcommand is None:
-            ctx.invoke(remote_list, as_json=as_json)
 
-    @remote.command("list")
-    @json_option
-    @click.pass_obj
-    def remote_list(obj: HasRepo, as_json: bool) -> None:
-        """List the configured remotes."""
-        specs = obj.repo.remotes.list()
+@remote.command("list")
+@json_option
+@click.pass_obj
+def remote_list(obj: Context, as_json: bool) -> None:
+    """List the configured remotes."""
+    specs = obj.repo.remotes.list()
+    if as_json:
+        emit_json([s.to_json() for s in specs])
+        return
+    for s in specs:
+        extra = "".join(f" {k}={v}" for k, v in (("endpoint", s.endpoint), ("region", s.region)) if v)
+        click.echo(f"{s.name}\t{s.url}{extra}")
+
+
+@remote.command("add")
+@click.argument("name")
+@click.argument("url")
+@click.option("--endpoint", default=None, metavar="URL", help="An S3-compatible endpoint (MinIO, Ceph).")
+@click.option("--region", default=None, help="The bucket's region.")
+@json_option
+@click.pass_obj
+def remote_add(obj: Context, name: str, url: str, endpoint: str | None, region: str | None, as_json: bool) -> None:
+    """Add remote NAME at URL (no credentials are stored: each cloud's environment provides them)."""
+    if "://" not in url and not Path(url).is_absolute():
+        url = str((Path(obj.directory) / url).resolve())
+    spec = obj.repo.remotes.add(name, url, endpoint=endpoint, region=region)
+    if as_json:
+        emit_json(spec.to_json())
+    else:
+        click.echo(f"Added remote {spec.name} at {spec.url}")
+
+
+@remote.command("remove")
+@click.argument("name")
+@json_option
+@click.pass_obj
+def remote_remove(obj: Context, name: str, as_json: bool) -> None:
+    """Remove remote NAME, its remote-tracking branches and its local catalog."""
+    spec = obj.repo.remotes.remove(name)
+    if as_json:
+        emit_json({"removed": spec.to_json()})
+    else:
+        click.echo(f"Removed remote {spec.name}")
+
+
+def _report(result: PushResult | FetchResult, as_json: bool, verb: str) -> None:
+    if as_json:
+        emit_json(result.to_json())
+        return
+    click.echo(f"{verb} {result.url}: {_rate(result.stats)}")
+    for line in _ref_lines((u.ref, u.old, u.new, u.forced) for u in result.updated):
+        click.echo(line)
+
+
+@cli.command()
+@click.argument("remote_name", metavar="[REMOTE]", required=False, default="origin")
+@click.argument("refs", nargs=-1)
+@click.option("--force", "-f", is_flag=True, help="Move remote refs even where commits would be dropped.")
+@click.option("--tags", is_flag=True, help="Push every tag too.")
+@json_option
+@click.pass_obj
+def push(obj: Context, remote_name: str, refs: tuple[str, ...], force: bool, tags: bool, as_json: bool) -> None:
+    """Send what REMOTE lacks of REF... (default: the current branch), then move its refs."""
+    with progress_bar("push", not as_json) as progress:
+        result = obj.repo.push(remote_name, list(refs) or None, force=force, tags=tags, progress=progress)
+    _report(result, as_json, "To")
+    if not as_json and not result.updated:
+        click.echo("Everything up-to-date")
+
+
+@cli.command()
+@click.argument("remote_name", metavar="[REMOTE]", required=False, default="origin")
+@json_option
+@click.pass_obj
+def fetch(obj: Context, remote_name: str, as_json: bool) -> None:
+    """Copy what REMOTE's branches and tags reach, verified; move refs/remotes/REMOTE/*."""
+    with progress_bar("fetch", not as_json) as progress:
+        result = obj.repo.fetch(remote_name, progress=progress)
+    _report(result, as_json, "From")
+
+
+@cli.command()
+@click.argument("remote_name", metavar="[REMOTE]", required=False, default="origin")
+@json_option
+@click.pass_obj
+def pull(obj: Context, remote_name: str, as_json: bool) -> None:
+    """fetch, then fast-forward the current branch to REMOTE's."""
+    with progress_bar("pull", not as_json) as progress:
+        result = obj.repo.pull(remote_name, progress=progress)
+    if as_json:
+        emit_json(result.to_json())
+        return
+    _report(result.fetch, False, "From")
+    if result.fast_forward and result.new is not None:
+        old = result.old[:12] if result.old else "(none)"
+        click.echo(f"Fast-forward {result.branch}: {old}..{result.new[:12]}")
+    else:
+        click.echo("Already up to date.")
+
+
+@cli.command()
+@click.argument("url")
+@click.argument("directory", required=False)
+@click.option("--endpoint", default=None, metavar="URL", help="An S3-compatible endpoint.")
+@click.option("--region", default=None, help="The bucket's region.")
+@click.option("--lazy", is_flag=True, help="Refs and metadata only: tensor data is fetched on first read.")
+@json_option
+@click.pass_obj
+def clone(
+    obj: Context, url: str, directory: str | None, endpoint: str | None, region: str | None, lazy: bool, as_json: bool
+) -> None:
+    """Make a new repository in DIRECTORY from URL (as remote origin), like git clone.
+    --lazy: a cache in front of the remote (log, show, du work at once; data on first read)."""
+    from ckvc.repo import Repo
+
+    base = Path(obj.directory)
+    if "://" not in url and not Path(url).is_absolute():
+        url = str((base / url).resolve())
+    name = directory or Path(url.rstrip("/")).name.removesuffix(".ckvc") or "clone"
+    target = base / name
+    with progress_bar("clone", not as_json) as progress:
+        repo = Repo.clone(url, target, endpoint=endpoint, region=region, progress=progress, lazy=lazy)
+    try:
+        branch, head_id = repo.head()
         if as_json:
-            tools.emit_json([s.to_json() for s in specs])
-            return
-        for s in specs:
-            extra = "".join(f" {k}={v}" for k, v in (("endpoint", s.endpoint), ("region", s.region)) if v)
-            click.echo(f"{s.name}\t{s.url}{extra}")
-
-    @remote.command("add")
-    @click.argument("name")
-    @click.argument("url")
-    @click.option("--endpoint", default=None, metavar="URL", help="An S3-compatible endpoint (MinIO, Ceph).")
-    @click.option("--region", default=None, help="The bucket's region.")
-    @json_option
-    @click.pass_obj
-    def remote_add(obj: HasRepo, name: str, url: str, endpoint: str | None, region: str | None, as_json: bool) -> None:
-        """Add remote NAME at URL (no credentials are stored: each cloud's environment provides them)."""
-        if "://" not in url and not Path(url).is_absolute():
-            url = str((Path(obj.directory) / url).resolve())
-        spec = obj.repo.remotes.add(name, url, endpoint=endpoint, region=region)
-        if as_json:
-            tools.emit_json(spec.to_json())
+            emit_json({"path": str(repo.path), "branch": branch, "head": head_id, **({"lazy": True} if lazy else {})})
         else:
-            click.echo(f"Added remote {spec.name} at {spec.url}")
+            how = "Cloned (lazy: data on first read)" if lazy else "Cloned"
+            click.echo(f"{how} {url} into {repo.path}" + (f" (branch {branch})" if head_id else " (empty)"))
+    finally:
+        repo.close()
 
-    @remote.command("remove")
-    @click.argument("name")
-    @json_option
-    @click.pass_obj
-    def remote_remove(obj: HasRepo, name: str, as_json: bool) -> None:
-        """Remove remote NAME, its remote-tracking branches and its local catalog."""
-        spec = obj.repo.remotes.remove(name)
-        if as_json:
-            tools.emit_json({"removed": spec.to_json()})
-        else:
-            click.echo(f"Removed remote {spec.name}")
 
-    def report(result: PushResult | FetchResult, as_json: bool, verb: str) -> None:
-        if as_json:
-            tools.emit_json(result.to_json())
-            return
-        click.echo(f"{verb} {result.url}: {_rate(tools, result.stats)}")
-        for line in _ref_lines((u.ref, u.old, u.new, u.forced) for u in result.updated):
-            click.echo(line)
-
-    @group.command()
-    @click.argument("remote_name", metavar="[REMOTE]", required=False, default="origin")
-    @click.argument("refs", nargs=-1)
-    @click.option("--force", "-f", is_flag=True, help="Move remote refs even where commits would be dropped.")
-    @click.option("--tags", is_flag=True, help="Push every tag too.")
-    @json_option
-    @click.pass_obj
-    def push(obj: HasRepo, remote_name: str, refs: tuple[str, ...], force: bool, tags: bool, as_json: bool) -> None:
-        """Send what REMOTE lacks of REF... (default: the current branch), then move its refs."""
-        with tools.progress_bar("push", not as_json) as progress:
-            result = obj.repo.push(remote_name, list(refs) or None, force=force, tags=tags, progress=progress)
-        report(result, as_json, "To")
-        if not as_json and not result.updated:
-            click.echo("Everything up-to-date")
-
-    @group.command()
-    @click.argument("remote_name", metavar="[REMOTE]", required=False, default="origin")
-    @json_option
-    @click.pass_obj
-    def fetch(obj: HasRepo, remote_name: str, as_json: bool) -> None:
-        """Copy what REMOTE's branches and tags reach, verified; move refs/remotes/REMOTE/*."""
-        with tools.progress_bar("fetch", not as_json) as progress:
-            result = obj.repo.fetch(remote_name, progress=progress)
-        report(result, as_json, "From")
-
-    @group.command()
-    @click.argument("remote_name", metavar="[REMOTE]", required=False, default="origin")
-    @json_option
-    @click.pass_obj
-    def pull(obj: HasRepo, remote_name: str, as_json: bool) -> None:
-        """fetch, then fast-forward the current branch to REMOTE's."""
-        with tools.progress_bar("pull", not as_json) as progress:
-            result = obj.repo.pull(remote_name, progress=progress)
-        if as_json:
-            tools.emit_json(result.to_json())
-            return
-        report(result.fetch, False, "From")
-        if result.fast_forward and result.new is not None:
-            old = result.old[:12] if result.old else "(none)"
-            click.echo(f"Fast-forward {result.branch}: {old}..{result.new[:12]}")
-        else:
-            click.echo("Already up to date.")
-
-    @group.command()
-    @click.argument("url")
-    @click.argument("directory", required=False)
-    @click.option("--endpoint", default=None, metavar="URL", help="An S3-compatible endpoint.")
-    @click.option("--region", default=None, help="The bucket's region.")
-    @click.option("--lazy", is_flag=True, help="Refs and metadata only: tensor data is fetched on first read.")
-    @json_option
-    @click.pass_obj
-    def clone(
-        obj: HasRepo, url: str, directory: str | None, endpoint: str | None, region: str | None, lazy: bool,
-        as_json: bool,
-    ) -> None:  # fmt: skip
-        """Make a new repository in DIRECTORY from URL (as remote origin), like git clone.
-        --lazy: a cache in front of the remote (log, show, du work at once; data on first read)."""
-        from ckvc.repo import Repo
-
-        base = Path(obj.directory)
-        if "://" not in url and not Path(url).is_absolute():
-            url = str((base / url).resolve())
-        name = directory or Path(url.rstrip("/")).name.removesuffix(".ckvc") or "clone"
-        target = base / name
-        with tools.progress_bar("clone", not as_json) as progress:
-            repo = Repo.clone(url, target, endpoint=endpoint, region=region, progress=progress, lazy=lazy)
-        try:
-            branch, head_id = repo.head()
-            if as_json:
-                tools.emit_json(
-                    {"path": str(repo.path), "branch": branch, "head": head_id, **({"lazy": True} if lazy else {})}
-                )
-            else:
-                how = "Cloned (lazy: data on first read)" if lazy else "Cloned"
-                click.echo(f"{how} {url} into {repo.path}" + (f" (branch {branch})" if head_id else " (empty)"))
-        finally:
-            repo.close()
-
-    @group.command("ls-remote")
-    @click.argument("remote_name", metavar="[REMOTE]", required=False, default="origin")
-    @json_option
-    @click.pass_obj
-    def ls_remote(obj: HasRepo, remote_name: str, as_json: bool) -> None:
-        """List REMOTE's refs (a configured name, or a URL)."""
-        refs = obj.repo.ls_remote(remote_name)
-        if as_json:
-            tools.emit_json(refs)
-            return
-        for ref, oid in refs.items():
-            click.echo(f"{oid}\t{ref}")
+@cli.command("ls-remote")
+@click.argument("remote_name", metavar="[REMOTE]", required=False, default="origin")
+@json_option
+@click.pass_obj
+def ls_remote(obj: Context, remote_name: str, as_json: bool) -> None:
+    """List REMOTE's refs (a configured name, or a URL)."""
+    refs = obj.repo.ls_remote(remote_name)
+    if as_json:
+        emit_json(refs)
+        return
+    for ref, oid in refs.items():
+        click.echo(f"{oid}\t{ref}")

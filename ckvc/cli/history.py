@@ -1,0 +1,333 @@
+"""Reading history: ``ckvc log`` (with --graph), ``show``, ``diff``, ``reflog`` and
+``status``. log, status, reflog and ``show --no-data`` read metadata only and
+import no torch (tests/cli/test_cli_startup.py); diff and show load it to read tensors."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+import click
+
+from ckvc.cli.main import Context, cli
+from ckvc.cli.output import echo_codecs, emit_json, human_bytes, json_option, metrics_text, time_text
+from ckvc.errors import InvalidInputError
+
+if TYPE_CHECKING:
+    from ckvc.inspect import StateDiff, TensorChange
+    from ckvc.objects import Commit, Tag
+    from ckvc.repo import Repo
+
+
+metric_mode_option = click.option(
+    "--mode",
+    type=click.Choice(["min", "max"]),
+    default="min",
+    show_default=True,
+    help="For --sort/--best: whether the lowest or the highest value is best.",
+)
+
+
+@cli.command()
+@click.argument("rev", default="HEAD")
+@click.option("--oneline", is_flag=True, help="One line per commit.")
+@click.option("-n", "--max-count", type=int, default=None, help="Show at most N commits.")
+@click.option("--all", "all_refs", is_flag=True, help="Commits reachable from any branch, tag or HEAD.")
+@click.option("--graph", is_flag=True, help="Draw the commit graph (branches and merges) on the left.")
+@click.option("--sort", "sort_metric", default=None, metavar="METRIC", help="Only commits with METRIC, best first.")
+@click.option("--best", "best_metric", default=None, metavar="METRIC", help="Only the best commit by METRIC.")
+@metric_mode_option
+@json_option
+@click.pass_obj
+def log(
+    obj: Context,
+    rev: str,
+    oneline: bool,
+    max_count: int | None,
+    all_refs: bool,
+    graph: bool,
+    sort_metric: str | None,
+    best_metric: str | None,
+    mode: str,
+    as_json: bool,
+) -> None:
+    """Show the commits reachable from REV, newest first, with their metrics."""
+    repo = obj.repo
+    if sort_metric and best_metric:
+        raise InvalidInputError("give --sort or --best, not both")
+    if graph and (sort_metric or best_metric):
+        raise InvalidInputError("--graph draws history order; it cannot be combined with --sort or --best")
+    if best_metric:
+        commits = [repo.best(best_metric, mode, rev, all=all_refs)]  # type: ignore[arg-type]
+    elif sort_metric:
+        commits = repo.rank(sort_metric, mode, rev, all=all_refs)[:max_count]  # type: ignore[arg-type]
+        if not commits:
+            repo.best(sort_metric, mode, rev, all=all_refs)  # type: ignore[arg-type]  # raises, naming the metrics
+    else:
+        commits = repo.log(rev, limit=max_count, all=all_refs)
+    pruned = repo.pruned()
+    if as_json:
+        from ckvc.inspect import log_json
+
+        emit_json(log_json(commits, pruned))
+        return
+    labels = _labels(repo)
+    rows = _graph_rows(commits) if graph else (("", [], None, c) for c in commits)
+    for node, opening, body, c in rows:
+        if c is None:  # a connector line of the graph
+            click.echo(node)
+            continue
+        lead = f"{node} " if node else ""
+        cont = f"{body} " if body is not None else ""
+        deco = f" ({', '.join(labels[c.id])})" if c.id in labels else ""
+        first_line = c.message.splitlines()[0] if c.message else ""
+        mark = (" [pruned]" if c.id in pruned else "") + (" [lossy]" if c.is_lossy else "")
+        if oneline:
+            metrics = f"  [{metrics_text(c.metrics)}]" if c.metrics else ""
+            click.echo(f"{lead}{c.id[:12]}{deco}{mark} {first_line}{metrics}")
+            for line in opening:
+                click.echo(line)
+            continue
+        lines = [f"commit {c.id}{deco}{mark}"]
+        if c.id in pruned:
+            lines.append(f"Pruned: {time_text(pruned[c.id].time_ns)} by [{pruned[c.id].policy}]")
+        if len(c.parents) > 1:
+            lines.append("Merge:  " + " ".join(p[:12] for p in c.parents))
+        lines += [f"Author: {c.author}", f"Date:   {time_text(c.time_ns)}"]
+        if c.metrics:
+            lines.append(f"Metrics: {metrics_text(c.metrics)}")
+        lines.append("")
+        lines += [f"    {line}" for line in (c.message or "(no message)").splitlines()]
+        lines.append("")
+        click.echo(lead + lines[0])
+        for line in opening:
+            click.echo(line)
+        for line in lines[1:]:
+            click.echo((cont + line).rstrip() if cont else line)
+
+
+def _graph_rows(commits: list[Commit]) -> Iterator[tuple[str, list[str], str | None, Commit | None]]:
+    """git-style ASCII graph for commits in topological order (children first):
+    (node prefix, the lines a merge opens right below its node, prefix for the
+    commit's further lines, commit), and connector lines as (text, [], None, None).
+    Lane i is drawn at column 2i."""
+    lanes: list[str] = []  # the commit each lane waits for
+
+    def row(chars: dict[int, str], width: int) -> str:
+        return "".join(chars.get(i, " ") for i in range(width)).rstrip()
+
+    for c in commits:
+        if c.id not in lanes:
+            lanes.append(c.id)
+        col = lanes.index(c.id)
+        node = row({2 * i: "*" if i == col else "|" for i in range(len(lanes))}, 2 * len(lanes))
+        parents = list(dict.fromkeys(c.parents))
+        extra = [p for p in parents[1:] if p not in lanes]
+        after = lanes[:col] + parents[:1] + extra + lanes[col + 1 :]
+        body = row({2 * i: "|" for i in range(len(after))}, 2 * len(after)) if after else ""
+        opening = []
+        if extra:  # a merge opens lanes to its right: "|\"
+            chars = {2 * i: "|" for i in range(col + 1)}
+            chars.update({2 * i - 1: "\\" for i in range(col + 1, len(after))})
+            opening.append(row(chars, 2 * len(after)))
+        yield node, opening, body, c
+        if not parents and col < len(after):  # a root: the lanes right of it move left
+            chars = {2 * i: "|" for i in range(col)}
+            chars.update({2 * i + 1: "/" for i in range(col, len(after))})
+            yield row(chars, 2 * len(after) + 1), [], None, None
+        lanes = after
+        while True:  # lanes waiting for the same commit join: "|/"
+            dup = next((j for j in range(len(lanes)) if lanes[j] in lanes[:j]), None)
+            if dup is None:
+                break
+            chars = {2 * i: "|" for i in range(dup)}
+            chars.update({2 * i - 1: "/" for i in range(dup, len(lanes))})
+            yield row(chars, 2 * len(lanes)), [], None, None
+            del lanes[dup]
+
+
+def _labels(repo: Repo) -> dict[str, list[str]]:
+    labels: dict[str, list[str]] = {}
+    branch, head_id = repo.head()
+    if head_id:
+        labels.setdefault(head_id, []).append(f"HEAD -> {branch}" if branch else "HEAD")
+    for name, oid in repo.branches().items():
+        if name != branch:
+            labels.setdefault(oid, []).append(name)
+    for name, oid in repo.tags().items():
+        labels.setdefault(oid, []).append(f"tag: {name}")
+    for name, oid in repo.remote_branches().items():
+        labels.setdefault(oid, []).append(name)
+    return labels
+
+
+def _annotated_tag(repo: Repo, rev: str) -> Tag | None:
+    """The annotated tag REV names (resolve prefers a branch of the same name)."""
+    from ckvc.graph import branch_named
+
+    if branch_named(repo.core, rev) is not None or rev not in repo.tags():
+        return None
+    return repo.tag_object(rev)
+
+
+@cli.command()
+@click.argument("rev", default="HEAD")
+@click.option(
+    "--no-data",
+    is_flag=True,
+    help="Commit, tag, metrics, metadata and sizes only: no tensor list (reads no state, imports no torch).",
+)
+@json_option
+@click.pass_obj
+def show(obj: Context, rev: str, no_data: bool, as_json: bool) -> None:
+    """Show a commit: message, metrics, and its tensors with dtype, shape and size.
+    For an annotated tag, its tagger, date and message first."""
+    repo = obj.repo
+    info = repo.show(rev, tensors=not no_data)
+    tag = _annotated_tag(repo, rev)
+    c = info.commit
+    if as_json:
+        emit_json(info.to_json(tag, tensors=not no_data))
+        return
+    if tag is not None:
+        click.echo(f"tag {tag.name}\nTagger: {tag.tagger}\nDate:   {time_text(tag.time_ns)}\n")
+        for line in tag.message.splitlines() or [""]:
+            click.echo(f"    {line}".rstrip())
+        click.echo("")
+    click.echo(f"commit {c.id}\nAuthor: {c.author}\nDate:   {time_text(c.time_ns)}")
+    if c.metrics:
+        click.echo(f"Metrics: {metrics_text(c.metrics)}")
+    if c.metadata:
+        click.echo("Metadata: " + " ".join(f"{k}={_meta_text(v)}" for k, v in c.metadata.items()))
+    click.echo(f"\n    {c.message or '(no message)'}\n")
+    what = f"{info.blobs} blobs" if no_data else f"{len(info.tensors)} tensors"
+    click.echo(f"{what}, {human_bytes(info.logical_bytes)} logical, {human_bytes(info.stored_bytes)} stored")
+    echo_codecs(info.by_codec)
+    if c.lossy:
+        click.echo(f"LOSSY: {len(c.lossy)} tensors stored quantized (the rest exactly):")
+        for path, report in c.lossy.items():
+            click.echo(
+                f"  {path}  {report['codec']}  max abs error {report['max_abs_error']:.3g}  "
+                f"relative RMS error {report['rel_rms_error']:.3g}"
+            )
+    width = max((len(t.path) for t in info.tensors), default=0)
+    for t in info.tensors:
+        click.echo(f"  {t.path:<{width}}  {t.dtype:<10} {list(t.shape)!s:<20} {human_bytes(t.nbytes):>10}")
+    if info.values:
+        click.echo("values:")
+        for path, value in info.values.items():
+            click.echo(f"  {path or '<root>'} = {value!r:.100}")
+
+
+def _meta_text(v: Any) -> str:
+    return v if isinstance(v, str) else json.dumps(v, sort_keys=True)
+
+
+def _rel(c: TensorChange) -> str:
+    if c.rel_l2 is None:
+        if (c.old.dtype, c.old.shape) != (c.new.dtype, c.new.shape):
+            return f"{c.old.dtype}{list(c.old.shape)} -> {c.new.dtype}{list(c.new.shape)}"
+        return "changed"
+    return f"rel_l2={c.rel_l2:.3e} max_abs={c.max_abs:.3e}" if c.max_abs is not None else f"rel_l2={c.rel_l2:.3e}"
+
+
+@cli.command()
+@click.argument("a")
+@click.argument("b", required=False, default=None)
+@click.argument("paths", nargs=-1, metavar="[PATH...]")
+@click.option("--stat", is_flag=True, help="Only the summary and which leaves changed; reads no tensor data.")
+@json_option
+@click.pass_obj
+def diff(obj: Context, a: str, b: str | None, paths: tuple[str, ...], stat: bool, as_json: bool) -> None:
+    """What changed from A to B (default HEAD): a summary line, metric changes, then
+    tensors added (+), removed (-) and changed (~, largest relative L2 change first),
+    and non-tensor values. PATHs (after B: ckvc diff A HEAD model) limit it to leaves equal to,
+    under ("model", "optimizer.state") or matching a glob ("*.bias"). RNG states
+    (which change every step) are one line."""
+    d = obj.repo.diff(a, "HEAD" if b is None else b, paths, data=not stat)  # "" is no revision
+    if as_json:
+        emit_json(d.to_json())
+        return
+    click.echo(_diff_summary(d))
+    for name, old, new in d.metrics_changed:
+        click.echo(f"metric {name}: {_num(old)} -> {_num(new)}")
+    if d.rng_changed:
+        n = len(d.rng_changed)
+        click.echo(f"rng: {n} RNG state {'leaf' if n == 1 else 'leaves'} changed (expected between steps)")
+    for path in d.added:
+        click.echo(f"+ {path}")
+    for path in d.removed:
+        click.echo(f"- {path}")
+    for c in d.changed:
+        click.echo(
+            f"~ {c.path}" if stat and c.rel_l2 is None and c.old.shape == c.new.shape else f"~ {c.path}  {_rel(c)}"
+        )
+    for path, old, new in d.values_changed:
+        click.echo(f"~ {path}  {old!r:.60} -> {new!r:.60}")
+
+
+def _count(n: int, word: str) -> str:
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"
+
+
+def _num(v: float | None) -> str:
+    return "(none)" if v is None else f"{v:.6g}"
+
+
+def _diff_summary(d: StateDiff) -> str:
+    if not (d.added or d.removed or d.changed or d.values_changed or d.rng_changed or d.metrics_changed):
+        return f"no differences ({d.unchanged} tensors identical)"
+    parts = [
+        f"{_count(len(d.changed), 'tensor')} changed ({human_bytes(d.changed_bytes)})",
+        f"{len(d.added)} added ({human_bytes(d.added_bytes)})",
+        f"{len(d.removed)} removed ({human_bytes(d.removed_bytes)})",
+        f"{d.unchanged} unchanged",
+    ]
+    if d.values_changed:
+        parts.append(f"{_count(len(d.values_changed), 'value')} changed")
+    if d.metrics_changed:
+        parts.append(f"{_count(len(d.metrics_changed), 'metric')} changed")
+    return ", ".join(parts)
+
+
+@cli.command()
+@click.argument("ref", default="HEAD")
+@json_option
+@click.pass_obj
+def reflog(obj: Context, ref: str, as_json: bool) -> None:
+    """Every move of REF (default HEAD), newest first."""
+    entries = obj.repo.reflog(ref)
+    if as_json:
+        emit_json([{"old": e.old, "new": e.new, "time": time_text(e.time_ns), "message": e.message} for e in entries])
+        return
+    for i, e in enumerate(entries):
+        click.echo(f"{(e.new or '0' * 12)[:12]} {ref}@{{{i}}}: {e.message}  ({time_text(e.time_ns)})")
+
+
+@cli.command()
+@json_option
+@click.pass_obj
+def status(obj: Context, as_json: bool) -> None:
+    """Where HEAD is, and (auto_push) what is not backed up yet."""
+    branch_name, commit_id = obj.repo.head()
+    backlog = obj.repo.backup_status()
+    if as_json:
+        out: dict[str, Any] = {"branch": branch_name, "commit": commit_id}
+        if backlog is not None:
+            out["backup"] = backlog.to_json()
+        emit_json(out)
+        return
+    if commit_id is None:
+        click.echo(f"On branch {branch_name}, no commits yet")
+    else:
+        click.echo(f"On branch {branch_name}" if branch_name else "HEAD detached")
+        click.echo(f"at {commit_id}")
+    if backlog is not None:
+        if not backlog.entries:
+            click.echo(f"backed up to {backlog.remote} (auto_push)")
+        else:
+            refs = ", ".join(dict.fromkeys(e.ref.removeprefix("refs/heads/") for e in backlog.entries))
+            click.echo(f"not backed up to {backlog.remote}: {len(backlog.entries)} commit(s) on {refs}")
+            if backlog.last_error:
+                click.echo(f"  last attempt failed ({backlog.failures}x): {backlog.last_error}; retrying")

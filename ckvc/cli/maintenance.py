@@ -1,0 +1,240 @@
+"""Maintenance: ``ckvc fsck`` (exit 1 on damage), ``gc``, ``retain`` (retention
+policies) and ``du`` (where the space goes)."""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+
+import click
+
+from ckvc.cli.main import FSCK_DAMAGE_EXIT, Context, cli
+from ckvc.cli.output import echo_codecs, emit_json, human_bytes, json_option, progress_bar
+from ckvc.errors import InvalidInputError
+
+
+def _duration_text(seconds: float) -> str:
+    for unit, size in (("d", 86400), ("h", 3600), ("min", 60)):
+        if seconds >= size and seconds % size == 0:
+            return f"{int(seconds // size)}{unit}"
+    return f"{seconds:g}s"
+
+
+def _parse_fraction(text: str | None) -> float | None:
+    if text is None:
+        return None
+    try:
+        value = float(text[:-1]) / 100 if text.endswith("%") else float(text)
+    except ValueError:
+        raise InvalidInputError(f"--sample takes a percentage like 10% or a fraction like 0.1, got {text!r}") from None
+    if not 0 < value <= 1:
+        raise InvalidInputError(f"--sample must be in (0%, 100%], got {text!r}")
+    return value
+
+
+@cli.command()
+@click.option("--rebuild-index", is_flag=True, help="Rebuild the index from the pack files first.")
+@click.option(
+    "--level",
+    type=click.Choice(["refs", "metadata", "full"]),
+    default="full",
+    show_default=True,
+    help="refs: refs and commit graph; metadata: also snapshots and chunk presence; full: also re-hash all data.",
+)
+@click.option("--full", "full_flag", is_flag=True, help="Same as --level full (the default).")
+@click.option("--sample", default=None, metavar="PCT", help="Re-hash a random sample of objects, e.g. 10%.")
+@click.option("--remote", "remote_name", default=None, metavar="NAME", help="Check remote NAME instead.")
+@json_option
+@click.pass_obj
+def fsck(
+    obj: Context,
+    rebuild_index: bool,
+    level: str,
+    full_flag: bool,
+    sample: str | None,
+    remote_name: str | None,
+    as_json: bool,
+) -> None:
+    """Verify the refs, the commit graph and every stored byte against its hash.
+    Exits 1 and names each damaged object when anything is wrong."""
+    fraction = _parse_fraction(sample)
+    if full_flag:
+        level = "full"
+    elif fraction is not None and level == "full":
+        level = "metadata"  # the sample replaces the full read
+    if remote_name is not None and rebuild_index:
+        raise InvalidInputError("--rebuild-index checks the local index; a remote has none (its catalog is rebuilt)")
+    with progress_bar("fsck", not as_json) as progress:
+        if remote_name is not None:
+            report = obj.repo.fsck_remote(remote_name, level=level, sample=fraction, progress=progress)
+        else:
+            report = obj.repo.fsck(rebuild_index=rebuild_index, level=level, sample=fraction, progress=progress)
+    if as_json:
+        emit_json(report.to_json())
+    else:
+        if report.rebuilt_index:
+            click.echo("index rebuilt from packs")
+        click.echo(
+            f"checked {report.objects_checked} objects ({human_bytes(report.bytes_checked)}) in "
+            f"{report.packs_checked} packs; {report.commits_reachable} reachable commits"
+        )
+        for p in report.problems:
+            click.echo(f"{p.severity}: {p.kind}: {p.object_id or '-'}: {p.detail}")
+        click.echo("ok" if report.ok else f"DAMAGED: {len(report.damaged_objects())} objects")
+    if not report.ok:
+        sys.exit(FSCK_DAMAGE_EXIT)
+
+
+@cli.command()
+@json_option
+@click.pass_obj
+def du(obj: Context, as_json: bool) -> None:
+    """Logical vs stored bytes, dedup and compression ratios, unique bytes per commit."""
+    usage = obj.repo.du()
+    if as_json:
+        emit_json(usage.to_json())
+        return
+    click.echo(f"commits:           {usage.commits}")
+    click.echo(f"logical:           {human_bytes(usage.logical_bytes)}")
+    click.echo(f"unique (raw):      {human_bytes(usage.unique_raw_bytes)}   dedup x{usage.dedup_ratio:.2f}")
+    click.echo(
+        f"stored chunks:     {human_bytes(usage.stored_chunk_bytes)}   compression x{usage.compression_ratio:.2f}"
+    )
+    click.echo(
+        f"packs on disk:     {human_bytes(usage.pack_bytes)} in {usage.pack_count} packs   "
+        f"overall x{usage.total_ratio:.2f}"
+    )
+    if usage.pruned_commits:
+        click.echo(f"pruned commits:    {usage.pruned_commits} (history kept, data released)")
+    echo_codecs(usage.by_codec)
+    if usage.by_key:
+        click.echo("by top-level key:  logical / stored (distinct chunks)")
+        for k in usage.by_key:
+            click.echo(f"  {k.key:<16} {human_bytes(k.logical_bytes):>10} / {human_bytes(k.stored_bytes):>10}")
+    if usage.per_commit:
+        click.echo("unique bytes per commit (what pruning it alone would free):")
+        for c in usage.per_commit:
+            first = c.message.splitlines()[0] if c.message else ""
+            size = "pruned" if c.pruned else human_bytes(c.unique_stored_bytes)
+            click.echo(f"  {c.commit[:12]}  {size:>10}  {first}")
+
+
+@cli.command()
+@click.option("--keep-last", type=int, default=None, metavar="N", help="Keep the last N commits of each branch.")
+@click.option("--keep-best", multiple=True, metavar="METRIC:min|max:N", help="Keep the N best by a metric.")
+@click.option("--keep-every", type=int, default=None, metavar="K", help="Keep every K-th commit (root = 0).")
+@click.option("--keep-within", default=None, metavar="DURATION", help="Keep commits younger than e.g. 7d, 12h.")
+@click.option("--branch", "branches", multiple=True, metavar="B", help="Only prune on these branches.")
+@click.option("--auto/--no-auto", default=None, help="Apply the stored policy after every commit.")
+@click.option("--dry-run", is_flag=True, help="Show what would be released and why the rest is kept.")
+@json_option
+@click.pass_obj
+def retain(
+    obj: Context,
+    keep_last: int | None,
+    keep_best: tuple[str, ...],
+    keep_every: int | None,
+    keep_within: str | None,
+    branches: tuple[str, ...],
+    auto: bool | None,
+    dry_run: bool,
+    as_json: bool,
+) -> None:
+    """Apply a retention policy: commits no rule keeps are pruned (history and
+    metrics stay; `ckvc gc` frees their data once their packs are older than the
+    gc_grace period, `ckvc gc --now` at once). Rules given here are stored as the
+    repository's policy; with none, the stored policy is used."""
+    from ckvc.retention_policy import KeepBest, RetentionPolicy, parse_duration
+
+    repo = obj.repo
+    stored = repo.retention_policy()
+    if keep_last or keep_best or keep_every or keep_within:
+        policy = RetentionPolicy(
+            keep_last=keep_last,
+            keep_best=tuple(KeepBest.parse(b) for b in keep_best),
+            keep_every=keep_every,
+            keep_within_s=parse_duration(keep_within) if keep_within else None,
+            branches=branches or None,
+            auto=bool(auto) if auto is not None else bool(stored and stored.auto),
+        )
+    elif stored is not None:
+        policy = stored
+        if branches or auto is not None:
+            policy = dataclasses.replace(
+                policy, branches=branches or policy.branches, auto=policy.auto if auto is None else auto
+            )
+    else:
+        raise InvalidInputError("no retention policy stored; give rules, e.g. ckvc retain --keep-last 3")
+    plan = repo.retain(policy, dry_run=dry_run)
+    if not dry_run and policy != stored:
+        repo.set_retention(policy)
+    if as_json:
+        emit_json({**plan.to_json(), "dry_run": dry_run})
+        return
+    click.echo(f"policy: {policy.describe()}{' (auto)' if policy.auto else ''}")
+    verb = "would release" if dry_run else "released"
+    click.echo(
+        f"{verb} {len(plan.released)} commits; keeping {len(plan.kept)}; {len(plan.already_pruned)} pruned before"
+    )
+    messages = {c.id: c for name in repo.branches() for c in repo.log(name)}
+    for cid, reasons in plan.kept.items():
+        msg = messages[cid].message.splitlines()[0] if cid in messages and messages[cid].message else ""
+        click.echo(f"  keep    {cid[:12]}  {msg:<24.24} {'; '.join(reasons)}")
+    for cid in plan.released:
+        msg = messages[cid].message.splitlines()[0] if cid in messages and messages[cid].message else ""
+        click.echo(f"  release {cid[:12]}  {msg}")
+    if not dry_run and plan.released:
+        grace = _duration_text(repo.config.gc_grace_s)
+        click.echo(
+            f"their data is freed by `ckvc gc`, except packs written in the last {grace} (gc_grace), "
+            "which gc keeps for concurrent writers; `ckvc gc --now` frees those too "
+            "(only when nothing else is writing to this repository)"
+        )
+
+
+@cli.command()
+@click.option("--dry-run", is_flag=True, help="Only print what would be reclaimed.")
+@click.option("--now", is_flag=True, help="Skip the grace period (only when nothing else is writing).")
+@click.option("--grace", default=None, metavar="DURATION", help="Grace period for young packs (default from config).")
+@click.option("--remote", "remote", default=None, metavar="NAME", help="Collect the packs of this remote instead.")
+@json_option
+@click.pass_obj
+def gc(obj: Context, dry_run: bool, now: bool, grace: str | None, remote: str | None, as_json: bool) -> None:
+    """Reclaim space: delete what no ref, recent reflog entry or unpruned commit
+    needs, and repack mostly-dead packs."""
+    from ckvc.retention_policy import parse_duration
+
+    if remote is not None:
+        done = obj.repo.gc_remote(remote, dry_run=dry_run, now=now, grace_s=parse_duration(grace) if grace else None)
+        if as_json:
+            emit_json(done.to_json())
+            return
+        click.echo(
+            f"remote {done.remote}: {done.live_objects} live objects; {done.count('delete')} of "
+            f"{len(done.packs)} packs to delete ({human_bytes(done.bytes_to_delete)}), "
+            f"{done.count('young')} in the grace period"
+        )
+        if done.executed:
+            click.echo(f"freed {human_bytes(done.bytes_freed)}: {done.packs_deleted} packs deleted")
+            if done.kept_revived:
+                click.echo(f"{len(done.kept_revived)} packs kept: a concurrent push needs them")
+        return
+    report = obj.repo.gc(dry_run=dry_run, now=now, grace_s=parse_duration(grace) if grace else None)
+    if as_json:
+        emit_json(report.to_json())
+        return
+    plan = report.plan
+    click.echo(
+        f"live: {plan.live_objects} objects, {human_bytes(plan.live_bytes)}; "
+        f"reclaimable: {human_bytes(plan.reclaimable_bytes)} "
+        f"({plan.count('delete')} packs to delete, {plan.count('repack')} to repack, "
+        f"{plan.count('young')} in the grace period)"
+    )
+    if report.executed:
+        click.echo(
+            f"freed {human_bytes(report.bytes_freed)}: {report.packs_deleted} packs deleted, "
+            f"{report.packs_repacked} repacked into {report.packs_written}, in {report.seconds:.2f} s "
+            f"(writers blocked {report.critical_section_s * 1000:.0f} ms)"
+        )
+        if report.kept_revived:
+            click.echo(f"{len(report.kept_revived)} packs kept: a concurrent commit needs them")
