@@ -382,7 +382,7 @@ def commit(
     consistency = _consistency_value(state, consistency_key)
     request = dataclasses.replace(request, pickled=staged.pickled)
     if remote is not None:
-        _hold_parts_on(repo, remote)
+        hold_parts_on(repo, remote)
         local_stage: Future[None] = Future()
         bucket_args = (repo, group, coordinator, staged.tree, request, lossy, consistency, progress, remote)
         if not blocking:
@@ -617,8 +617,9 @@ def _run_remote(
             _all_gather_bytes(group, b"")
     except _PeerLost as exc:
         if expected is not None and start is not None and start.target and _landed_on(core, remote, start, expected):
-            # The coordinator moved the remote's branch, then was lost before saying so.
-            if leader:
+            # The remote's branch names the commit, but a rank was lost after the swap,
+            # perhaps this node's first: every survivor records it here.
+            if entries:
                 blobs, request = _combined(entries, request)
                 with write.batch(core) as writer:
                     _record(core, remote, writer, blobs, request, write.Head(start.target, start.parent), expected)
@@ -653,7 +654,7 @@ def _landed_on(core: Any, remote: str, start: _Start, expected: str) -> bool:
         return False
 
 
-def _hold_parts_on(repo: Repo, remote: str) -> None:
+def hold_parts_on(repo: Repo, remote: str) -> None:
     """A node's repository holds only its own ranks' parts: ``remote`` becomes a
     promisor of it (absent chunks are fetched from there, fsck counts them as held
     there), as a lazy clone's origin is. UnknownRemoteError before anything is written."""

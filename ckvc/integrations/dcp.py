@@ -25,15 +25,16 @@ mode): it opens the repository once per process on first use.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import io
 import math
 import os
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -62,12 +63,15 @@ from ckvc import state as state_mod
 from ckvc.config import FILES_VERSION
 from ckvc.core import Repository
 from ckvc.distributed import BlobNode, pack_tree
-from ckvc.errors import CorruptObjectError, InvalidInputError, ObjectNotFoundError
+from ckvc.errors import CkvcError, CorruptObjectError, InvalidInputError, ObjectNotFoundError
 from ckvc.integrations import DCP_METADATA_KEY
 from ckvc.objects import Blob, Commit
 from ckvc.refs import branch_ref
 from ckvc.repo import Repo
 from ckvc.state import TensorInfo
+
+if TYPE_CHECKING:
+    from ckvc.remote.repository import Remote
 
 FORMAT = "ckvc.dcp"
 VERSION = 1
@@ -88,11 +92,11 @@ _MEMORY_FORMATS = {
 _OPENED: dict[tuple[int, str], Repo] = {}
 
 
-def _open(path: str) -> Repository:
+def _open(path: str) -> Repo:
     key = (os.getpid(), path)
     if key not in _OPENED:
         _OPENED[key] = Repo.open(path)
-    return _OPENED[key].core
+    return _OPENED[key]
 
 
 class _RepoHandle:
@@ -101,24 +105,27 @@ class _RepoHandle:
 
     def __init__(self, repo: Repo | str | os.PathLike[str]) -> None:
         self.path: str | None
+        self._pid = os.getpid()
         if isinstance(repo, Repo):
             self.path = str(repo.core.path) if repo.core.path is not None else None  # None: in memory
-            self._core: Repository | None = repo.core
-            self._pid = os.getpid()
+            self._repo: Repo | None = repo
         elif isinstance(repo, (str, os.PathLike)):
             self.path = str(Path(repo).resolve())
-            self._core = None
-            self._pid = os.getpid()
+            self._repo = None
         else:
             raise InvalidInputError(f"repo must be a ckvc.Repo or a path, got {type(repo).__name__}")
 
     @property
-    def core(self) -> Repository:
-        if self._core is None or self._pid != os.getpid():
+    def repo(self) -> Repo:
+        if self._repo is None or self._pid != os.getpid():
             if self.path is None:
                 raise InvalidInputError("an in-memory repository cannot be used from another process")
-            self._core, self._pid = _open(self.path), os.getpid()
-        return self._core
+            self._repo, self._pid = _open(self.path), os.getpid()
+        return self._repo
+
+    @property
+    def core(self) -> Repository:
+        return self.repo.core
 
     def __getstate__(self) -> dict[str, Any]:
         if self.path is None:
@@ -126,7 +133,7 @@ class _RepoHandle:
         return {"path": self.path}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.path, self._core, self._pid = state["path"], None, os.getpid()
+        self.path, self._repo, self._pid = state["path"], None, os.getpid()
 
 
 def _done(value: Any) -> Future[Any]:
@@ -165,6 +172,7 @@ class Writer(StorageWriter):
         metrics: Mapping[str, Any] | None = None,
         metadata: Mapping[str, Any] | None = None,
         branch: str | None = None,
+        remote: str | None = None,
     ) -> None:
         super().__init__()
         if metadata is not None and METADATA_KEY in metadata:
@@ -172,6 +180,11 @@ class Writer(StorageWriter):
         self.request = write.CommitRequest.checked(message, metrics, metadata)
         self.branch = branch_ref(branch) if branch is not None else None  # a bad name fails here
         self.repo = _RepoHandle(repo)
+        self.remote = remote
+        if remote is not None:
+            from ckvc.distributed import hold_parts_on
+
+            hold_parts_on(self.repo.repo, remote)
         self.is_coordinator = False
         self.rank = 0
         self.head: write.Head | None = None  # where the save lands, read while planning
@@ -204,13 +217,30 @@ class Writer(StorageWriter):
 
     def prepare_global_plan(self, plans: list[SavePlan]) -> list[SavePlan]:
         """Read where the commit lands, once, for every rank: all ranks delta
-        against that parent and ``finish`` moves the branch from it."""
+        against that parent and ``finish`` moves the branch from it (with
+        ``remote``: the remote's branch)."""
         core = self.repo.core
-        if self.branch is None:
+        if self.remote is not None:
+            target = self.branch or core.refs.head()[0]
+            if target is None:
+                raise InvalidInputError("HEAD is detached: pass branch= to save to a remote")
+            with self._remote(create=True) as handle:
+                self.head = write.Head(target, handle.core.refs.read(target))
+        elif self.branch is None:
             self.head = write.read_head(core)
         else:
             self.head = write.Head(self.branch, core.refs.read(self.branch))
         return [dataclasses.replace(p, storage_data=self.head) for p in plans]
+
+    @contextlib.contextmanager
+    def _remote(self, *, create: bool = False) -> Iterator[Remote]:
+        """The remote, open and pinned (a remote gc deletes nothing this step counts on)."""
+        from ckvc.remote import publish
+
+        assert self.remote is not None
+        opened = publish.open_for_commit(self.repo.core, self.remote, create=create)
+        with contextlib.closing(opened) as handle, handle.core.store.pin():
+            yield handle
 
     # ---- writing ----------------------------------------------------------------
     def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future[list[WriteResult]]:
@@ -218,6 +248,8 @@ class Writer(StorageWriter):
         head = plan.storage_data if isinstance(plan.storage_data, write.Head) else write.Head(None, None)
         policy = write.chunk_policy(core)
         results: list[WriteResult] = []
+        if self.remote is not None and head.parent is not None and not core.object_exists(head.parent):
+            _fetch_history(core, self.remote)  # this node missed the last save: its deltas need the parent
         with write.batch(core) as writer:
             batch: list[tuple[Any, state_mod.PendingBlob]] = []
             size = 0
@@ -230,6 +262,11 @@ class Writer(StorageWriter):
                     batch, size = [], 0
             results.extend(self._write(core, batch, head, policy, writer))
             writer.commit()  # durable and indexed before the coordinator names it
+        if self.remote is not None:
+            from ckvc.remote import publish
+
+            with self._remote() as handle:  # then on the remote, before the coordinator names it
+                publish.upload_part(core, handle, [r.storage_data for r in results])
         return _done(results)
 
     @staticmethod
@@ -326,6 +363,10 @@ class Writer(StorageWriter):
             metadata={**self.request.metadata, METADATA_KEY: {"world_size": len(results)}},
         )
         core.upgrade_format(FILES_VERSION)  # JSON-like commit metadata
+        if self.remote is not None:
+            self.commit_id = self._publish(blobs, request, head)
+            metadata.storage_meta = StorageMeta(checkpoint_id=self.commit_id, save_id=self.save_id)
+            return
         with write.batch(core) as writer:
             # Under this pin gc removes nothing, so a chunk present now stays until
             # the branch names the commit (the other ranks' pins ended with write_data).
@@ -337,6 +378,35 @@ class Writer(StorageWriter):
                 )
             self.commit_id = write.finish(core, blobs, request, head=head, writer=writer)
         metadata.storage_meta = StorageMeta(checkpoint_id=self.commit_id, save_id=self.save_id)
+
+
+    def _publish(self, blobs: list[Blob], request: write.CommitRequest, head: write.Head) -> str:
+        """The commit on the remote (ckvc.remote.publish), once every chunk DCP's
+        metadata names is there; then recorded in the coordinator's repository."""
+        from ckvc.remote import publish
+
+        core = self.repo.core
+        assert self.remote is not None and head.target is not None
+        with self._remote() as handle, write.batch(core) as writer:
+            handle.core.store.refresh()  # the other ranks' packs
+            missing = [c for b in blobs for c in b.chunks if not handle.core.store.has(c)]
+            if missing:
+                raise ObjectNotFoundError(
+                    f"{len(missing)} chunks the ranks wrote are not on {self.remote}: nothing was committed",
+                    object_id=missing[0].hex(),
+                )
+            commit_id = publish.publish(core, handle, writer, blobs, request, head.parent, head.target)
+            publish.record(core, self.remote, writer, blobs, request, head.parent, head.target)
+        return commit_id
+
+
+def _fetch_history(core: Repository, remote: str) -> None:
+    """The remote's commits and snapshots (no chunks). Only deltas need them: a
+    failure (another rank of this node fetching at once) costs those, nothing else."""
+    from ckvc.remote.fetch import fetch
+
+    with contextlib.suppress(CkvcError, OSError):
+        fetch(core, remote, chunks=False)
 
 
 # ---- reading --------------------------------------------------------------------

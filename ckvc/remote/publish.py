@@ -23,10 +23,10 @@ from collections.abc import Sequence
 
 from ckvc import write
 from ckvc.core import Repository
-from ckvc.errors import CkvcError, CkvcWarning
+from ckvc.errors import CkvcError, CkvcWarning, RefConflictError
 from ckvc.objects import Blob
 from ckvc.refs import BRANCH_PREFIX
-from ckvc.remote.common import TransferStats, is_ancestor, move_tracking, remotes_of
+from ckvc.remote.common import TransferStats, is_ancestor, move_tracking, remotes_of, tracking_ref
 from ckvc.remote.push import upload_objects
 from ckvc.remote.repository import Remote, open_remote
 from ckvc.storage.object_writer import ObjectWriter
@@ -88,16 +88,27 @@ def record(
     and commit written here (from the parts every rank was sent), the
     remote-tracking ref moved, and the local branch fast-forwarded when it was at
     ``parent`` or behind it (else left, with a warning). The commit observers
-    run (stats, retention, the cache; auto_push finds the remote up to date)."""
+    run (stats, retention, the cache; auto_push finds the remote up to date).
+    Several ranks of one node may record the same commit (when its first rank
+    was lost): the refs they find already moved to it are done."""
     _, commit_id = write.put_commit(writer, blobs, request, parent)
     writer.commit()
     branch = ref[len(BRANCH_PREFIX) :]
-    move_tracking(local, remote, branch, commit_id, "commit")
+    try:
+        move_tracking(local, remote, branch, commit_id, "commit")
+    except RefConflictError:
+        if local.refs.read(tracking_ref(remote, branch)) != commit_id:
+            raise  # another rank of this node recorded the same commit: done; anything else is not
     current = local.refs.read(ref)
     if current == commit_id:
         return commit_id
     if current is None or current == parent or (parent is not None and is_ancestor(local, current, parent)):
-        local.refs.set_if_equals(ref, current, commit_id, write.commit_reflog_message(request))
+        try:
+            local.refs.set_if_equals(ref, current, commit_id, write.commit_reflog_message(request))
+        except RefConflictError:
+            if local.refs.read(ref) == commit_id:
+                return commit_id
+            raise
         write.announce(local, write.Committed(commit_id, write.Head(ref, current)))
     else:
         warnings.warn(

@@ -16,8 +16,9 @@ import ckvc.distributed
 from ckvc.errors import DistributedCommitError
 
 RANKS_PER_NODE = 2
-# Rows of each rank's weight x 48: parts of about 4.3 MB (over the S3 reader's 1 MiB coalescing gap), so that a fresh node's
-# fetch of one part is measured against that part, not against a gap read to save a request.
+# Rows of each rank's weight x 48: parts of about 4.3 MB (over the S3 reader's 1 MiB
+# coalescing gap), so that a fresh node's fetch of one part is measured against that
+# part, not against a gap read to save a request.
 SCALE = 350
 
 
@@ -119,3 +120,27 @@ def commit_with_a_kill(rank: int, world: int, nodes: str, step: int, victim: int
             return {"id": commit_id}
         except DistributedCommitError as exc:
             return {"error": type(exc).__name__, "message": str(exc)}
+
+
+def dcp_save(rank: int, world: int, nodes: str, seed: int) -> dict[str, Any]:
+    """dcp.save of DTensors sharded over the world, through each node's repository to the bucket."""
+    import torch.distributed.checkpoint as dcp
+    from dcp_fns import dtensor_state
+
+    import ckvc.dcp
+
+    state = dtensor_state(world, seed, empty=False)
+    with ckvc.Repo.open(node_dir(nodes, rank)) as repo:
+        writer = ckvc.dcp.Writer(repo, message=f"dcp world {world}", remote="origin")
+        metadata = dcp.save(state, storage_writer=writer)
+        assert metadata.storage_meta is not None
+        return {"id": metadata.storage_meta.checkpoint_id}
+
+
+def dcp_load_fresh(rank: int, world: int, url: str, endpoint: str, fresh: str, rev: str, seed: int) -> dict[str, Any]:
+    """A node that never saw the run: its own lazy clone, then dcp.load at this world size."""
+    from dcp_fns import load_dtensors
+
+    path = Path(fresh) / f"rank{rank}"
+    ckvc.Repo.clone(url, path, endpoint=endpoint, lazy=True).close()
+    return load_dtensors(rank, world, str(path), rev, seed)

@@ -26,7 +26,7 @@ def full_tensors(seed: int) -> dict[str, torch.Tensor]:
     }
 
 
-def _dtensor_state(world: int, seed: int, empty: bool) -> dict[str, Any]:
+def dtensor_state(world: int, seed: int, empty: bool) -> dict[str, Any]:
     mesh = init_device_mesh("cpu", (world,))
     full = full_tensors(seed)
     if empty:
@@ -42,7 +42,7 @@ def _dtensor_state(world: int, seed: int, empty: bool) -> dict[str, Any]:
 
 
 def save_dtensors(rank: int, world: int, repo_dir: str, seed: int) -> dict[str, Any]:
-    state = _dtensor_state(world, seed, empty=False)
+    state = dtensor_state(world, seed, empty=False)
     metadata = dcp.save(state, storage_writer=ckvc.dcp.Writer(repo_dir, message=f"world {world}", metrics={"x": 1.0}))
     assert metadata.storage_meta is not None
     return {"id": metadata.storage_meta.checkpoint_id}
@@ -53,7 +53,7 @@ def load_dtensors(rank: int, world: int, repo_dir: str, rev: str, seed: int) -> 
     if world == 1:
         state: dict[str, Any] = {"model": {k: torch.zeros_like(v) for k, v in full_tensors(seed).items()}, "step": 0}
     else:
-        state = _dtensor_state(world, seed, empty=True)
+        state = dtensor_state(world, seed, empty=True)
     dcp.load(state, storage_reader=ckvc.dcp.Reader(repo_dir, rev))
     model = {k: v.full_tensor() if isinstance(v, DTensor) else v for k, v in state["model"].items()}
     return {"model": describe_state(model), "step": state["step"]}
