@@ -37,6 +37,7 @@ RUNS = {
     "web": ("web.py --commits 20 --repeats 1 --dir {tmp}", "acceptance (<= 1.0 s, API == CLI):"),
     "ab-trees": ("ab_trees.py --before {root} --after {root} --size-mb 4 --rounds 1 --dir {tmp}", "after/before"),
     "distributed": ("distributed.py --size-mb 8 --rounds 1 --saves 2 --dir {tmp}", "goals (ratio to FileSystemWriter"),
+    "multinode": ("multinode.py --size-mb 4 --saves 2 --rounds 1 --dir {tmp}", "goals: bytes"),
     "s3-client": ("s3_client.py --size-mib 1 --rounds 1 --small 2 --ranged-mib 1", "conditional writes on moto:"),
     "hybrid": ("hybrid.py --sections policy --ops 4 --seeds 1 --dir {tmp}", "chosen lru vs lru"),
     # a directory remote, and moto where it is installed (else the script says "S3 left out")
