@@ -32,7 +32,7 @@ import threading
 import time
 import uuid
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -60,12 +60,24 @@ def lease_bytes(holder: str, shared: bool, expires: float) -> bytes:
 
 
 class LeaseLocks:
-    """``hold(name)`` on ``backend`` with leases of ``term`` seconds."""
+    """``hold(name)`` on ``backend`` with leases of ``term`` seconds. ``clock`` (the
+    wall clock leases' expiry is stamped and compared in) and ``monotonic`` (the clock
+    of deadlines and of how long a held lease surely stands) are injectable for tests."""
 
-    def __init__(self, backend: Backend, *, term: float = 60.0, folder: str = LEASE_FOLDER) -> None:
+    def __init__(
+        self,
+        backend: Backend,
+        *,
+        term: float = 60.0,
+        folder: str = LEASE_FOLDER,
+        clock: Callable[[], float] = time.time,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.backend = backend
         self.term = term
         self.folder = folder
+        self.clock = clock
+        self.monotonic = monotonic
         self._held: dict[str, _Renewer] = {}  # lease key -> its renewer, while its block runs
         self._held_lock = threading.Lock()
 
@@ -76,7 +88,7 @@ class LeaseLocks:
         before a step that cannot be undone (a remote ref move, retiring packs)."""
         with self._held_lock:
             held = list(self._held.items())
-        now = time.monotonic()
+        now = self.monotonic()
         for key, renewer in held:
             if renewer.lost or now > renewer.valid_until:
                 name = key[len(self.folder) + 1 :].rsplit("/", 1)[0]
@@ -85,9 +97,17 @@ class LeaseLocks:
                     "stopped before changing anything more"
                 )
 
+    def renew_held(self) -> None:
+        """Renew every lease this process holds here now, as each one's thread does every
+        third of its term (a failed renewal is left to the next one, as there)."""
+        with self._held_lock:
+            held = list(self._held.values())
+        for renewer in held:
+            renewer.renew()
+
     def leases(self, name: str) -> list[Lease]:
         """The unexpired leases of ``name``; expired ones are deleted on the way."""
-        now = time.time()
+        now = self.clock()
         found: list[Lease] = []
         for key in list(self.backend.list(f"{self.folder}/{name}/")):
             data = self.backend.get(key)
@@ -109,7 +129,7 @@ class LeaseLocks:
     def hold(self, name: str, *, shared: bool = False, timeout: float = 30.0) -> Iterator[None]:
         holder = uuid.uuid4().hex
         key = f"{self.folder}/{name}/{holder}"
-        deadline = time.monotonic() + timeout
+        deadline = self.monotonic() + timeout
         poll = FIRST_POLL
         renewer: _Renewer | None = None
         try:
@@ -125,9 +145,9 @@ class LeaseLocks:
                         renewer.stop(delete=True)
                         renewer = None
                 except BackendError as exc:  # a store hiccup: look again, until the deadline
-                    if not exc.transient or time.monotonic() + poll > deadline:
+                    if not exc.transient or self.monotonic() + poll > deadline:
                         raise
-                if time.monotonic() + poll > deadline:
+                if self.monotonic() + poll > deadline:
                     waited = f" (waited {timeout:.0f} s)" if timeout else ""
                     raise RepositoryLockedError(f"{name} is locked by another process{waited}")
                 time.sleep(poll * random.uniform(0.5, 1.5))
@@ -157,7 +177,7 @@ class _Renewer:
 
     def __init__(self, locks: LeaseLocks, key: str, holder: str, shared: bool) -> None:
         self.locks, self.key, self.holder, self.shared = locks, key, holder, shared
-        written = time.monotonic()
+        written = locks.monotonic()
         try:
             self.version: Version = locks.backend.compare_and_swap(key, None, self._bytes())
         except RefConflictError:  # ours (the key is unique): an earlier try landed and its answer was lost
@@ -166,13 +186,14 @@ class _Renewer:
                 raise BackendError(f"lease {key} vanished while being created", key=key, transient=True) from None
             self.version = locks.backend.compare_and_swap(key, found[1], self._bytes())
         self.lost = False
+        self._renewing = threading.Lock()  # the thread's renewals and renew_held's, one at a time
         self.valid_until = self._valid_from(written)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"ckvc-lease {key}", daemon=True)
         self._thread.start()
 
     def _bytes(self) -> bytes:
-        return lease_bytes(self.holder, self.shared, time.time() + self.locks.term)
+        return lease_bytes(self.holder, self.shared, self.locks.clock() + self.locks.term)
 
     def _valid_from(self, written: float) -> float:
         """Until when (monotonic) a lease written at ``written`` surely stands: its
@@ -182,15 +203,23 @@ class _Renewer:
 
     def _run(self) -> None:
         while not self._stop.wait(self.locks.term / 3):
-            written = time.monotonic()
+            if not self.renew():
+                return
+
+    def renew(self) -> bool:
+        """One renewal (the thread's, every third of the term); False once the lease is lost."""
+        with self._renewing:
+            if self.lost:
+                return False
+            written = self.locks.monotonic()
             try:
                 self.version = self.locks.backend.compare_and_swap(self.key, self.version, self._bytes())
                 self.valid_until = self._valid_from(written)
             except (RefConflictError, ObjectNotFoundError):  # deleted as expired: the lease is gone
                 self.lost = True
-                return
             except Exception:  # a failed renewal is retried at the next tick; expiry is the bound
-                continue
+                pass
+            return not self.lost
 
     def stop(self, *, delete: bool) -> bool:
         """Stop renewing (and delete the lease); whether it was lost while held."""

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -143,31 +142,63 @@ def test_a_dead_holders_lease_expires() -> None:
     assert list(backend.list("locks/")) == []  # released: gone
 
 
+class FakeClock:
+    """Both of a LeaseLocks' clocks, moved only by ``advance``."""
+
+    def __init__(self) -> None:
+        self.now = 1_000_000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
 def test_a_held_lease_is_renewed() -> None:
+    """Renewed (here by hand, as the holder's thread does every third of the term), a
+    lease held past its first term still keeps others out; once renewals stop for
+    longer than the term, it is a dead holder's and another taker deletes it."""
     backend = MemoryBackend(object_store_semantics=True)
-    locks = LeaseLocks(backend, term=1.0)
-    held, release = threading.Event(), threading.Event()
-
-    def hold() -> None:
-        with locks.hold("gc.lock"):
-            held.set()
-            release.wait(10)
-
-    t = threading.Thread(target=hold)
-    t.start()
-    try:
-        assert held.wait(10)
-        first = backend.get_versioned(next(iter(backend.list("locks/gc.lock/"))))
-        time.sleep(1.3)  # past its term: without the renewals (every third of it) the lease would have expired
-        with pytest.raises(RepositoryLockedError), locks.hold("gc.lock", shared=True, timeout=0):
-            pass
-        again = backend.get_versioned(next(iter(backend.list("locks/gc.lock/"))))
+    clock = FakeClock()
+    locks = LeaseLocks(backend, term=60, clock=clock, monotonic=clock)
+    other = LeaseLocks(backend, term=60, clock=clock, monotonic=clock)
+    with locks.hold("gc.lock"):
+        [key] = list(backend.list("locks/gc.lock/"))
+        first = backend.get_versioned(key)
+        for _ in range(3):  # 3 x 30 s: past the 60 s term, renewed every 30 s
+            clock.advance(30)
+            locks.renew_held()
+            locks.check_held()
+        again = backend.get_versioned(key)
         assert first is not None and again is not None and again[1] != first[1]
-    finally:
-        release.set()
-        t.join()
+        assert json.loads(again[0])["expires"] == clock.now + 60
+        with pytest.raises(RepositoryLockedError), other.hold("gc.lock", shared=True, timeout=0):
+            pass
+        clock.advance(61)  # no renewal for longer than the term: expired
+        with other.hold("gc.lock", timeout=0):
+            assert key not in list(backend.list("locks/gc.lock/"))
+        with pytest.raises(RepositoryLockedError, match=r"gc\.lock lapsed while held"):
+            locks.check_held()
     with locks.hold("gc.lock", timeout=0):
         pass
+
+
+def test_the_lease_renewer_thread_renews() -> None:
+    """The holder's thread renews by itself (a 0.3 s term: every 0.1 s); the test waits
+    for the renewal, however long it takes."""
+    backend = MemoryBackend(object_store_semantics=True)
+    locks = LeaseLocks(backend, term=0.3)
+    with locks.hold("gc.lock"):
+        [key] = list(backend.list("locks/gc.lock/"))
+        first = backend.get_versioned(key)
+        assert first is not None
+        deadline = time.monotonic() + 60
+        while (again := backend.get_versioned(key)) is not None and again[1] == first[1]:
+            assert time.monotonic() < deadline, "no renewal in 60 s"
+            time.sleep(0.01)
+        assert again is not None and json.loads(again[0])["expires"] > json.loads(first[0])["expires"]
+    assert list(backend.list("locks/")) == []
 
 
 def test_credentials_from_an_aws_profile_file(
@@ -202,10 +233,15 @@ def test_a_lease_whose_renewals_fail_lapses() -> None:
                 raise BackendError("renewal failed", key=key, transient=True)
             return self.inner.compare_and_swap(key, expected, data)
 
-    locks = LeaseLocks(FailingRenewals(MemoryBackend(object_store_semantics=True)), term=0.6)
+    clock = FakeClock()
+    locks = LeaseLocks(FailingRenewals(MemoryBackend(object_store_semantics=True)), term=60, monotonic=clock)
     with locks.hold("gc.lock"):
         locks.check_held()
-        time.sleep(0.7)  # two renewals failed; the term (less its margin) is over
+        for _ in range(2):  # two renewals fail
+            clock.advance(20)
+            locks.renew_held()
+        locks.check_held()  # 40 s: within the term less its margin (50 s)
+        clock.advance(11)  # the term (less its margin) is over
         with pytest.raises(RepositoryLockedError, match=r"gc\.lock lapsed while held"):
             locks.check_held()
     locks.check_held()  # released: nothing held, nothing to check
