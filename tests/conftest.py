@@ -3,13 +3,13 @@ CLI runner) live in helpers.py, importable from module-level code as well."""
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import torch
 from fault_proxy import s3_proxy  # noqa: F401 (fixture: a fault-injecting proxy in front of it)
+from helpers import SOAK, STRESS
 from s3server import s3_bucket, s3_server  # noqa: F401 (fixtures: the S3 test server on loopback)
 
 import ckvc
@@ -25,8 +25,17 @@ def repo(tmp_path: Path) -> Iterator[ckvc.Repo]:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Tests marked ``slow`` (soak runs) run only with CKVC_SOAK=1."""
-    if os.environ.get("CKVC_SOAK") == "1":
+    """Two tiers. Tests marked ``stress`` (long kill loops, soaks, benchmark smoke runs)
+    are deselected unless the stress tier runs (CKVC_STRESS=1, as ``bash .ci/test --all``
+    sets it) or ``-m`` names them. Tests marked ``slow`` (the longest soaks) are skipped
+    unless CKVC_SOAK=1."""
+    markexpr = config.getoption("markexpr", "") or ""
+    if not STRESS and "stress" not in markexpr:
+        kept = [item for item in items if "stress" not in item.keywords]
+        if len(kept) != len(items):
+            config.hook.pytest_deselected(items=[item for item in items if "stress" in item.keywords])
+            items[:] = kept
+    if SOAK:
         return
     skip = pytest.mark.skip(reason="soak test: run with CKVC_SOAK=1")
     for item in items:

@@ -4,12 +4,14 @@ small states, run the CLI in this process."""
 
 from __future__ import annotations
 
+import os
 from collections import Counter
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import blake3
+import pytest
 import torch
 from click.testing import CliRunner, Result
 
@@ -17,6 +19,18 @@ from ckvc.cli import cli
 from ckvc.storage.backend import Backend, ForwardingBackend
 from ckvc.storage.object_store import ObjectStore
 from ckvc.storage.packs import pack_key
+
+STRESS = os.environ.get("CKVC_STRESS") == "1" or os.environ.get("CKVC_SOAK") == "1"
+"""The stress tier runs (``bash .ci/test --all`` sets CKVC_STRESS=1; CKVC_SOAK=1 implies it)."""
+SOAK = os.environ.get("CKVC_SOAK") == "1"
+"""The even longer soaks run: ``slow`` tests, and the stress tier's loops at their soak counts."""
+
+
+def tier(default: int, stress: int, soak: int | None = None) -> list[Any]:
+    """Parameters for a loop's count: ``default`` in the default tier, ``stress`` marked
+    ``stress`` (and ``soak`` instead under CKVC_SOAK=1), e.g. ``@pytest.mark.parametrize("kills",
+    tier(4, 50, 200))``: both run in the stress tier, the short one in every tier."""
+    return [default, pytest.param(soak if SOAK and soak is not None else stress, marks=pytest.mark.stress)]
 
 
 def run(repo_dir: Path, *args: str) -> Result:
