@@ -3,7 +3,9 @@
 The benchmarks produce the speed and size figures the issues are judged by, and
 nothing else runs them: a refactor once left compression.py's fresh-process
 checkout timer importing a module it could not find. These runs check that each
-script completes and prints its summary, not what the figures are.
+script completes and prints its summary, not what the figures are. They are the
+stress tier's (``bash .ci/test --all``): 14 subprocesses, each importing torch and
+timing several runs.
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ RUNS = {
 }
 
 
+@pytest.mark.stress
 @pytest.mark.parametrize("name", list(RUNS))
 def test_benchmark_script_runs(name: str, tmp_path: Path) -> None:
     command, expected = RUNS[name]
