@@ -1,18 +1,22 @@
 """gc under stress: concurrent with a committer, and SIGKILLed at random instants.
 
-1. One process commits in a loop (and keeps making throwaway branches whose
-   tensors later main commits deduplicate against) while another runs
+1. One process makes a number of commits (and keeps making throwaway branches
+   whose tensors later main commits deduplicate against) while another runs
    ``gc(now=True)`` (no grace period: only the gc lock protects writers) in a
-   loop. Every acknowledged commit must restore bit-exact, fsck must be clean.
+   loop until the committer is done. Every acknowledged commit must restore
+   bit-exact, fsck must be clean. 24 commits in the default tier, 400 (about a
+   minute) in the stress tier; how the runs interleaved (e.g. how often gc spared a
+   pack a commit had just deduplicated against) is printed, not asserted
+   (tests/test_gc.py makes that race happen deterministically).
 2. A child runs gc on a repository full of garbage and is SIGKILLed at a random
    instant, over and over (plus kills aimed at the narrow windows: after a copy
    pack is sealed, after the index swap, mid-rename, mid-unlink). After every
-   kill nothing reachable is lost and fsck is clean; a final gc reclaims all the
-   leftovers.
+   kill nothing reachable is lost (fsck's metadata level, a sample of commits
+   loaded), every tenth kill and at the end every commit is loaded and every byte
+   re-hashed; a final gc reclaims all the leftovers. Default tier: 3 random kills
+   and each aimed kill once; stress tier: 50 random kills and each aimed kill 3 times.
 3. Deterministic reproductions of two bugs these stress tests found (a pack
    sealed while gc plans; more packs than the open-file limit), now fixed.
-
-CKVC_GC_STRESS_SECONDS overrides the duration of the concurrency test (default 60).
 """
 
 from __future__ import annotations
@@ -33,7 +37,7 @@ from typing import Any
 
 import pytest
 import torch
-from helpers import assert_state_equal
+from helpers import assert_state_equal, tier
 
 import ckvc
 import ckvc.gc as ckvc_gc
@@ -43,14 +47,11 @@ from ckvc.retention import RetentionPolicy
 
 CHUNK_SIZE = 64 << 10
 ELEMENTS = (256 << 10) // 4  # one 256 KiB float32 tensor: 4 chunks
-STRESS_SECONDS = float(os.environ.get("CKVC_GC_STRESS_SECONDS", "60"))
-# Pause between the committer's iterations: about 7 commits a second keeps the
-# repository (one pack per commit) to a few hundred packs in 60 s, well under the
+# Pause between the committer's iterations (it lets gc runs in between); the
+# repository (one pack per commit) stays at a few hundred packs, well under the
 # common 1024 open-file limit (see test_fsck_and_gc_with_more_packs_than_the_open_file_limit).
 COMMIT_PAUSE_S = 0.1
-RANDOM_KILLS = 50
 AIMED_KILLS = ("copy-sealed", "index-swapped", "renamed", "trash-unlinked")
-AIMED_ROUNDS = 3  # each aimed kill this many times, on top of the random ones
 
 
 def _ctx() -> Any:
@@ -100,15 +101,13 @@ def main_state(k: int) -> dict[str, Any]:
     return state
 
 
-def _committer(root: str, log_path: str, err_path: str, seconds: float, go: Any) -> None:
+def _committer(root: str, log_path: str, err_path: str, commits: int, go: Any, finished: Any) -> None:
     fd = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     try:
         torch.set_num_threads(1)
         with ckvc.Repo.open(root) as repo:
             go.wait()
-            deadline = time.monotonic() + seconds
-            k = 1
-            while time.monotonic() < deadline:
+            for k in range(1, commits + 1):
                 if k % 3 == 0:
                     name = f"tmp-{k}"
                     repo.branch(name)
@@ -118,18 +117,20 @@ def _committer(root: str, log_path: str, err_path: str, seconds: float, go: Any)
                     repo.delete_branch(name)
                 commit_id = repo.commit(main_state(k), message=f"k={k}")
                 _write_line(fd, f"{k} {commit_id}\n")
-                k += 1
                 time.sleep(COMMIT_PAUSE_S)
     except BaseException:
         _report_error(err_path)
+        finished.set()
         os._exit(1)
+    finished.set()
     os._exit(0)
 
 
-def _gc_loop(root: str, out_path: str, err_path: str, seconds: float, go: Any) -> None:
-    """gc(now=True) in a loop. A run that raises is recorded (the parent asserts
-    there were none, after checking that nothing was lost) and the loop goes on:
-    a failed run is like a crashed one, the next run must cope."""
+def _gc_loop(root: str, out_path: str, err_path: str, commits: int, go: Any, finished: Any) -> None:
+    """gc(now=True) in a loop until the committer has finished, and once more after.
+    A run that raises is recorded (the parent asserts there were none, after checking
+    that nothing was lost) and the loop goes on: a failed run is like a crashed one,
+    the next run must cope."""
     totals: dict[str, Any] = {
         "runs": 0,
         "failed_runs": 0,
@@ -146,8 +147,9 @@ def _gc_loop(root: str, out_path: str, err_path: str, seconds: float, go: Any) -
         torch.set_num_threads(1)
         with ckvc.Repo.open(root) as repo:
             go.wait()
-            deadline = time.monotonic() + seconds
-            while time.monotonic() < deadline:
+            last = False
+            while not last:
+                last = finished.is_set()  # the run after the committer's last commit is the last
                 try:
                     report = repo.gc(now=True)
                 except Exception:
@@ -168,38 +170,36 @@ def _gc_loop(root: str, out_path: str, err_path: str, seconds: float, go: Any) -
     os._exit(0)
 
 
-def test_gc_concurrent_with_commits(tmp_path: Path) -> None:
+@pytest.mark.parametrize("commits", tier(24, 400))
+def test_gc_concurrent_with_commits(tmp_path: Path, commits: int) -> None:
     root = tmp_path / "repo"
     with ckvc.Repo.init(root, chunk_size=CHUNK_SIZE) as repo:
         repo.set_config(reflog_expiry_s=0)  # deleted branches' commits are garbage at once
         base = repo.commit(main_state(0), message="k=0")
     log_path, err_path, out_path = tmp_path / "commits.log", tmp_path / "errors.txt", tmp_path / "gc.json"
     ctx = _ctx()
-    go = ctx.Event()
-    common = (str(err_path), STRESS_SECONDS, go)
+    go, finished = ctx.Event(), ctx.Event()
+    common = (str(err_path), commits, go, finished)
     committer = ctx.Process(target=_committer, args=(str(root), str(log_path), *common), daemon=True)
     collector = ctx.Process(target=_gc_loop, args=(str(root), str(out_path), *common), daemon=True)
     committer.start()
     collector.start()
-    started = time.monotonic()  # each child opens the repository, then waits for go
-    go.set()
+    go.set()  # each child opens the repository, then waits for go
     for proc in (committer, collector):
-        proc.join(timeout=STRESS_SECONDS + 300)
+        proc.join(timeout=1800)
         if proc.exitcode is None:
             assert proc.pid is not None
             os.kill(proc.pid, signal.SIGKILL)
             proc.join()
-    elapsed = time.monotonic() - started
     errors = err_path.read_text() if err_path.exists() else ""
     assert not errors, errors
     assert (committer.exitcode, collector.exitcode) == (0, 0)
-    assert elapsed >= STRESS_SECONDS
 
     acknowledged: dict[int, str] = {0: base}
     for line in log_path.read_text().splitlines():
         number, commit_id = line.split()
         acknowledged[int(number)] = commit_id
-    assert sorted(acknowledged) == list(range(len(acknowledged)))
+    assert sorted(acknowledged) == list(range(commits + 1))
     gc_totals = json.loads(out_path.read_text())
     errors = gc_totals.pop("errors")
     print(f"\ncommits acknowledged: {len(acknowledged) - 1}; gc: {gc_totals}")
@@ -213,14 +213,13 @@ def test_gc_concurrent_with_commits(tmp_path: Path) -> None:
         assert report.ok, report.problems
         assert repo.branches() == {"main": acknowledged[len(acknowledged) - 1]}
 
-        assert len(acknowledged) > 30, "the committer barely ran"
-        assert gc_totals["runs"] >= 10
-        assert gc_totals["bytes_freed"] > 0
-        assert gc_totals["packs_deleted"] > 0 and gc_totals["packs_repacked"] > 0
-        assert gc_totals["objects_copied"] > 0
-        # The race this test is about happened: gc planned to delete a pack that a
-        # commit then deduplicated against, and spared it in its critical section.
-        assert gc_totals["kept_revived"] > 0
+        # The last gc run came after the last commit: it (if no earlier one) reclaimed
+        # the throwaway commits that no main commit reuses. How often gc repacked,
+        # and how often it spared a pack that a commit deduplicated against between
+        # its plan and its critical section, depends on how the runs interleaved:
+        # printed above, not asserted.
+        assert gc_totals["runs"] >= 1
+        assert gc_totals["bytes_freed"] > 0 and gc_totals["packs_deleted"] > 0
 
         final = repo.gc(now=True)
         assert final.executed
@@ -273,12 +272,23 @@ def _add_round(repo: ckvc.Repo, g: int, expected: dict[str, dict[str, Any]]) -> 
     repo.retain(POLICY)
 
 
-def _check_repo(repo: ckvc.Repo, expected: dict[str, dict[str, Any]], heads: dict[str, str], what: str) -> Any:
+def _check_repo(
+    repo: ckvc.Repo,
+    expected: dict[str, dict[str, Any]],
+    heads: dict[str, str],
+    what: str,
+    sample: random.Random | None = None,
+) -> Any:
     """Every commit that must survive restores bit-exact, pruned ones still have
-    their commit object, the branches did not move, fsck is clean."""
+    their commit object, the branches did not move, fsck is clean. With ``sample``:
+    what a killed gc could have touched (packs, the index: every chunk of every commit
+    present, fsck's metadata level), and 3 commits drawn from it loaded, not all."""
     assert repo.branches() == heads, what
     pruned = repo.pruned()
-    for commit_id, state in expected.items():
+    chosen = list(expected.items())
+    if sample is not None:
+        chosen = sample.sample(chosen, min(3, len(chosen)))
+    for commit_id, state in chosen:
         if commit_id in pruned:
             repo.read_commit(commit_id)
             continue
@@ -288,7 +298,7 @@ def _check_repo(repo: ckvc.Repo, expected: dict[str, dict[str, Any]], heads: dic
             raise AssertionError(
                 f"{what}: commit {commit_id} ({repo.read_commit(commit_id).message}): {exc!r}"
             ) from exc
-    report = repo.fsck()
+    report = repo.fsck(level="full" if sample is None else "metadata")
     assert report.ok, f"{what}: {report.problems}"
     return report
 
@@ -379,7 +389,9 @@ def _last_phase(phase_path: Path) -> str:
     return lines[-1] if lines else "start"
 
 
-def test_sigkill_gc_at_random_instants(tmp_path: Path) -> None:
+@pytest.mark.parametrize("kills", tier((3, 1), (50, 3)), ids=lambda k: f"{k[0]}-random-{k[1]}-aimed-rounds")
+def test_sigkill_gc_at_random_instants(tmp_path: Path, kills: tuple[int, int]) -> None:
+    random_kills, aimed_rounds = kills
     rng = random.Random(20240917)
     root = tmp_path / "repo"
     expected: dict[str, dict[str, Any]] = {}  # commit id -> its state (pruned ones: history only)
@@ -409,8 +421,8 @@ def test_sigkill_gc_at_random_instants(tmp_path: Path) -> None:
     window = max(0.02, 1.2 * gc_seconds)
 
     ctx = _ctx()
-    aimed = [a for a in AIMED_KILLS for _ in range(AIMED_ROUNDS)]
-    schedule: list[str | None] = [None] * RANDOM_KILLS + aimed
+    aimed = [a for a in AIMED_KILLS for _ in range(aimed_rounds)]
+    schedule: list[str | None] = [None] * random_kills + aimed
     rng.shuffle(schedule)
     landed = 0  # random kills that hit a running gc
     phases: dict[str, int] = {}
@@ -439,7 +451,9 @@ def test_sigkill_gc_at_random_instants(tmp_path: Path) -> None:
             aimed_hit[aim] = aimed_hit.get(aim, 0) + 1
 
         with ckvc.Repo.open(root) as repo:
-            _check_repo(repo, expected, heads, f"iteration {i} (aim {aim}, last phase {last})")
+            every_byte = i % 10 == 9
+            what = f"iteration {i} (aim {aim}, last phase {last})"
+            _check_repo(repo, expected, heads, what, None if every_byte else rng)
             # Keep gc busy: replenish the garbage when a gc got far (and now and then
             # anyway), so that there is always something to delete and to repack.
             added = 0
@@ -457,12 +471,12 @@ def test_sigkill_gc_at_random_instants(tmp_path: Path) -> None:
 
     print(
         f"\ngc calibration {gc_seconds * 1000:.0f} ms ({calibration_report.packs_deleted} packs deleted, "
-        f"{calibration_report.packs_repacked} repacked); random kills landed {landed}/{RANDOM_KILLS}, "
+        f"{calibration_report.packs_repacked} repacked); random kills landed {landed}/{random_kills}, "
         f"by last phase {phases}; aimed kills hit {aimed_hit}; rounds {rounds}"
     )
-    assert landed >= RANDOM_KILLS * 0.7, (landed, phases)
-    assert len(phases.keys() - {"done"}) >= 2, phases
-    assert sum(aimed_hit.values()) >= len(aimed) // 2, aimed_hit
+    # Where the random kills landed depends on timing: printed above. The aimed ones
+    # always land: before each gc there is garbage to delete and to repack.
+    assert aimed_hit == {aim: aimed_rounds for aim in AIMED_KILLS}, aimed_hit
 
     with ckvc.Repo.open(root) as repo:
         final = repo.gc(now=True)
