@@ -1,8 +1,11 @@
 """SIGKILL during a push at random instants, on a directory remote: afterwards no
 remote ref names incomplete data (fsck of the remote is clean), and the next push
 sends exactly what the remote still lacks; the same for a fetch, whose next run
-resumes from what the killed one verified. 30 and 15 runs by default; CKVC_SOAK=1
-runs 200 and 100."""
+resumes from what the killed one verified. 4 and 3 runs in the default tier, 30 and
+15 in the stress tier, 200 and 100 with CKVC_SOAK=1. Where the random kills landed
+is printed; the first push run is killed by itself once its first pack is on the
+remote, so a kill inside a push is always among them. After each kill, what it could
+touch: every byte of the remote (small) and the refs the next push or fetch moves."""
 
 from __future__ import annotations
 
@@ -16,28 +19,38 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 import torch
+from helpers import tier
 
 import ckvc
 from ckvc.fsck import run_fsck
 from ckvc.gc import mark
 from ckvc.remote.repository import open_remote
 
-RUNS = 200 if os.environ.get("CKVC_SOAK") == "1" else 30
-FETCH_RUNS = 100 if os.environ.get("CKVC_SOAK") == "1" else 15
 # A zygote: imports once, then forks one pusher (or fetcher) per line on stdin, so
 # each run costs a fork, not an interpreter start. It prints the child's pid, the
 # child prints "started" once it has opened the repository, "done <seconds>" if
-# it finishes, and the zygote "reaped" once it is gone.
+# it finishes, and the zygote "reaped" once it is gone. A line "aim DIR" makes the
+# child SIGKILL itself right after the first pack lands in DIR.
 ZYGOTE = """
-import os, sys, time
+import os, signal, sys, time
 from ckvc.repo import Repo
 def say(*words):  # one write(2) per line: below PIPE_BUF, lines from both processes never mix
     os.write(1, (" ".join(map(str, words)) + "\\n").encode())
+def aim(folder):
+    for name in ("rename", "replace", "link"):
+        def landed(src, dst, *args, _move=getattr(os, name), **kwargs):
+            _move(src, dst, *args, **kwargs)
+            if str(dst).startswith(folder) and str(dst).endswith(".pack"):
+                os.kill(os.getpid(), signal.SIGKILL)
+        setattr(os, name, landed)
 import ckvc.remote.push, ckvc.remote.fetch
 for _line in sys.stdin:
     pid = os.fork()
     if pid == 0:
+        if _line.startswith("aim "):
+            aim(_line[4:].strip())
         repo = Repo.open(sys.argv[1])
         say("started")
         started = time.monotonic()
@@ -90,11 +103,12 @@ class Zygote:
             text=True,
         )
 
-    def run(self, kill_after: float | None) -> tuple[bool, float | None]:
-        """One push or fetch, SIGKILLed after ``kill_after`` seconds unless None; (killed before
-        it finished, its duration if it finished)."""
+    def run(self, kill_after: float | None, aim: Path | None = None) -> tuple[bool, float | None]:
+        """One push or fetch, SIGKILLed after ``kill_after`` seconds unless None, or by itself
+        once its first pack lands in ``aim``; (killed before it finished, its duration if it
+        finished)."""
         assert self.proc.stdin is not None and self.proc.stdout is not None
-        self.proc.stdin.write("\n")
+        self.proc.stdin.write(f"aim {aim}\n" if aim is not None else "\n")
         self.proc.stdin.flush()
         # the zygote's pid line and the child's "started" share the pipe in either order
         first, second = self.proc.stdout.readline().strip(), self.proc.stdout.readline().strip()
@@ -116,7 +130,8 @@ class Zygote:
         self.proc.wait(timeout=60)
 
 
-def test_sigkill_during_push_then_repush_sends_only_what_is_missing(tmp_path: Path) -> None:
+@pytest.mark.parametrize("runs", tier(4, 30, 200))
+def test_sigkill_during_push_then_repush_sends_only_what_is_missing(tmp_path: Path, runs: int) -> None:
     local = build(tmp_path / "local")
     remote_dir = tmp_path / "remote"
     local.remotes.add("origin", str(remote_dir))
@@ -136,9 +151,13 @@ def test_sigkill_during_push_then_repush_sends_only_what_is_missing(tmp_path: Pa
     duration = min(durations)
     rng = random.Random(19)
     outcomes = {"killed": 0, "finished": 0, "remote existed": 0}
-    for _run in range(RUNS):
+    for run in range(runs):
         subprocess.run(["rm", "-rf", str(remote_dir)], check=True)
-        killed, _ = zygote.run(rng.uniform(0, duration))
+        if run == 0:  # aimed: right after its first pack is on the remote
+            killed, _ = zygote.run(None, aim=remote_dir)
+            assert killed
+        else:
+            killed, _ = zygote.run(rng.uniform(0, duration))
         outcomes["killed" if killed else "finished"] += 1
         with ckvc.Repo.open(tmp_path / "local") as repo:
             if not (remote_dir / "config.json").exists():
@@ -164,11 +183,12 @@ def test_sigkill_during_push_then_repush_sends_only_what_is_missing(tmp_path: Pa
             finally:
                 remote.close()
     zygote.close()
-    print(f"push {duration:.3f} s, {outcomes}")
-    assert outcomes["killed"] >= RUNS // 3 and outcomes["remote existed"] >= RUNS // 3  # inside pushes
+    print(f"push {duration:.3f} s, {runs} runs: {outcomes}")  # how many random kills landed: timing
+    assert outcomes["killed"] >= 1 and outcomes["remote existed"] >= 1  # the aimed run: inside a push
 
 
-def test_sigkill_during_fetch_then_fetch_resumes(tmp_path: Path) -> None:
+@pytest.mark.parametrize("runs", tier(3, 15, 100))
+def test_sigkill_during_fetch_then_fetch_resumes(tmp_path: Path, runs: int) -> None:
     source = build(tmp_path / "source")
     source.remotes.add("origin", str(tmp_path / "remote"))
     source.push("origin", ["main", "dev"], tags=True)
@@ -192,10 +212,14 @@ def test_sigkill_during_fetch_then_fetch_resumes(tmp_path: Path) -> None:
         durations.append(took)
     rng = random.Random(20)
     kept = 0
-    for _run in range(FETCH_RUNS):
+    for run in range(runs):
         fresh()
-        # its first quarter reads metadata and writes nothing: most kills go after it
-        zygote.run(rng.uniform(0.25, 1.0) * min(durations))
+        if run == 0:  # aimed: right after its first verified pack is sealed
+            killed, _ = zygote.run(None, aim=local / ".ckvc")
+            assert killed
+        else:
+            # its first quarter reads metadata and writes nothing: most kills go after it
+            zygote.run(rng.uniform(0.25, 1.0) * min(durations))
         with ckvc.Repo.open(local) as repo:
             assert repo.fsck().ok  # what the killed fetch left is whole, and no ref names anything missing
             have = {oid for oid in live if repo.store.has(oid)}
@@ -208,4 +232,5 @@ def test_sigkill_during_fetch_then_fetch_resumes(tmp_path: Path) -> None:
             assert again.stats.record_bytes == again.bytes_received == sum(sizes[oid] for oid in missing)
             assert repo.remote_branches() == branches and repo.fsck(level="metadata").ok
     zygote.close()
-    assert kept >= 1  # some runs were killed with verified packs already sealed (the resume path)
+    print(f"fetch: {runs} runs, {kept} killed with verified packs already sealed")
+    assert kept >= 1  # the aimed run, at least: the resume path
