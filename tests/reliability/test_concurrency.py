@@ -20,6 +20,7 @@ import ckvc
 
 repo_dir, go_file, who, count = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
 repo = ckvc.Repo.open(repo_dir)
+open(go_file + "." + who + ".ready", "w").close()  # imported torch, opened the repository
 while not os.path.exists(go_file):
     time.sleep(0.001)
 done, conflicts = [], 0
@@ -47,7 +48,10 @@ def test_concurrent_commits_to_one_branch_lose_nothing(tmp_path: Path) -> None:
         )
         for who in ("a", "b")
     ]
-    time.sleep(4.0)  # both children import torch and open the repository
+    ready = [tmp_path / f"go.{who}.ready" for who in ("a", "b")]
+    while not all(r.exists() for r in ready):  # both children imported torch and opened the repository
+        assert all(p.poll() is None for p in procs), [p.communicate() for p in procs]
+        time.sleep(0.01)
     go.write_text("go")
     results = []
     for p in procs:

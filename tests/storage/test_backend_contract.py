@@ -277,13 +277,13 @@ def test_keys_that_escape_are_refused(backend: Backend) -> None:
 def test_lock_exclusion_between_threads(backend: Backend) -> None:
     inside: list[str] = []
     order: list[str] = []
-    entered = threading.Event()
+    entered, release = threading.Event(), threading.Event()
 
     def hold() -> None:
         with backend.lock("gc.lock"):
             inside.append("holder")
             entered.set()
-            time.sleep(0.2)
+            release.wait(60)  # until the refused taker below has been refused
             order.append("holder out")
 
     t = threading.Thread(target=hold)
@@ -291,7 +291,8 @@ def test_lock_exclusion_between_threads(backend: Backend) -> None:
     entered.wait()
     with pytest.raises(RepositoryLockedError), backend.lock("gc.lock", shared=True, timeout=0):
         pass
-    with backend.lock("gc.lock", timeout=10):
+    release.set()
+    with backend.lock("gc.lock", timeout=60):
         order.append("waiter in")
     t.join()
     assert order == ["holder out", "waiter in"]

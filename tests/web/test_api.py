@@ -12,6 +12,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -175,7 +176,9 @@ def test_malformed_requests_do_not_stop_the_server(server: WebServer) -> None:
 
 def test_serving_while_commits_and_gc_run(tmp_path: Path) -> None:
     """A commit loop in this process and `gc --now` in another while clients read:
-    every answer is 200 and self-consistent (each listed commit resolves)."""
+    every answer is 200 and self-consistent (each listed commit resolves). The commits
+    start once the readers have an answer and gc has run once, and the run ends once
+    the readers have seen the last commit and gc has run again (handshakes, not timing)."""
     path = tmp_path / "r"
     with ckvc.Repo.init(path, chunk_size=64 << 10) as repo:
         repo.commit({"w": torch.zeros(64)}, message="0", metrics={"loss": 1.0})
@@ -204,23 +207,39 @@ def test_serving_while_commits_and_gc_run(tmp_path: Path) -> None:
     gc = subprocess.Popen(
         [sys.executable, "-c", GC_LOOP, str(path)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )
+    gc_runs: list[str] = []
+    gc_reader = threading.Thread(target=lambda: gc_runs.extend(iter(gc.stdout.readline, "")), daemon=True)  # type: ignore[union-attr]
+    gc_reader.start()
+
+    def wait_until(done: Any, what: str) -> None:
+        deadline = time.monotonic() + 300
+        while not done():
+            assert time.monotonic() < deadline and gc.poll() is None and not failures, (what, failures[:5])
+            time.sleep(0.01)
+
     try:
+        wait_until(lambda: seen and gc_runs, "a first answer and a first gc")
         with ckvc.Repo.open(path) as repo:
             for i in range(1, 25):
                 repo.commit({"w": torch.full((64,), float(i))}, message=str(i), metrics={"loss": 1.0 / (i + 1)})
                 if i % 6 == 0:
                     repo.retain(ckvc_policy())
+        runs_before = len(gc_runs)
+        wait_until(lambda: len(gc_runs) > runs_before, "a gc after the last commit")
+        wait_until(lambda: max(seen) == 25, "the readers seeing the last commit")
     finally:
         stop.set()
         for t in readers:
             t.join(60)
         gc.terminate()
-        gc_out, err = gc.communicate(timeout=60)
+        _, err = gc.communicate(timeout=60)
+        gc_reader.join(60)
+        gc_out = "".join(gc_runs)
         srv.shutdown()
         srv.server_close()
         srv.api.close()
     assert not failures, failures[:5]
-    assert len(seen) > 1  # the readers saw the history grow
+    assert len(seen) > 1 and max(seen) == 25  # the readers saw the history grow
     assert "Traceback" not in err, err
     assert gc_out.count("gc") >= 2, err  # collections did run while the server answered
     status_final = get_final(path)
