@@ -3,8 +3,9 @@ CLI runner) live in helpers.py, importable from module-level code as well."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -16,12 +17,26 @@ import ckvc
 
 
 @pytest.fixture
-def repo(tmp_path: Path) -> Iterator[ckvc.Repo]:
-    """A fresh repository at ``tmp_path / "r"`` with 64 KiB chunks (small states
-    span several), closed afterwards. A module defining its own ``repo`` overrides it."""
-    r = ckvc.Repo.init(tmp_path / "r", chunk_size=64 << 10)
-    yield r
-    r.close()
+def make_repo(tmp_path: Path) -> Iterator[Callable[..., ckvc.Repo]]:
+    """The repository factory: ``make_repo(name="r", **options)`` makes a new repository
+    at ``tmp_path / name`` with ``Repo.init``'s options (64 KiB chunks unless
+    ``chunk_size`` says otherwise: small states span several); each is closed after
+    the test. A module whose tests want other options overrides ``repo`` with it."""
+    made: list[ckvc.Repo] = []
+
+    def make(name: str = "r", **options: Any) -> ckvc.Repo:
+        made.append(ckvc.Repo.init(tmp_path / name, **{"chunk_size": 64 << 10, **options}))
+        return made[-1]
+
+    yield make
+    for r in reversed(made):
+        r.close()
+
+
+@pytest.fixture
+def repo(make_repo: Callable[..., ckvc.Repo]) -> ckvc.Repo:
+    """A fresh repository at ``tmp_path / "r"`` with 64 KiB chunks, closed afterwards."""
+    return make_repo()
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

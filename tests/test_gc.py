@@ -8,8 +8,7 @@ import os
 import shutil
 import time
 import uuid
-from collections.abc import Iterator
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -93,10 +92,8 @@ def make_dead_branch(repo: ckvc.Repo, n: int = 2, *, seed: int = 100) -> list[st
 
 
 @pytest.fixture
-def repo(tmp_path: Path) -> Iterator[ckvc.Repo]:
-    r = ckvc.Repo.init(tmp_path / "r", chunk_size=CHUNK)
-    yield r
-    r.close()
+def repo(make_repo: Callable[..., ckvc.Repo]) -> ckvc.Repo:
+    return make_repo(chunk_size=CHUNK)
 
 
 def test_state_has_the_assumed_shape(repo: ckvc.Repo) -> None:

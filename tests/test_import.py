@@ -12,7 +12,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -67,10 +67,8 @@ def chain(repo: ckvc.Repo, rev: str = "HEAD") -> list[ckvc.Commit]:
 
 
 @pytest.fixture
-def repo(tmp_path: Path) -> Iterator[ckvc.Repo]:
-    r = ckvc.Repo.init(tmp_path / "repo")
-    yield r
-    r.close()
+def repo(make_repo: Callable[..., ckvc.Repo]) -> ckvc.Repo:
+    return make_repo("repo", chunk_size=None)
 
 
 def test_numeric_order_sidecar_metrics_times_and_contents(repo: ckvc.Repo, tmp_path: Path) -> None:

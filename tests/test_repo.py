@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import warnings
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -30,13 +29,6 @@ def tree_listing(root: Path) -> dict[str, bytes]:
 def ckvc_files(repo: ckvc.Repo) -> dict[str, bytes]:
     # The LMDB lock file changes on every open; it is not repository content.
     return {k: v for k, v in tree_listing(repo.dir).items() if not k.endswith("lock.mdb")}
-
-
-@pytest.fixture
-def repo(tmp_path: Path) -> Iterator[ckvc.Repo]:
-    r = ckvc.Repo.init(tmp_path / "r", chunk_size=64 << 10)
-    yield r
-    r.close()
 
 
 def small_state(seed: int, n: int = 3) -> dict[str, Any]:

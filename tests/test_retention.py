@@ -8,7 +8,7 @@ import json
 import math
 import re
 import time
-from collections.abc import Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -61,10 +61,8 @@ def commits(repo: ckvc.Repo, n: int, *, seed: int = 0, metrics: list[dict[str, f
 
 
 @pytest.fixture
-def repo(tmp_path: Path) -> Iterator[ckvc.Repo]:
-    r = ckvc.Repo.init(tmp_path / "r", chunk_size=CHUNK)
-    yield r
-    r.close()
+def repo(make_repo: Callable[..., ckvc.Repo]) -> ckvc.Repo:
+    return make_repo(chunk_size=CHUNK)
 
 
 # ---- the acceptance scenario ------------------------------------------------------

@@ -6,7 +6,7 @@ import io
 import os
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -23,9 +23,8 @@ CHUNK = 4096  # small chunks: every test tensor spans several
 
 
 @pytest.fixture
-def repo(tmp_path: Path) -> Iterator[ckvc.Repo]:
-    with ckvc.Repo.init(tmp_path / "r", chunk_size=CHUNK) as r:
-        yield r
+def repo(make_repo: Callable[..., ckvc.Repo]) -> ckvc.Repo:
+    return make_repo(chunk_size=CHUNK)
 
 
 # ---- serial vs parallel ------------------------------------------------------

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import os
 import warnings
-from collections.abc import Iterator, Sequence
-from pathlib import Path
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -78,9 +77,8 @@ def rich_state() -> dict[str, Any]:
 
 
 @pytest.fixture
-def repo(tmp_path: Path) -> Iterator[ckvc.Repo]:
-    with ckvc.Repo.init(tmp_path / "r", chunk_size=CHUNK) as r:
-        yield r
+def repo(make_repo: Callable[..., ckvc.Repo]) -> ckvc.Repo:
+    return make_repo(chunk_size=CHUNK)
 
 
 # ---- lazy view ---------------------------------------------------------------

@@ -4,7 +4,7 @@ damage to a keyframe is found and named, and the codec reports add up."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -32,10 +32,8 @@ def epochs(n: int, seed: int = 0) -> list[dict[str, object]]:
 
 
 @pytest.fixture
-def repo(tmp_path: Path) -> Iterator[ckvc.Repo]:
-    r = ckvc.Repo.init(tmp_path / "r", chunk_size=256 << 10, keyframe_interval=4)
-    yield r
-    r.close()
+def repo(make_repo: Callable[..., ckvc.Repo]) -> ckvc.Repo:
+    return make_repo(chunk_size=256 << 10, keyframe_interval=4)
 
 
 def codecs_of(repo: ckvc.Repo, commit_id: str) -> list[int]:

@@ -4,7 +4,6 @@ and never a reason for gc to delete something they might protect."""
 from __future__ import annotations
 
 import warnings
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,13 +22,6 @@ from ckvc.retention import RetentionPolicy
 def state(seed: int) -> dict[str, Any]:
     g = torch.Generator().manual_seed(seed)
     return {"w": torch.randn(32, 32, generator=g), "step": seed}
-
-
-@pytest.fixture
-def repo(tmp_path: Path) -> Iterator[ckvc.Repo]:
-    r = ckvc.Repo.init(tmp_path / "r", chunk_size=64 << 10)
-    yield r
-    r.close()
 
 
 def run(repo_dir: Path, *args: str) -> Result:

@@ -9,8 +9,7 @@ purge all run through that backend.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -38,10 +37,8 @@ def state(seed: int) -> dict[str, Any]:
 
 
 @pytest.fixture
-def repo(tmp_path: Path) -> Iterator[ckvc.Repo]:
-    r = ckvc.Repo.init(tmp_path / "r", chunk_size=CHUNK)
-    yield r
-    r.close()
+def repo(make_repo: Callable[..., ckvc.Repo]) -> ckvc.Repo:
+    return make_repo(chunk_size=CHUNK)
 
 
 def on_object_store(repo: ckvc.Repo) -> MemoryBackend:
