@@ -26,7 +26,7 @@ SOAK = os.environ.get("CKVC_SOAK") == "1"
 """The even longer soaks run: ``slow`` tests, and the stress tier's loops at their soak counts."""
 
 
-def tier(default: int, stress: int, soak: int | None = None) -> list[Any]:
+def tier(default: object, stress: object, soak: object | None = None) -> list[Any]:
     """Parameters for a loop's count: ``default`` in the default tier, ``stress`` marked
     ``stress`` (and ``soak`` instead under CKVC_SOAK=1), e.g. ``@pytest.mark.parametrize("kills",
     tier(4, 50, 200))``: both run in the stress tier, the short one in every tier."""
