@@ -379,7 +379,6 @@ class Writer(StorageWriter):
             self.commit_id = write.finish(core, blobs, request, head=head, writer=writer)
         metadata.storage_meta = StorageMeta(checkpoint_id=self.commit_id, save_id=self.save_id)
 
-
     def _publish(self, blobs: list[Blob], request: write.CommitRequest, head: write.Head) -> str:
         """The commit on the remote (ckvc.remote.publish), once every chunk DCP's
         metadata names is there; then recorded in the coordinator's repository."""

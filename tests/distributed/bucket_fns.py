@@ -100,7 +100,7 @@ def kill_after_publish() -> None:
         os.kill(os.getpid(), signal.SIGKILL)
         raise AssertionError("unreachable")
 
-    publish.publish = then_die  # type: ignore[assignment]
+    publish.publish = then_die
 
 
 def commit_with_a_kill(rank: int, world: int, nodes: str, step: int, victim: int, after_calls: int) -> dict[str, Any]:
