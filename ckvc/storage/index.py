@@ -149,13 +149,22 @@ _CAUGHT = (lmdb.Error, struct.error, UnicodeDecodeError, _BadEntry)
 
 
 class _Env:
-    """One open LMDB environment, shared by the Index objects of one process."""
+    """One open LMDB environment, shared by the Index objects of one process,
+    with its four named databases. They are opened once, here, before any other
+    thread can hold the environment: py-lmdb's open_db waits for LMDB's write
+    lock while holding the GIL, so two threads opening them at once (or one
+    while another writes) deadlock the process."""
 
     def __init__(self, env: lmdb.Environment, key: tuple[Any, ...], readonly: bool) -> None:
         self.env = env
         self.key = key
         self.readonly = readonly
         self.users = 1
+        create = not readonly
+        self.objects = env.open_db(b"objects", create=create)
+        self.packs = env.open_db(b"packs", create=create)  # pack name -> pack number
+        self.packnames = env.open_db(b"packnames", create=create)  # pack number -> pack name
+        self.meta = env.open_db(b"meta", create=create)
 
 
 # One Environment per index file per process: LMDB forbids opening the same
@@ -195,7 +204,11 @@ def _acquire_env(path: Path, readonly: bool) -> _Env:
                         f"cannot create the index {path}: {exc.strerror}", path=str(path)
                     ) from None
                 env = lmdb.open(str(path), map_size=_MAP_SIZE, max_dbs=4, subdir=True, readahead=False)
-        shared = _Env(env, (key[0], key[1], _identity(path)), readonly)
+            try:
+                shared = _Env(env, (key[0], key[1], _identity(path)), readonly)
+            except BaseException:
+                env.close()
+                raise
         _ENVS[shared.key] = shared
         return shared
 
@@ -241,16 +254,10 @@ class Index:
 
     def _open(self) -> None:
         shared = _acquire_env(self.path, self.readonly)
-        try:
-            with lmdb_errors(self.path):
-                create = not shared.readonly
-                self._objects = shared.env.open_db(b"objects", create=create)
-                self._packs = shared.env.open_db(b"packs", create=create)  # pack name -> pack number
-                self._packnames = shared.env.open_db(b"packnames", create=create)  # pack number -> pack name
-                self._meta = shared.env.open_db(b"meta", create=create)
-        except BaseException:
-            _release_env(shared)
-            raise
+        self._objects = shared.objects
+        self._packs = shared.packs
+        self._packnames = shared.packnames
+        self._meta = shared.meta
         self._shared = shared
         self._env = shared.env
 

@@ -208,3 +208,46 @@ def test_temporary_packs_of_dead_writers_are_swept_live_ones_kept(tmp_path: Path
     assert not (pack_dir / f"pack-{'0' * 32}{TMP_SUFFIX}").exists()
     live.append(b"\x01" * 32, 1, 0, 3, b"abc")
     assert (pack_dir / live.seal()).exists()
+
+
+_OPEN_WHILE_WRITING = """
+import sys, threading
+from pathlib import Path
+from ckvc.storage.index import Index
+
+path = Path(sys.argv[1])
+Index(path).close()
+
+
+def opener_and_writer() -> None:
+    for _ in range(200):
+        index = Index(path)
+        index.clear()  # a write transaction while other threads open the index
+        index.close()
+
+
+threads = [threading.Thread(target=opener_and_writer) for _ in range(4)]
+for t in threads:
+    t.start()
+for t in threads:
+    t.join()
+print("done")
+"""
+
+
+def test_threads_open_and_write_one_index_at_once(tmp_path: Path) -> None:
+    """py-lmdb's open_db holds the GIL while it waits for LMDB's write lock: the
+    named databases are opened once per environment, so threads that open the
+    same index while others write never deadlock (auto_push workers of two
+    Repo objects over one remote did). In a child, so a regression fails on
+    the timeout instead of hanging the suite."""
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-c", _OPEN_WHILE_WRITING, str(tmp_path / "index")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0 and done.stdout.strip() == "done", done.stderr
