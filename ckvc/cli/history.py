@@ -309,25 +309,34 @@ def reflog(obj: Context, ref: str, as_json: bool) -> None:
 @json_option
 @click.pass_obj
 def status(obj: Context, as_json: bool) -> None:
-    """Where HEAD is, and (auto_push) what is not backed up yet."""
+    """Where HEAD is, and whether the remote holds it: "backed up" only when the
+    remote's branch (as last pushed, fetched or committed to) holds HEAD's commit."""
     branch_name, commit_id = obj.repo.head()
-    backlog = obj.repo.backup_status()
+    state = obj.repo.status()
+    backlog = state.backlog
     if as_json:
-        out: dict[str, Any] = {"branch": branch_name, "commit": commit_id}
-        if backlog is not None:
-            out["backup"] = backlog.to_json()
-        emit_json(out)
+        emit_json({**state.to_json(), "branch": branch_name, "commit": commit_id})
         return
     if commit_id is None:
         click.echo(f"On branch {branch_name}, no commits yet")
     else:
         click.echo(f"On branch {branch_name}" if branch_name else "HEAD detached")
         click.echo(f"at {commit_id}")
-    if backlog is not None:
-        if not backlog.entries:
-            click.echo(f"backed up to {backlog.remote} (auto_push)")
+    remote = state.remote
+    if remote is not None and state.backed_up is not None:
+        tracked = f"{remote}/{state.branch}"
+        if state.backed_up:
+            click.echo(f"backed up to {remote} ({tracked} holds it)")
         else:
-            refs = ", ".join(dict.fromkeys(e.ref.removeprefix("refs/heads/") for e in backlog.entries))
-            click.echo(f"not backed up to {backlog.remote}: {len(backlog.entries)} commit(s) on {refs}")
-            if backlog.last_error:
-                click.echo(f"  last attempt failed ({backlog.failures}x): {backlog.last_error}; retrying")
+            assert state.not_backed_up is not None
+            click.echo(
+                f"not backed up to {remote}: {state.ahead} commit(s) not on {tracked}, "
+                f"the newest {state.not_backed_up[:12]}"
+            )
+        if state.behind:
+            click.echo(f"behind {tracked} by {state.behind} commit(s)")
+    if backlog is not None and backlog.entries:
+        refs = ", ".join(dict.fromkeys(e.ref.removeprefix("refs/heads/") for e in backlog.entries))
+        click.echo(f"auto_push to {backlog.remote}: {len(backlog.entries)} commit(s) queued on {refs}")
+        if backlog.last_error:
+            click.echo(f"  last attempt failed ({backlog.failures}x): {backlog.last_error}; retrying")

@@ -78,7 +78,8 @@ def test_pending_pushes_warn_at_exit_and_resume_next_time(tmp_path: Path, s3_buc
     tip = repo.commit(train_state(0), message="offline")
     assert not repo.wait_for_backup(1.0)
     text = run(tmp_path / "src", "status").output
-    assert "not backed up to origin: 1 commit(s) on main" in text and "last attempt failed" in text
+    assert f"not backed up to origin: 1 commit(s) not on origin/main, the newest {tip[:12]}" in text
+    assert "auto_push to origin: 1 commit(s) queued on main" in text and "last attempt failed" in text
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         repo.close()
