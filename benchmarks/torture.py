@@ -1936,7 +1936,9 @@ def run_suite(
             if args.match:
                 cases = [c for c in cases if re.search(args.match, f"{category}/{c.name}")]
             elif not args.long and not args.case:
-                cases = spread_sample(cases, SHORT_QUOTA[category], random.Random(args.seed))
+                quota = SHORT_QUOTA[category]
+                quota = max(1, quota // QUICK_FRACTION) if args.quick else quota
+                cases = spread_sample(cases, quota, random.Random(args.seed))
             for case in cases:
                 if args.case and case.name != args.case.split("/", 1)[-1]:
                     continue
@@ -1970,6 +1972,9 @@ SHORT_QUOTA = {
     "writers": 1,
     "deep": 30,
 }
+
+# The quick run (the default test tier) tries this fraction of each quota.
+QUICK_FRACTION = 5
 
 
 def spread_sample(cases: list[Case], quota: int, rng: random.Random) -> list[Case]:
@@ -2041,6 +2046,11 @@ def grouped_failures(results: list[Result]) -> dict[str, list[Result]]:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--long", action="store_true", help="The long run (every injection point, 300+ kills).")
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="A fifth of the short run's sample (the default test tier; the short run is in the stress tier).",
+    )
     p.add_argument("--seed", type=int, default=DEFAULT_SEED)
     p.add_argument("--category", dest="categories", action="append", choices=CATEGORIES)
     p.add_argument("--case", default=None, help="Run only the case of this name (category/name).")
@@ -2057,7 +2067,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.case and not args.categories:
         args.categories = [args.case.split("/", 1)[0]]
     args.categories = args.categories or list(CATEGORIES)
-    args.kills = args.kills or (300 if args.long else 18)
+    args.kills = args.kills or (300 if args.long else 6 if args.quick else 18)
     args.writer_commits = args.writer_commits or (8 if args.long else 3)
     return args
 

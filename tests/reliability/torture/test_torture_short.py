@@ -1,8 +1,9 @@
 """The torture suite (benchmarks/torture.py, issue 12) in the default test run.
 
-The short run (a seeded sample of every category, about two minutes) runs once
-per session; each category then asserts 0 failed, 0 integrity failures and 0
-crashes. Categories that fail today carry a strict xfail naming the failing
+The quick run (a fifth of the short run's seeded sample of every category, about
+forty seconds) runs once per session in the default tier, the short run (about
+three minutes) in the stress tier; each category then asserts 0 failed, 0
+integrity failures and 0 crashes. Categories that fail today carry a strict xfail naming the failing
 cases, so the suite turns red (XPASS) the moment the fixes land and the marker
 can go. CKVC_TORTURE=1 also runs the long version (every injection point, 300+
 kills). The runner's own detection (crashes, hangs, tracebacks, fault wrappers)
@@ -109,16 +110,28 @@ def test_judge_rules() -> None:
     assert {0, 2, 7, 14, 130} <= torture.documented_exit_codes()
 
 
-@pytest.fixture(scope="module")
-def short_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, dict[str, int]], list[Any]]:
-    args = torture.parse_args(["--workdir", str(tmp_path_factory.mktemp("torture"))])
+Run = tuple[dict[str, dict[str, int]], list[Any]]
+
+
+def _suite(tmp_path_factory: pytest.TempPathFactory, *flags: str) -> Run:
+    args = torture.parse_args([*flags, "--workdir", str(tmp_path_factory.mktemp("torture"))])
     lines: list[str] = []
     figs, results = torture.run_suite(args, log=lines.append)
     print("\n".join(lines), "", torture.table(figs), sep="\n")
     return figs, results
 
 
-def _check(category: str, run: tuple[dict[str, dict[str, int]], list[Any]]) -> None:
+@pytest.fixture(scope="module")
+def quick_run(tmp_path_factory: pytest.TempPathFactory) -> Run:
+    return _suite(tmp_path_factory, "--quick")
+
+
+@pytest.fixture(scope="module")
+def short_run(tmp_path_factory: pytest.TempPathFactory) -> Run:
+    return _suite(tmp_path_factory)
+
+
+def _check(category: str, run: Run) -> None:
     figs, results = run
     row = figs.get(category)
     if row is not None and row["tried"] == 0 and row["skipped"]:
@@ -131,7 +144,13 @@ def _check(category: str, run: tuple[dict[str, dict[str, int]], list[Any]]) -> N
 
 
 @pytest.mark.parametrize("category", [_marked(c) for c in torture.CATEGORIES])
-def test_torture_short(short_run: tuple[dict[str, dict[str, int]], list[Any]], category: str) -> None:
+def test_torture_quick(quick_run: Run, category: str) -> None:
+    _check(category, quick_run)
+
+
+@pytest.mark.stress
+@pytest.mark.parametrize("category", [_marked(c) for c in torture.CATEGORIES])
+def test_torture_short(short_run: Run, category: str) -> None:
     _check(category, short_run)
 
 
