@@ -386,13 +386,13 @@ def commit(
         local_stage: Future[None] = Future()
         bucket_args = (repo, group, coordinator, staged.tree, request, lossy, consistency, progress, remote)
         if not blocking:
-            handle = repo.run_in_background(_run_remote, write.owned(pending), *bucket_args, local_stage)
+            handle = repo.run_in_background(_run_remote, pending, *bucket_args, local_stage)
             handle.local_stage = local_stage
             return handle
         return _run_remote(pending, *bucket_args, local_stage)
     args = (repo, group, coordinator, staged.tree, request, lossy, consistency, progress)
     if not blocking:
-        return repo.run_in_background(_run, write.owned(pending), *args)
+        return repo.run_in_background(_run, pending, *args)
     return _run(pending, *args)
 
 

@@ -219,7 +219,7 @@ class Repo(RemoteOps):
         request = dataclasses.replace(request, tree=staged.tree, pickled=staged.pickled)
         args = (request, tuple(merge), lossy, retain, progress, started)
         if not blocking:
-            return background.submit(self._write_commit, write.owned(staged.pending), *args)
+            return background.submit_copy(self._write_commit, staged.pending, *args)
         return self._write_commit(staged.pending, *args)
 
     def _background_commits(self) -> write.BackgroundCommits:
@@ -463,10 +463,11 @@ class Repo(RemoteOps):
     fsck = OnCore(run_fsck)
     du = OnCore(inspect.disk_usage)
 
-    def run_in_background(self, fn: Callable[..., str], *args: Any) -> PendingCommit:
-        """Run ``fn(*args)`` (a commit written elsewhere, e.g. ckvc.distributed) on
-        this repository's background commit thread: in order with the other
-        background commits, its error raised like theirs, waited for at close."""
+    def run_in_background(self, fn: Callable[..., str], pending: Sequence[PendingBlob], *args: Any) -> PendingCommit:
+        """Run ``fn(private copies of pending, *args)`` (a commit written elsewhere,
+        e.g. ckvc.distributed) on this repository's background commit thread: in
+        order with the other background commits, its error raised like theirs,
+        waited for at close. The copies are made before this returns."""
         background = self._background_commits()
         background.raise_unseen()
-        return background.submit(fn, *args)
+        return background.submit_copy(fn, pending, *args)

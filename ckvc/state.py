@@ -169,16 +169,6 @@ def _to_host(t: torch.Tensor, pin: bool) -> tuple[torch.Tensor, bool]:
     return host, not shared
 
 
-def private_copy(data: memoryview) -> dict[str, Any]:
-    """``data`` copied into memory ckvc owns, as PendingBlob fields. torch copies
-    large buffers on all cores (a bytearray copy runs on one), and the first touch
-    of fresh pages dominates an async commit's stall in these VMs."""
-    copy = torch.empty(len(data), dtype=torch.uint8)
-    if len(data):
-        copy.copy_(torch.frombuffer(data, dtype=torch.uint8))
-    return {"data": copy.numpy().data.cast("B"), "owner": copy}
-
-
 def _caller_stacklevel() -> int:
     """The warnings stacklevel of the first frame outside ckvc, as seen from the
     function that calls warnings.warn (which calls this)."""

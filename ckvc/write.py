@@ -18,6 +18,7 @@ import dataclasses
 import math
 import os
 import sys
+import threading
 import time
 import warnings
 import weakref
@@ -174,12 +175,65 @@ def stage(
     return Staged(tree, pending, pickled)
 
 
-def owned(pending: Sequence[PendingBlob]) -> list[PendingBlob]:
-    """The blobs with private copies of their bytes, so the caller may change its
-    tensors at once; blobs already private (from a GPU, made contiguous) stay."""
-    from ckvc import state as state_mod
+class StagingBuffers:
+    """Host memory for the private copies of background commits, reused from one
+    commit to the next: the first touch of fresh pages costs about twice the copy
+    itself (DESIGN, "The stall of a background commit"), so a commit's stall is one
+    copy into warm memory. A buffer comes back once the commit that used it has
+    landed (a failed commit's is dropped: its traceback may still view it); at most
+    ``keep`` are kept, double buffering for a commit made while one is written."""
 
-    return [b if b.private else dataclasses.replace(b, **state_mod.private_copy(b.data), private=True) for b in pending]
+    ALIGN = 64  # each blob starts on a cache line (codecs view blobs as arrays)
+
+    def __init__(self, keep: int = 2) -> None:
+        self.keep = keep
+        self._free: list[Any] = []  # uint8 tensors, smallest first
+        self._lock = threading.Lock()
+
+    def owned(self, pending: Sequence[PendingBlob]) -> tuple[list[PendingBlob], Any]:
+        """The blobs with private copies of their bytes, so the caller may change
+        its tensors at once, and the buffer holding them (None when none was
+        needed) to give back; blobs already private (from a GPU) stay."""
+        import torch
+
+        spans: list[tuple[int, int]] = []
+        size = 0
+        for blob in pending:
+            n = 0 if blob.private else len(blob.data)
+            spans.append((size, n))
+            size += -(-n // self.ALIGN) * self.ALIGN
+        if size == 0:
+            return list(pending), None
+        buffer = self._take(size)
+        flat = buffer.numpy().data.cast("B")
+        out = []
+        for blob, (start, n) in zip(pending, spans, strict=True):
+            if blob.private:
+                out.append(blob)
+                continue
+            if n:
+                buffer[start : start + n].copy_(torch.frombuffer(blob.data, dtype=torch.uint8))
+            out.append(dataclasses.replace(blob, data=flat[start : start + n], owner=buffer, private=True))
+        return out, buffer
+
+    def _take(self, size: int) -> Any:
+        import torch
+
+        with self._lock:
+            for i, buffer in enumerate(self._free):
+                if size <= buffer.numel() <= 2 * size:  # never pin a far larger buffer to a small commit
+                    return self._free.pop(i)
+        return torch.empty(size, dtype=torch.uint8)
+
+    def give(self, buffer: Any) -> None:
+        with self._lock:
+            self._free.append(buffer)
+            self._free.sort(key=lambda b: b.numel())
+            del self._free[: max(0, len(self._free) - self.keep)]
+
+    def clear(self) -> None:
+        with self._lock:
+            self._free.clear()
 
 
 def chunk_policy(core: Repository, lossy: LossySpec = None, backoff: DeltaBackoff | None = None) -> ChunkPolicy:
@@ -623,6 +677,7 @@ class BackgroundCommits:
         self.label = label
         self._thread: ThreadPoolExecutor | None = None
         self.pending: list[Future[str]] = []
+        self.staging = StagingBuffers()
 
     def submit(self, fn: Callable[..., str], *args: Any) -> PendingCommit:
         if self._thread is None:
@@ -631,6 +686,21 @@ class BackgroundCommits:
         future = self._thread.submit(fn, *args)
         self.pending.append(future)
         return PendingCommit(future)
+
+    def submit_copy(self, fn: Callable[..., str], pending: Sequence[PendingBlob], *args: Any) -> PendingCommit:
+        """``fn(private copies of pending, *args)`` in the background; the copies'
+        memory is reused by a later commit once this one has landed."""
+        blobs, buffer = self.staging.owned(pending)
+        handle = self.submit(fn, blobs, *args)
+        if buffer is not None:
+            staging = self.staging
+
+            def give_back(future: Future[str]) -> None:
+                if not future.cancelled() and future.exception() is None:
+                    staging.give(buffer)
+
+            handle._future.add_done_callback(give_back)
+        return handle
 
     def wait(self) -> None:
         """Wait for every pending commit; raise the first error not yet seen."""
@@ -658,6 +728,7 @@ class BackgroundCommits:
             if self._thread is not None:
                 self._thread.shutdown(wait=True)
                 self._thread = None
+            self.staging.clear()
             _WITH_BACKGROUND.discard(self)
 
 

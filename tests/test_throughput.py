@@ -16,6 +16,7 @@ from helpers import assert_state_equal
 
 import ckvc
 from ckvc import state as state_mod
+from ckvc import write
 from ckvc.storage.files import list_packs
 from ckvc.storage.packs import parse_record
 
@@ -98,21 +99,62 @@ def test_async_commit_copies_cpu_tensors_once(repo: ckvc.Repo, monkeypatch: pyte
     assert blobs[0].owner.data_ptr() == contiguous.data_ptr()
 
     copies: list[int] = []
-    real_private_copy = state_mod.private_copy
+    real_take = write.StagingBuffers._take
 
-    def counting_private_copy(data: memoryview) -> dict[str, Any]:
-        copies.append(len(data))
-        return real_private_copy(data)
+    def counting_take(self: write.StagingBuffers, size: int) -> Any:
+        copies.append(size)
+        return real_take(self, size)
 
-    monkeypatch.setattr(state_mod, "private_copy", counting_private_copy)
+    monkeypatch.setattr(write.StagingBuffers, "_take", counting_take)
     want = {k: v.clone() for k, v in state.items()}
     pending = repo.commit(state, blocking=False)
     monkeypatch.undo()
     contiguous.add_(1)  # mutate at once
     strided.add_(1)
     commit_id = pending.result()
-    assert copies == [3000 * 4]  # only the tensor still shared with the caller was copied
+    align = write.StagingBuffers.ALIGN
+    assert copies == [-(-3000 * 4 // align) * align]  # only the tensor still shared with the caller was copied
     assert_state_equal(repo.load(commit_id), want)
+
+
+def test_background_commits_reuse_their_staging_memory(repo: ckvc.Repo) -> None:
+    """The second background commit copies into the first one's buffer (warm
+    pages: the stall is one memcpy), each commit still byte-exact although the
+    caller changes its tensors at once and the buffer is overwritten."""
+    state = {"a": torch.arange(3000, dtype=torch.float32), "b": torch.ones(77, dtype=torch.float64)}
+    staging = repo._background_commits().staging
+    landed, buffers = [], []
+    for step in range(3):
+        want = {k: v.clone() for k, v in state.items()}
+        pending = repo.commit(state, message=str(step), blocking=False)
+        assert staging._free == []  # taken (the first commit: made)
+        for v in state.values():
+            v.add_(1)
+        landed.append((pending.result(), want))
+        assert len(staging._free) == 1  # given back once it landed
+        buffers.append(staging._free[0].data_ptr())
+    assert len(set(buffers)) == 1  # the same memory, reused
+    for commit_id, want in landed:
+        assert_state_equal(repo.load(commit_id), want)
+    # A commit twice as large does not fit: a new buffer, and both are kept (double buffering).
+    big = {"a": torch.zeros(9000, dtype=torch.float32)}
+    repo.commit(big, blocking=False).result()
+    assert len(staging._free) == 2
+    repo.close()
+    assert staging._free == []
+
+
+def test_a_failed_background_commit_drops_its_staging_memory(repo: ckvc.Repo, monkeypatch: pytest.MonkeyPatch) -> None:
+    staging = repo._background_commits().staging
+
+    def fail(*args: Any, **kwargs: Any) -> str:
+        raise OSError(5, "injected")
+
+    monkeypatch.setattr(repo, "_write_commit", fail)
+    pending = repo.commit({"a": torch.ones(100)}, blocking=False)
+    with pytest.raises(OSError):
+        pending.result()
+    assert staging._free == []
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")

@@ -14,7 +14,7 @@ from typing import Any
 import bucket_fns
 import pytest
 from fault_proxy import FaultProxy, Rule
-from helpers import describe_state
+from helpers import describe_state, tier
 from rank_fns import describe, make_state
 from ranks import run_world
 
@@ -187,15 +187,16 @@ def _check_bucket_after_kill(tmp_path: Path, url: str, endpoint: str, before: st
         fresh.close()
 
 
-def test_sigkill_of_one_rank_during_remote_commits(tmp_path: Path, s3_bucket: str, s3_server: Any) -> None:
+@pytest.mark.parametrize("kills", tier(10, 40, 150))
+def test_sigkill_of_one_rank_during_remote_commits(tmp_path: Path, s3_bucket: str, s3_server: Any, kills: int) -> None:
     """Ranks SIGKILLed at chosen object-store calls of a remote commit (the
     coordinator and the others, early and late, and the coordinator right after its
     swap): the bucket's branch never names an incomplete commit."""
     url = f"s3://{s3_bucket}/run"
     nodes = _nodes(tmp_path, url, s3_server.endpoint)
     (before,) = {r["ids"][0] for r in run_world(WORLD, bucket_fns.commit_steps, (str(nodes), [1], True))}
-    rng = random.Random(26)
-    cases = [(0, 0)] + [(rng.randrange(WORLD), rng.randint(1, 14)) for _ in range(9)]
+    rng = random.Random(26 + kills)
+    cases = [(0, 0)] + [(rng.randrange(WORLD), rng.randint(1, 14)) for _ in range(kills - 1)]
     landed = 0
     for i, (victim, after_calls) in enumerate(cases):
         step = 10 + i
