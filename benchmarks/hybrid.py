@@ -48,7 +48,7 @@ from remote import MiB, Places, materialized, timed
 from safetensors.torch import load_file
 
 import ckvc
-from ckvc.cache import POLICIES
+from ckvc.hybrid.cache import POLICIES
 from ckvc.ids import ObjectType
 from ckvc.remote.repository import open_remote
 
@@ -303,7 +303,7 @@ def main(argv: list[str] | None = None) -> None:
               f"(30% of {p['history_chunk_bytes']} B of chunks)")  # fmt: skip
         for name, rate in sorted(p["hit_rate"].items(), key=lambda kv: -kv[1]):
             print(f"  {name:<5} byte hit rate {rate:.3f}  budget violations {p['budget_violations'][name]}")
-        chosen = ckvc.cache.DEFAULT_POLICY
+        chosen = ckvc.hybrid.cache.DEFAULT_POLICY
         best = max((n for n in p["hit_rate"] if n != "unlimited"), key=lambda n: p["hit_rate"][n])
         verdict = "ok" if p["hit_rate"][chosen] >= p["hit_rate"]["lru"] else "WORSE"
         print(f"  chosen {chosen} vs lru: {p['hit_rate'][chosen]:.3f} vs {p['hit_rate']['lru']:.3f} ({verdict}); "

@@ -307,7 +307,7 @@ class Bucket:
     the sizes of the objects under a prefix, and their removal."""
 
     def __init__(self, bucket: str, endpoint: str) -> None:
-        from ckvc.storage.objectstore import open_object_store
+        from ckvc.storage.cloud import open_object_store
 
         self.backend = open_object_store(f"s3://{bucket}", endpoint=endpoint)
 

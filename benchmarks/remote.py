@@ -160,7 +160,7 @@ class S3Place(Place):
     def __init__(self, server: Any, endpoint: str) -> None:
         import obstore
 
-        from ckvc.storage.objectstore import open_object_store
+        from ckvc.storage.cloud import open_object_store
 
         self.obs = obstore
         self.server = server
@@ -204,7 +204,7 @@ class S3Place(Place):
 
     def remove(self) -> None:
         """Every object of the bucket, then the bucket (moto frees their memory)."""
-        from ckvc.storage.objectstore import open_object_store
+        from ckvc.storage.cloud import open_object_store
 
         whole = open_object_store(f"s3://{self.bucket}", endpoint=self.server.endpoint)
         try:

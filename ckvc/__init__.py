@@ -24,7 +24,7 @@ _LAZY: dict[str, str] = {
     "Repo": "ckvc.repo",
     **dict.fromkeys(("rng_state", "set_rng_state"), "ckvc.state"),  # these import torch
     "CommitView": "ckvc.view",  # so do these
-    "IncompatibleKeys": "ckvc.integrations.torch_nn",
+    "IncompatibleKeys": "ckvc.restore",
 }
 
 if TYPE_CHECKING:
@@ -57,9 +57,9 @@ if TYPE_CHECKING:
         UnsupportedTypeError,
     )
     from ckvc.inspect import CommitInfo, StateDiff, TensorChange, TensorSummary
-    from ckvc.integrations.torch_nn import IncompatibleKeys
     from ckvc.objects import Commit, Tag
     from ckvc.repo import Repo
+    from ckvc.restore import IncompatibleKeys
     from ckvc.state import rng_state, set_rng_state
     from ckvc.view import CommitView
     from ckvc.write import CommitStats

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from ckvc.chunking import DEFAULT_CHUNK_SIZE, validate_chunk_size
-from ckvc.codecs.ids import ENCODER_NAMES, MAX_AGE
+from ckvc.codecs.codec_ids import ENCODER_NAMES, MAX_AGE
 from ckvc.errors import (
     CkvcError,
     DurabilityWarning,

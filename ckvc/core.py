@@ -36,7 +36,7 @@ from ckvc.ids import ObjectType
 from ckvc.objects import Commit, Snapshot, Tag
 from ckvc.pruned import PruneLog, PruneRecord
 from ckvc.refs import RefStore, branch_ref
-from ckvc.storage.files import require_writable
+from ckvc.storage.durable import require_writable
 from ckvc.storage.object_store import ObjectStore
 
 if TYPE_CHECKING:

@@ -64,8 +64,8 @@ from ckvc.objects import Blob, Commit, Snapshot
 
 if TYPE_CHECKING:
     from ckvc.codecs.policy import LossySpec
-    from ckvc.integrations.torch_nn import IncompatibleKeys
     from ckvc.repo import Repo
+    from ckvc.restore import IncompatibleKeys
     from ckvc.state import MapLocation
     from ckvc.write import PendingCommit
 
@@ -658,7 +658,8 @@ def hold_parts_on(repo: Repo, remote: str) -> None:
     """A node's repository holds only its own ranks' parts: ``remote`` becomes a
     promisor of it (absent chunks are fetched from there, fsck counts them as held
     there), as a lazy clone's origin is. UnknownRemoteError before anything is written."""
-    from ckvc.remote.lazy import HybridSettings, promisor_names
+    from ckvc.hybrid.promisor import promisor_names
+    from ckvc.hybrid.settings import HybridSettings
 
     repo.remotes.get(remote)
     settings = HybridSettings.load(repo.core)
@@ -835,7 +836,7 @@ def load_into(
 ) -> IncompatibleKeys:
     """``Repo.load_into`` for this rank's part of the distributed commit ``rev``:
     the ``*_key`` paths are within the rank's state."""
-    from ckvc.integrations.torch_nn import load_into as load_into_core
+    from ckvc.restore import load_into as load_into_core
 
     rank = _rank(group, rank)
     commit = _part_commit(repo, rev, rank, group, allow_pickle)

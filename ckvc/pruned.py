@@ -27,7 +27,7 @@ from ckvc.errors import DamageWarning, storage_errors
 from ckvc.ids import is_full_hex_id
 from ckvc.journal import Journal
 from ckvc.storage.backend import Backend
-from ckvc.storage.files import looks_torn
+from ckvc.storage.durable import looks_torn
 from ckvc.storage.local import backend_at
 
 PRUNE_LOG = "pruned.jsonl"

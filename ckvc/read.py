@@ -1,6 +1,6 @@
 """The one read engine: a commit's chunks decoded and verified into their destinations.
 
-``Repo.load``, views (ckvc.view), ``load_into`` (ckvc.integrations.torch_nn) and
+``Repo.load``, views (ckvc.view), ``load_into`` (ckvc.restore) and
 file export (ckvc.files) all read through here, in three steps:
 
 1. **plan**: which chunks, and where each goes: straight into the allocated

@@ -54,7 +54,7 @@ from ckvc.errors import (
 from ckvc.ids import is_full_hex_id
 from ckvc.journal import Journal
 from ckvc.storage.backend import Backend, Version
-from ckvc.storage.files import looks_torn
+from ckvc.storage.durable import looks_torn
 from ckvc.storage.local import backend_at
 
 HEAD = "HEAD"

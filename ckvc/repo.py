@@ -28,16 +28,16 @@ if TYPE_CHECKING:
     import torch
 
     from ckvc import write
-    from ckvc.cache import Hybrid
     from ckvc.codecs.policy import DeltaBackoff, LossySpec
     from ckvc.config import RepoConfig
     from ckvc.executor import Executor
-    from ckvc.integrations.torch_nn import IncompatibleKeys
+    from ckvc.hybrid.backup import Backlog
+    from ckvc.hybrid.cache import Hybrid
+    from ckvc.hybrid.status import Status
     from ckvc.pruned import PruneLog
     from ckvc.refs import RefStore
-    from ckvc.remote.backup import Backlog
     from ckvc.remote.common import PushResult
-    from ckvc.remote.status import Status
+    from ckvc.restore import IncompatibleKeys
     from ckvc.state import MapLocation, PendingBlob
     from ckvc.storage.object_store import ObjectStore
     from ckvc.view import CommitView
@@ -88,7 +88,7 @@ class Repo(RemoteOps):
         self.last_commit_stats: CommitStats | None = None
         self._hybrid: Hybrid | None = None  # a lazy clone's promisor, the cache budget, auto_push
         if core.dir is not None and (core.dir / "hybrid.json").is_file():  # plain repositories import nothing more
-            from ckvc.cache import attach
+            from ckvc.hybrid.cache import attach
 
             self._hybrid = attach(core)
         core.commit_observers.extend((self._record_stats, self._apply_retention, self._update_cache))
@@ -330,7 +330,7 @@ class Repo(RemoteOps):
         scheduler get their ``load_state_dict`` (``map_location``: where their tensors
         load first). Verified as ``load`` is; a chunk found damaged while the model is
         being written leaves it partly written (CorruptObjectError)."""
-        from ckvc.integrations.torch_nn import load_into
+        from ckvc.restore import load_into
 
         return load_into(
             self.core, self.readable_commit(rev, allow_pickle=allow_pickle), model=model, optimizer=optimizer,
@@ -410,7 +410,7 @@ class Repo(RemoteOps):
         ``promisors`` (remotes asked for chunks absent here)."""
         hybrid = {k: values.pop(k) for k in ("cache_size", "auto_push", "promisors") if k in values}
         if hybrid:
-            from ckvc.cache import configure
+            from ckvc.hybrid.cache import configure
 
             self._hybrid = configure(self.core, self._hybrid, **hybrid)
         return self.core.set_config(**values) if values else self.core.config
@@ -425,8 +425,8 @@ class Repo(RemoteOps):
     def status(self) -> Status:
         """HEAD and its standing against the remote (auto_push's, else origin): ahead
         and behind counts, and ``backed_up`` only when the remote's branch, as last
-        seen, holds HEAD's commit (ckvc.remote.status)."""
-        from ckvc.remote.status import status
+        seen, holds HEAD's commit (ckvc.hybrid.status)."""
+        from ckvc.hybrid.status import status
 
         auto_push = self._hybrid.settings.auto_push if self._hybrid is not None else None
         return status(self.core, self.backup_status(), auto_push)
@@ -450,8 +450,8 @@ class Repo(RemoteOps):
         (docs/GUIDE.md, "Three setups"). A plain repository gets one on first use,
         with no budget: everything stays local until ``cache_size`` is set."""
         if self._hybrid is None:
-            from ckvc.cache import Hybrid
-            from ckvc.remote.lazy import HybridSettings
+            from ckvc.hybrid.cache import Hybrid
+            from ckvc.hybrid.settings import HybridSettings
 
             self._hybrid = Hybrid(self.core, HybridSettings.load(self.core))
         return self._hybrid

@@ -32,7 +32,7 @@ from typing import Any
 
 import pytest
 
-from ckvc.storage.objectstore import ObjectStoreBackend
+from ckvc.storage.cloud import ObjectStoreBackend
 
 # Fake credentials for the client only: moto accepts any, and with them set the
 # client never looks further (instance metadata, a user's real profile).
@@ -145,7 +145,7 @@ class S3Server:
 def s3_backend(endpoint: str, bucket: str, prefix: str = "repo", **options: Any) -> ObjectStoreBackend:
     """The ObjectStoreBackend of ``bucket``/``prefix`` at ``endpoint`` (the server's,
     or a fault proxy's in front of it), opened as a user would."""
-    from ckvc.storage.objectstore import open_object_store
+    from ckvc.storage.cloud import open_object_store
 
     return open_object_store(f"s3://{bucket}/{prefix}", endpoint=endpoint, **options)
 

@@ -20,7 +20,7 @@ from ckvc.fsck import BAD_CHECKSUM, UNFINISHED_PACK, UNREFERENCED
 from ckvc.gc import execute_gc, plan_gc
 from ckvc.ids import ObjectType
 from ckvc.retention import RetentionPolicy
-from ckvc.storage.files import list_packs
+from ckvc.storage.durable import list_packs
 from ckvc.storage.local import LocalBackend
 from ckvc.storage.packs import FOOTER, PACK_HEADER, RECORD_HEADER_SIZE, TOC_ENTRY, TOC_HEADER, read_toc
 

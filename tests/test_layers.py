@@ -45,12 +45,13 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("read",),
     ("view", "inspect", "stats"),
     ("fsck", "gc", "retention"),
+    ("hybrid.settings",),  # hybrid.json: a lazy clone's fetch reads it
     ("remote",),
-    ("cache",),  # the hybrid cache: a budget over the local store, in front of the remotes
+    ("hybrid",),  # the hybrid cache: promisor, budget, auto_push, status, in front of the remotes
     ("files",),
-    # load_into (the facade's Repo.load_into) works on the core alone, so it sits
-    # above repo; the framework integrations (dcp, lightning, ...) take a Repo.
-    ("integrations.torch_nn",),
+    # load_into (the facade's Repo.load_into) works on the core alone, below the
+    # facade; the framework integrations (dcp, lightning, ...) take a Repo.
+    ("restore",),
     ("repo",),
     ("distributed",),  # multi-rank commits over a Repo; the DCP integration builds on it
     ("integrations", "importer", "dcp"),
@@ -65,7 +66,7 @@ EXTENSION_MODULES = frozenset({"ckvc._native"})
 # discovery.
 TORCH_FREE: tuple[str, ...] = (
     "ckvc.refs", "ckvc.pruned", "ckvc.config", "ckvc.codecs", "ckvc.objects", "ckvc.ids", "ckvc.executor",
-    "ckvc.core", "ckvc.graph", "ckvc.retention_policy", "ckvc.web", "ckvc.web.api", "ckvc.web.server",
+    "ckvc.core", "ckvc.graph", "ckvc.retention_policy", "ckvc.web", "ckvc.web.routes", "ckvc.web.server",
 )  # fmt: skip
 
 

@@ -19,7 +19,7 @@ from helpers import assert_state_equal
 import ckvc
 from ckvc.fsck import UNREFERENCED
 from ckvc.retention import KeepBest, RetentionPolicy, format_duration, parse_duration, plan_retention
-from ckvc.storage.files import list_packs
+from ckvc.storage.durable import list_packs
 
 CHUNK = 16 << 10
 

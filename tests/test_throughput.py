@@ -17,7 +17,7 @@ from helpers import assert_state_equal
 import ckvc
 from ckvc import state as state_mod
 from ckvc import write
-from ckvc.storage.files import list_packs
+from ckvc.storage.durable import list_packs
 from ckvc.storage.packs import parse_record
 
 CHUNK = 4096  # small chunks: every test tensor spans several

@@ -11,7 +11,7 @@ from ckvc.cli.main import Context, cli
 from ckvc.cli.output import emit_json, human_bytes, json_option
 
 if TYPE_CHECKING:
-    from ckvc.cache import CacheReport
+    from ckvc.hybrid.cache import CacheReport
 
 
 def _text(r: CacheReport) -> list[str]:

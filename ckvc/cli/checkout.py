@@ -48,7 +48,7 @@ def checkout(obj: Context, rev: str | None, output: Path | None, new_branch: str
     if output is not None:
         from ckvc.errors import ReadOnlyRepositoryError
         from ckvc.files import export_commit
-        from ckvc.storage.files import require_writable
+        from ckvc.storage.durable import require_writable
 
         if not output.is_absolute():
             output = Path(obj.directory) / output

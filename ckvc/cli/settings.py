@@ -92,7 +92,7 @@ def config_cmd(obj: Context, key: str | None, value: str | None, as_json: bool) 
                 "reflog_expiry, gc_grace, repack_threshold, keyframe_interval, codec, cache_size, auto_push"
             )
     data = dataclasses.asdict(repo.config)
-    from ckvc.remote.lazy import HybridSettings
+    from ckvc.hybrid.settings import HybridSettings
 
     hybrid = HybridSettings.load(repo.core)
     data.update(cache_size=hybrid.cache_size, auto_push=hybrid.auto_push, lazy=hybrid.lazy)

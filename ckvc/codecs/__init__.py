@@ -20,7 +20,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from ckvc.codecs.ids import BYTEGROUP, CODEC_NAMES, DELTA, MAX_AGE, QUANT, RAW, SPARSE, WHOLE_CODECS, ZSTD
+from ckvc.codecs.codec_ids import BYTEGROUP, CODEC_NAMES, DELTA, MAX_AGE, QUANT, RAW, SPARSE, WHOLE_CODECS, ZSTD
 from ckvc.ids import Buffer
 
 # Name -> the module that defines it (ckvc.codecs.<module>).

@@ -8,8 +8,8 @@ from __future__ import annotations
 import numpy as np
 
 from ckvc.codecs.base import BYTEGROUP, BYTES, DELTA, RAW, SPARSE, ZSTD, ChunkLayout, Codec, DeltaBase
+from ckvc.codecs.codec_ids import MAX_AGE
 from ckvc.codecs.delta import DELTA_HEAD, MAX_CHAIN_DEPTH, SUB, XOR, residual
-from ckvc.codecs.ids import MAX_AGE
 from ckvc.codecs.planes import encode_planes, sample_planes, scratch
 from ckvc.codecs.registry import register_encoder
 from ckvc.codecs.sparse import SPARSE_WIDTHS, encode_sparse, zero_fraction

@@ -10,12 +10,12 @@ from typing import ClassVar, NamedTuple
 import numpy as np
 
 # The ids live in ids.py (no numpy); the codecs keep finding them here too.
-from ckvc.codecs.ids import BYTEGROUP as BYTEGROUP
-from ckvc.codecs.ids import DELTA as DELTA
-from ckvc.codecs.ids import QUANT as QUANT
-from ckvc.codecs.ids import RAW as RAW
-from ckvc.codecs.ids import SPARSE as SPARSE
-from ckvc.codecs.ids import ZSTD as ZSTD
+from ckvc.codecs.codec_ids import BYTEGROUP as BYTEGROUP
+from ckvc.codecs.codec_ids import DELTA as DELTA
+from ckvc.codecs.codec_ids import QUANT as QUANT
+from ckvc.codecs.codec_ids import RAW as RAW
+from ckvc.codecs.codec_ids import SPARSE as SPARSE
+from ckvc.codecs.codec_ids import ZSTD as ZSTD
 from ckvc.codecs.planes import SUPPORTED_WIDTHS
 from ckvc.ids import Buffer
 

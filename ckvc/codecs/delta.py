@@ -25,7 +25,7 @@ import numpy as np
 
 from ckvc.codecs import planes
 from ckvc.codecs.base import BYTEGROUP, DELTA, RAW, SPARSE, ZSTD
-from ckvc.codecs.ids import DELTA_HEAD
+from ckvc.codecs.codec_ids import DELTA_HEAD
 from ckvc.codecs.planes import SUPPORTED_WIDTHS, add_residual_planes, as_u8, decode_plane_set, join_planes, scratch
 from ckvc.codecs.registry import RecordCodec, decode_chunk_into, register
 from ckvc.errors import CorruptObjectError

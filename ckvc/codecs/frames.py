@@ -8,7 +8,7 @@ import threading
 
 import zstandard
 
-from ckvc.codecs.ids import RAW, ZSTD
+from ckvc.codecs.codec_ids import RAW, ZSTD
 from ckvc.errors import CorruptObjectError
 from ckvc.ids import Buffer
 

@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     import torch  # imported where used: reading a store must not import torch (fast CLI)
 
 from ckvc.codecs.base import QUANT
-from ckvc.codecs.ids import QUANT_HEAD
+from ckvc.codecs.codec_ids import QUANT_HEAD
 from ckvc.codecs.planes import as_u8, zstd_decode, zstd_plane_encode
 from ckvc.codecs.registry import RecordCodec, register
 from ckvc.errors import CorruptObjectError

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from ckvc.codecs.ids import CODEC_NAMES, DELTA, DELTA_HEAD, QUANT, QUANT_HEAD, WHOLE_CODECS
+from ckvc.codecs.codec_ids import CODEC_NAMES, DELTA, DELTA_HEAD, QUANT, QUANT_HEAD, WHOLE_CODECS
 from ckvc.errors import CorruptObjectError, UnsupportedFormatError
 from ckvc.ids import Buffer
 

@@ -49,20 +49,14 @@ class RemoteOps:
         """Copy what ``remote``'s branches and tags reach, verified, and move ``refs/remotes/<remote>/*``.
         A lazy clone fetches metadata only (its chunks come on first read)."""
         from ckvc.remote.fetch import fetch
-        from ckvc.remote.lazy import HybridSettings, lazy_fetch
 
-        if HybridSettings.load(self.core).lazy:
-            return lazy_fetch(self.core, remote, progress=progress)
         return fetch(self.core, remote, progress=progress)
 
     def pull(self, remote: str = "origin", *, progress: ProgressCallback | None = None) -> PullResult:
         """fetch, then fast-forward HEAD's branch to ``remote``'s (NonFastForwardError if diverged).
         A lazy clone fetches metadata only."""
         from ckvc.remote.fetch import pull
-        from ckvc.remote.lazy import HybridSettings, lazy_pull
 
-        if HybridSettings.load(self.core).lazy:
-            return lazy_pull(self.core, remote, progress=progress)
         return pull(self.core, remote, progress=progress)
 
     def ls_remote(self, remote: str = "origin") -> dict[str, str]:

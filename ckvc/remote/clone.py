@@ -12,11 +12,11 @@ from ckvc.errors import (
     CkvcError,
     InvalidInputError,
 )
+from ckvc.hybrid.settings import HybridSettings
 from ckvc.ids import is_full_hex_id
 from ckvc.refs import BRANCH_PREFIX, HEAD, RefStore, branch_ref
 from ckvc.remote.common import Progress, remotes_of, tracking_ref
 from ckvc.remote.fetch import fetch
-from ckvc.remote.lazy import HybridSettings, lazy_fetch
 from ckvc.remote.location import RemoteSpec, normalize_url, open_backend
 from ckvc.remote.repository import open_remote
 
@@ -51,7 +51,7 @@ def clone(
     fetched, and the remote HEAD's branch created and checked out (HEAD on it),
     like git. The remote is checked before anything is created; a clone that
     fails removes what it created. ``lazy``: refs and metadata only; chunks are
-    fetched on first read (ckvc.remote.lazy)."""
+    fetched on first read (ckvc.hybrid)."""
     import shutil
 
     from ckvc.core import REPO_DIR
@@ -85,9 +85,7 @@ def clone(
         remotes_of(core).add("origin", normalized, endpoint=endpoint, region=region)
         if lazy:
             HybridSettings(lazy=True, promisors=["origin"]).save(core)
-            lazy_fetch(core, "origin", progress=progress)
-        else:
-            fetch(core, "origin", progress=progress)
+        fetch(core, "origin", progress=progress)  # metadata only when lazy
         tip = core.refs.read(tracking_ref("origin", branch))
         if tip is not None:
             core.refs.set_if_equals(branch_ref(branch), None, tip, f"clone: from {url}")

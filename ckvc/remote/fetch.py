@@ -6,7 +6,7 @@ from __future__ import annotations
 import contextlib
 import time
 import warnings
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from ckvc.core import Repository
@@ -288,7 +288,7 @@ class Fetch:
 
 
 def fetch(
-    local: Repository, remote: str = "origin", *, progress: Progress | None = None, chunks: bool = True
+    local: Repository, remote: str = "origin", *, progress: Progress | None = None, chunks: bool | None = None
 ) -> FetchResult:
     """Copy what the remote's branches and tags reach and this repository lacks,
     every record verified against its id before it is written (CorruptObjectError
@@ -296,7 +296,12 @@ def fetch(
     remote-tracking refs ``refs/remotes/<remote>/*`` and create the remote's tags
     that do not exist here (an existing tag that differs is kept, with a warning).
     An interrupted fetch keeps the packs it sealed and the next one resumes.
-    ``chunks=False``: commits, snapshots and tags only (a lazy clone's fetch)."""
+    ``chunks=False``: commits, snapshots and tags only; the default (None) is
+    that for a lazy clone (hybrid.json), whose chunks come on first read."""
+    from ckvc.hybrid.settings import HybridSettings
+
+    if chunks is None:
+        chunks = not HybridSettings.load(local).lazy
     started = time.monotonic()
     spec = remotes_of(local).get(remote)
     handle = open_remote(local, spec)
@@ -339,17 +344,16 @@ def pull(
     remote: str = "origin",
     *,
     progress: Progress | None = None,
-    fetcher: Callable[..., FetchResult] | None = None,
 ) -> PullResult:
-    """fetch (or ``fetcher``: a lazy clone's metadata-only fetch), then fast-forward
-    HEAD's branch to its remote-tracking branch (an unborn branch is set to it). A
-    branch with commits the remote lacks and the remote with commits it lacks:
+    """fetch (metadata only on a lazy clone), then fast-forward HEAD's branch to
+    its remote-tracking branch (an unborn branch is set to it). A branch with
+    commits the remote lacks and the remote with commits it lacks:
     NonFastForwardError, nothing moved."""
     target, _ = local.refs.head()
     if target is None or not target.startswith(BRANCH_PREFIX):
         raise InvalidInputError("HEAD is detached: pull needs a branch")
     branch = target[len(BRANCH_PREFIX) :]
-    fetched = (fetcher or fetch)(local, remote, progress=progress)
+    fetched = fetch(local, remote, progress=progress)
     theirs = local.refs.read(tracking_ref(remote, branch))
     if theirs is None:
         raise RefNotFoundError(f"remote {remote} has no branch {branch!r}")

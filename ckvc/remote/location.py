@@ -99,10 +99,10 @@ def open_backend(url: str, *, endpoint: str | None = None, region: str | None = 
 def open_object_store_backend(url: str, *, endpoint: str | None, region: str | None) -> Backend:
     """The S3/GCS/Azure backend, behind its retry wrapper: the one place the
     object-store client is imported, so ckvc without the extra still runs."""
-    # By name: the module (ckvc.storage.objectstore) and its client library come
+    # By name: the module (ckvc.storage.cloud) and its client library come
     # with the remote extra, and typing must not need them.
     try:
-        objectstore = importlib.import_module("ckvc.storage.objectstore")
+        objectstore = importlib.import_module("ckvc.storage.cloud")
     except ImportError as exc:
         raise RemoteSupportMissingError(
             f"{scheme_of(url)}:// remotes need the remote extra (pip install 'ckvc[remote]'): {exc}"

@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from ckvc import graph
-from ckvc.codecs.ids import WHOLE_CODECS
+from ckvc.codecs.codec_ids import WHOLE_CODECS
 from ckvc.config import RepoConfig
 from ckvc.core import Repository
 from ckvc.errors import (

@@ -21,7 +21,7 @@ import lmdb
 
 from ckvc.errors import DamagedIndexError, ReadOnlyRepositoryError, StorageFullError, StorageIOError, storage_error
 from ckvc.ids import ObjectType
-from ckvc.storage.files import fsync_dir
+from ckvc.storage.durable import fsync_dir
 from ckvc.storage.packs import RecordInfo
 
 # pack number, offset, record size, type, codec, raw size

@@ -37,7 +37,7 @@ from ckvc.storage.backend import (
     check_key,
     describe_key,
 )
-from ckvc.storage.files import (
+from ckvc.storage.durable import (
     append_durable,
     atomic_tmp_name,
     file_lock,

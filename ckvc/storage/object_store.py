@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING, Protocol
 
 from ckvc.chunking import MAX_CHUNK_SIZE
 from ckvc.codecs import registry
+from ckvc.codecs.codec_ids import CODEC_NAMES, RAW, WHOLE_CODECS, ZSTD
 from ckvc.codecs.frames import WHOLE_DECODERS
-from ckvc.codecs.ids import CODEC_NAMES, RAW, WHOLE_CODECS, ZSTD
 from ckvc.codecs.records import (
     BASE_HEAD_SIZE,
     WHOLE,
@@ -198,7 +198,7 @@ class StoredObject:
 class Promisor(Protocol):
     """Where chunks this store lacks can be had (git's promisor remote): a lazy
     clone's remote, or the remote holding what the cache dropped. Installed on
-    ``ObjectStore.promisor`` by ckvc.cache; read paths ask :meth:`ObjectStore.ensure`
+    ``ObjectStore.promisor`` by ckvc.hybrid.cache; read paths ask :meth:`ObjectStore.ensure`
     before they read, and nothing else in the store fetches."""
 
     def entry(self, oid: bytes) -> IndexEntry | None:

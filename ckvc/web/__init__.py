@@ -11,7 +11,7 @@ import socket
 from collections.abc import Callable
 
 from ckvc.repo import Repo
-from ckvc.web.api import WebApi
+from ckvc.web.routes import WebApi
 from ckvc.web.server import WebServer
 
 DEFAULT_HOST = "127.0.0.1"

@@ -1,6 +1,6 @@
 """The HTTP side of `ckvc serve`: a standard-library ThreadingHTTPServer that answers
 GET and HEAD only (every other method is 405), serves the page and its script and
-style from package data (nothing from the network), and the JSON of ckvc.web.api.
+style from package data (nothing from the network), and the JSON of ckvc.web.routes.
 
 Nothing here builds a filesystem path from a request: static files are looked up
 by name in a fixed table, revisions go through the repository's own resolve().
@@ -22,7 +22,7 @@ from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
 from ckvc import errors
-from ckvc.web.api import WebApi, count, flag
+from ckvc.web.routes import WebApi, count, flag
 
 STATIC_FILES = {"app.js": "text/javascript", "style.css": "text/css", "index.html": "text/html"}
 # Paths the single page answers (it routes on location.pathname).

@@ -16,9 +16,9 @@ from ckvc.codecs import (
     RecordCodec,
     TensorCodec,
     ZstdCodec,
+    codec_ids,
     decode_chunk,
     decoder_for,
-    ids,
     make_codec,
     record_codec,
     registered,
@@ -39,11 +39,11 @@ def test_every_format_id_is_registered_once() -> None:
 
 
 def test_the_numpy_free_tables_agree_with_the_codecs() -> None:
-    """ids.py repeats what the codec modules register, so that reading metadata,
+    """codec_ids.py repeats what the codec modules register, so that reading metadata,
     du and a config check need no codec (nor numpy): the two must agree."""
-    assert {i: c.name for i, c in registered().items()} == ids.CODEC_NAMES
-    assert {i for i, c in registered().items() if c.whole} == ids.WHOLE_CODECS
-    assert encoder_names() == ids.ENCODER_NAMES
+    assert {i: c.name for i, c in registered().items()} == codec_ids.CODEC_NAMES
+    assert {i for i, c in registered().items() if c.whole} == codec_ids.WHOLE_CODECS
+    assert encoder_names() == codec_ids.ENCODER_NAMES
     # The store reads BASE_HEAD_SIZE bytes of a based record: enough for either head.
     from ckvc.codecs.delta import DELTA_HEAD_SIZE
     from ckvc.codecs.lossy import QUANT_HEAD_SIZE

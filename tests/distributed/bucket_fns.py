@@ -74,7 +74,7 @@ KILL_POINTS = ("upload", "put", "put_if_absent", "compare_and_swap", "get", "get
 def arm_kill(after_calls: int) -> None:
     """SIGKILL this process as it makes its ``after_calls``-th object-store call
     (counted from now): a kill instant chosen by the call, not by a timer."""
-    from ckvc.storage.objectstore import ObjectStoreBackend
+    from ckvc.storage.cloud import ObjectStoreBackend
 
     calls = [0]
     for name in KILL_POINTS:

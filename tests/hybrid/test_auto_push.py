@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("ckvc.storage.objectstore")
+pytest.importorskip("ckvc.storage.cloud")
 pytest.importorskip("obstore")
 pytest.importorskip("moto")
 

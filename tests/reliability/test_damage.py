@@ -21,7 +21,7 @@ import ckvc
 from ckvc.codecs import BYTEGROUP, RAW
 from ckvc.fsck import BAD_CHECKSUM, BAD_PACK, MISSING_OBJECT
 from ckvc.ids import ObjectType
-from ckvc.storage.files import list_packs
+from ckvc.storage.durable import list_packs
 from ckvc.storage.local import LocalBackend
 from ckvc.storage.packs import FOOTER, RECORD_HEADER_SIZE, RecordInfo, read_toc
 

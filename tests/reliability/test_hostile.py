@@ -38,7 +38,7 @@ from ckvc.errors import (
 from ckvc.fsck import BAD_PACK, BAD_STATE
 from ckvc.ids import ObjectType, object_id
 from ckvc.objects import Blob, Commit, Snapshot
-from ckvc.storage.files import list_packs
+from ckvc.storage.durable import list_packs
 from ckvc.storage.index import Index
 from ckvc.storage.local import LocalBackend
 from ckvc.storage.object_store import ObjectStore

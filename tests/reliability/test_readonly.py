@@ -207,7 +207,7 @@ def test_writes_under_erofs_are_typed_and_reads_still_work(tmp_path: Path, monke
 def test_locks_in_a_directory_that_cannot_be_written(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """flock needs no write access: an existing lock file is opened read-only; a
     missing one is skipped for a shared lock and refused for an exclusive one."""
-    from ckvc.storage.files import file_lock
+    from ckvc.storage.durable import file_lock
 
     existing = tmp_path / "refs.lock"
     existing.touch()

@@ -708,7 +708,7 @@ def test_a_damaged_local_delta_base_is_named_as_local_not_as_the_remotes(tmp_pat
     whose data is fine), and nothing new is stored."""
     import os
 
-    from ckvc.codecs.ids import WHOLE_CODECS
+    from ckvc.codecs.codec_ids import WHOLE_CODECS
 
     a = ckvc.Repo.init(tmp_path / "a")  # default chunks: large enough for deltas
     first = {"w": torch.randn(256, 256, generator=torch.Generator().manual_seed(5))}

@@ -131,7 +131,7 @@ def test_errors_are_one_line_with_their_exit_codes(work: Path, tmp_path: Path) -
 
 
 @pytest.mark.skipif(
-    importlib.util.find_spec("ckvc.storage.objectstore") is not None,
+    importlib.util.find_spec("ckvc.storage.cloud") is not None,
     reason="the object-store backend is installed (its own tests run against a local server)",
 )
 def test_object_store_url_without_the_extra(work: Path) -> None:

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-pytest.importorskip("ckvc.storage.objectstore")
+pytest.importorskip("ckvc.storage.cloud")
 pytest.importorskip("obstore")
 pytest.importorskip("moto")
 

@@ -27,9 +27,9 @@ from ckvc.errors import (
 )
 from ckvc.storage import local
 from ckvc.storage.backend import Backend
+from ckvc.storage.cloud import open_object_store
 from ckvc.storage.local import LocalBackend
 from ckvc.storage.memory import MemoryBackend
-from ckvc.storage.objectstore import open_object_store
 
 KINDS = ["local", "memory", "memory-object-store", "s3", "obstore-memory"]
 

@@ -17,7 +17,7 @@ import torch
 
 import ckvc
 import ckvc.gc as ckvc_gc
-from ckvc.storage.files import list_packs
+from ckvc.storage.durable import list_packs
 from ckvc.storage.memory import MemoryBackend
 from ckvc.storage.object_store import RETIRED_PREFIX, ObjectStore
 from ckvc.storage.packs import pack_key

@@ -13,7 +13,7 @@ from s3server import S3Server, s3_backend
 
 from ckvc.errors import CorruptObjectError, RepositoryLockedError
 from ckvc.storage.backend import BackendError
-from ckvc.storage.objectstore import MIN_PART_SIZE, ObjectStoreBackend
+from ckvc.storage.cloud import MIN_PART_SIZE, ObjectStoreBackend
 from ckvc.storage.retry import RetryingBackend, RetryPolicy
 
 FAST = RetryPolicy(attempts=8, first_delay=0.01, max_delay=0.05, total_seconds=30)

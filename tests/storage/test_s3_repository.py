@@ -17,8 +17,8 @@ from ckvc.pruned import PruneLog
 from ckvc.refs import RefStore, branch_ref
 from ckvc.retention_policy import RetentionPolicy
 from ckvc.storage.backend import Backend
+from ckvc.storage.cloud import MIN_PART_SIZE
 from ckvc.storage.object_store import ObjectStore
-from ckvc.storage.objectstore import MIN_PART_SIZE
 from ckvc.storage.retry import RetryingBackend
 
 

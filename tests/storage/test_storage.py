@@ -15,7 +15,7 @@ import ckvc
 from ckvc.codecs import RawCodec, ZstdCodec, decoder_for, encode_smallest
 from ckvc.errors import CorruptObjectError, ObjectNotFoundError, UnsupportedFormatError
 from ckvc.ids import ObjectType, object_id
-from ckvc.storage.files import list_packs
+from ckvc.storage.durable import list_packs
 from ckvc.storage.local import LocalBackend, LocalSink
 from ckvc.storage.object_store import ObjectStore
 from ckvc.storage.packs import (

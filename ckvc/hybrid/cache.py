@@ -3,7 +3,7 @@ hit-rate statistics (docs/DESIGN.md, "Hybrid cache"; docs/FORMAT.md section 19).
 
 A repository with ``cache_size`` set, or a lazy clone, gets a :class:`Hybrid`
 attached when it opens (``attach``): it installs the promisor
-(:class:`ckvc.remote.lazy.RemotePromisor`) on the store, so reads fetch what is
+(:class:`ckvc.hybrid.promisor.RemotePromisor`) on the store, so reads fetch what is
 absent, and it keeps the state file ``.ckvc/cache/state.json``: per local pack
 its size, last access and aged access count, the pins, and the hit and miss
 bytes of the reads so far.
@@ -38,13 +38,14 @@ from typing import Any
 
 from ckvc import gc as gc_mod
 from ckvc import graph
-from ckvc.codecs.ids import WHOLE_CODECS
+from ckvc.codecs.codec_ids import WHOLE_CODECS
 from ckvc.core import Repository
 from ckvc.errors import CkvcError, CkvcWarning, CorruptObjectError, InvalidInputError, ObjectNotFoundError
+from ckvc.hybrid.backup import AutoPush
+from ckvc.hybrid.promisor import RemotePromisor, promisor_names
+from ckvc.hybrid.settings import HybridSettings
 from ckvc.ids import ObjectType
 from ckvc.refs import BRANCH_PREFIX
-from ckvc.remote.backup import AutoPush
-from ckvc.remote.lazy import HybridSettings, RemotePromisor, promisor_names
 from ckvc.storage.index import IndexEntry
 from ckvc.storage.packs import PackWriter, RecordInfo, parse_record
 

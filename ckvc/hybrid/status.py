@@ -14,8 +14,8 @@ from typing import Any
 
 from ckvc import graph
 from ckvc.core import Repository
+from ckvc.hybrid.backup import Backlog
 from ckvc.refs import BRANCH_PREFIX
-from ckvc.remote.backup import Backlog
 from ckvc.remote.common import remotes_of, tracking_ref
 
 

@@ -18,9 +18,9 @@ from s3server import S3Server, fake_credentials, obstore_available, s3_backend
 from ckvc.errors import InvalidInputError, RepositoryLockedError
 from ckvc.ids import Buffer
 from ckvc.storage.backend import BackendError, ForwardingBackend, Version
+from ckvc.storage.cloud import MIN_PART_SIZE, aws_profile_credentials, open_object_store
 from ckvc.storage.leases import LeaseLocks, lease_bytes
 from ckvc.storage.memory import MemoryBackend
-from ckvc.storage.objectstore import MIN_PART_SIZE, aws_profile_credentials, open_object_store
 
 
 @pytest.fixture

@@ -14,7 +14,7 @@ from helpers import assert_state_equal, tensor_bytes
 
 import ckvc
 from ckvc import state as state_mod
-from ckvc.integrations.torch_nn import write_range
+from ckvc.restore import write_range
 
 CHUNK = 4096  # small chunks: every parameter spans several
 

@@ -1,9 +1,9 @@
 """Lazy clones: metadata now, chunks on first read (git's partial clone with a
 promisor remote; docs/DESIGN.md, "Hybrid cache").
 
-- :func:`lazy_fetch` is a fetch that copies refs and metadata objects (commits,
-  snapshots, tags) and no chunk: ``log``, ``show``, ``diff`` of metadata and
-  ``du`` work at once.
+- A lazy clone's fetch (ckvc.remote.fetch, reading hybrid.json) copies refs and
+  metadata objects (commits, snapshots, tags) and no chunk: ``log``, ``show``,
+  ``diff`` of metadata and ``du`` work at once.
 - :class:`RemotePromisor` is what a read asks for the chunks this repository
   lacks (``ObjectStore.promisor``, ``ObjectStore.ensure``): it knows from the
   remotes' catalogs (local LMDB caches, no network) which remote holds a chunk
@@ -11,9 +11,9 @@ promisor remote; docs/DESIGN.md, "Hybrid cache").
   reads per pack, split over a few parallel streams for large reads, every
   record verified against its id (a delta through its base, which is fetched
   too when absent) before it lands in a local pack.
-- :class:`HybridSettings` is the small local file (``.ckvc/hybrid.json``,
-  docs/FORMAT.md section 19) saying a repository is lazy, its promisor remotes,
-  its cache budget and its auto_push remote.
+- :class:`ckvc.hybrid.settings.HybridSettings` is the small local file
+  (``.ckvc/hybrid.json``) saying a repository is lazy, its promisor remotes, its
+  cache budget and its auto_push remote.
 
 Module level imports nothing that loads numpy: ``ckvc log`` on a lazy clone
 stays a metadata command.
@@ -21,27 +21,23 @@ stays a metadata command.
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
 from ckvc.core import Repository
 from ckvc.errors import (
     CkvcError,
-    InvalidConfigError,
     ObjectNotFoundError,
     RemoteUnavailableError,
     StorageError,
     UnknownRemoteError,
 )
+from ckvc.hybrid.settings import HybridSettings
 from ckvc.ids import ObjectType
 from ckvc.remote.common import (
-    FetchResult,
-    Progress,
-    PullResult,
     TransferStats,
     remotes_of,
 )
@@ -52,52 +48,10 @@ from ckvc.storage.index import Index, IndexEntry
 if TYPE_CHECKING:
     from ckvc.remote.fetch import Fetch
 
-SETTINGS_KEY = "hybrid.json"
-SETTINGS_VERSION = 1
 # A read needing more than this, split into a cache's eviction units, fetches
 # several units at once.
 PARALLEL_FETCH_BYTES = 32 << 20
 MAX_STREAMS = 4
-
-
-@dataclass
-class HybridSettings:
-    """``.ckvc/hybrid.json``: absent means a plain repository (everything local,
-    no budget, no background push)."""
-
-    version: int = SETTINGS_VERSION
-    lazy: bool = False  # made by clone --lazy: chunks arrive on first read
-    promisors: list[str] = field(default_factory=list)  # remotes asked for absent chunks, in order
-    cache_size: int | None = None  # bytes of local packs the cache keeps (None: no limit)
-    auto_push: str | None = None  # remote each commit is pushed to in the background
-
-    @property
-    def active(self) -> bool:
-        return self.lazy or self.cache_size is not None or bool(self.promisors) or self.auto_push is not None
-
-    @classmethod
-    def load(cls, core: Repository) -> HybridSettings:
-        data = core.refs.backend.get(SETTINGS_KEY)
-        if data is None:
-            return cls()
-        try:
-            raw = json.loads(data.decode("utf-8"))
-            if raw.get("version") != SETTINGS_VERSION:
-                raise InvalidConfigError(f"{SETTINGS_KEY}: unknown version {raw.get('version')!r}")
-            settings = cls(**{k: raw[k] for k in cls.__dataclass_fields__ if k in raw})
-            if not isinstance(settings.promisors, list) or not all(isinstance(p, str) for p in settings.promisors):
-                raise TypeError("promisors must be a list of remote names")
-            if settings.cache_size is not None and (
-                isinstance(settings.cache_size, bool) or not isinstance(settings.cache_size, int)
-            ):
-                raise TypeError("cache_size must be an integer or null")
-            return settings
-        except (ValueError, TypeError, AttributeError) as exc:
-            raise InvalidConfigError(f"{SETTINGS_KEY} is damaged: {exc}") from None
-
-    def save(self, core: Repository) -> None:
-        body = json.dumps(asdict(self), indent=2, sort_keys=True) + "\n"
-        core.refs.backend.put(SETTINGS_KEY, body.encode())
 
 
 def promisor_names(core: Repository, settings: HybridSettings) -> list[str]:
@@ -109,22 +63,6 @@ def promisor_names(core: Repository, settings: HybridSettings) -> list[str]:
 
 
 # ---- metadata-only fetch ----------------------------------------------------------
-
-
-def lazy_fetch(local: Repository, remote: str = "origin", *, progress: Progress | None = None) -> FetchResult:
-    """``fetch`` without the chunks: the remote's refs, its commits, snapshots and
-    tags (verified as fetch verifies them), remote-tracking refs moved and new
-    tags created, as fetch does. Chunks come later, on first read."""
-    from ckvc.remote.fetch import fetch
-
-    return fetch(local, remote, progress=progress, chunks=False)
-
-
-def lazy_pull(local: Repository, remote: str = "origin", *, progress: Progress | None = None) -> PullResult:
-    """``pull`` on a lazy clone: :func:`lazy_fetch`, then the same fast-forward."""
-    from ckvc.remote.fetch import pull
-
-    return pull(local, remote, progress=progress, fetcher=lazy_fetch)
 
 
 # ---- the promisor -----------------------------------------------------------------
