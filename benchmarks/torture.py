@@ -1059,10 +1059,10 @@ def cli_cases(args: argparse.Namespace) -> Iterator[tuple[str, list[str], str, l
         ("fifo", "err"),
         ("empty.pt", "err"),
         # A file that does not parse (or needs pickle) is stored as its bytes, as in a
-        # folder (ckvc.files, issue 13): never unpickled, never refused.
+        # folder (ckvc.formats, issue 13): never unpickled, never refused.
         ("garbage.pt", "ok"),
         ("truncated.pt", "ok"),
-        ("empty-dir", "ok"),  # an empty folder is a state like any other (ckvc.files)
+        ("empty-dir", "ok"),  # an empty folder is a state like any other (ckvc.formats)
         ("dir-with-fifo", "any"),
         ("dir-with-link-out", "any"),
         ("dir-with-linked-subdir", "any"),

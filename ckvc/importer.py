@@ -200,7 +200,7 @@ def _commit_each(
 ) -> None:
     """Commit ``todo`` in order, recording each landed commit in ``imported`` at once.
     ``progress`` reaches the end of a checkpoint's bytes only once its commit landed."""
-    from ckvc.files import read_checkpoint
+    from ckvc.formats import read_checkpoint
 
     total = sum(c.size for c in todo)
     done_bytes = 0

@@ -1,7 +1,7 @@
 """The one read engine: a commit's chunks decoded and verified into their destinations.
 
 ``Repo.load``, views (ckvc.view), ``load_into`` (ckvc.restore) and
-file export (ckvc.files) all read through here, in three steps:
+file export (ckvc.formats) all read through here, in three steps:
 
 1. **plan**: which chunks, and where each goes: straight into the allocated
    tensor's memory (contiguous CPU), or into a one-chunk scratch buffer that a
@@ -517,7 +517,7 @@ def load_state(
 ) -> Any:
     """The state ``commit`` stores (``Repo.load``); with ``keys``/``prefix`` a flat
     dict of those leaves (:func:`load_leaves`). ``files``: file nodes come back as
-    StoredFile (content and layout), for ckvc.files to write them back."""
+    StoredFile (content and layout), for ckvc.formats to write them back."""
     snapshot = core.read_snapshot(commit)
     # fsck's structure checks, before anything is allocated or read.
     parsed = state_mod.parse_snapshot(snapshot, commit.id, allow_pickle=allow_pickle, files=files)

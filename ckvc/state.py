@@ -53,7 +53,7 @@ EXT_PICKLE = 6
 EXT_DEVICE = 7
 EXT_SIZE = 8
 EXT_ODICT = 9
-EXT_FILE = 10  # a file's content plus how to rebuild its exact bytes (ckvc.files)
+EXT_FILE = 10  # a file's content plus how to rebuild its exact bytes (ckvc.formats)
 
 # Tensor node kinds.
 KIND_TENSOR = 0
@@ -107,7 +107,7 @@ class PendingBlob:
 
 @dataclass
 class StoredFile:
-    """A file of a committed file or directory (ckvc.files): ``content`` is what
+    """A file of a committed file or directory (ckvc.formats): ``content`` is what
     ``load`` returns (tensors, bytes, a link's target); ``layout`` says how to rebuild
     the file's exact bytes and mode, read only by :func:`decode_state` with
     ``files=True``. Encoded as ext 10 (docs/FORMAT.md, 10.7)."""

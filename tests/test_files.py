@@ -1,4 +1,4 @@
-"""Files and folders in and out (ckvc.files): every file committed as it is, exported
+"""Files and folders in and out (ckvc.formats): every file committed as it is, exported
 byte for byte with its mode, links kept as links, bad inputs and outputs refused
 with typed errors, output atomic. Round trips through the CLI with no flags for
 the folders real tools write (Hugging Face save_pretrained and Trainer, Lightning,
@@ -23,7 +23,7 @@ import torch
 from helpers import run
 
 from ckvc.errors import CorruptObjectError, InvalidInputError
-from ckvc.files import (
+from ckvc.formats import (
     LinkOutsideTreeError,
     OutputPathError,
     UnsupportedFileError,
@@ -669,7 +669,7 @@ def test_killed_directory_export_leaves_old_version_and_next_run_sweeps(tmp_path
     old = tree_of(out)
     # The child stalls after its first file, inside the temporary directory.
     child = (
-        "import sys, time, ckvc.files as f\n"
+        "import sys, time, ckvc.formats.export as f\n"
         "from ckvc.repo import Repo\n"
         "real = f._write_one\n"
         "def slow(*a):\n"

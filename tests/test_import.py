@@ -24,7 +24,7 @@ from helpers import assert_state_equal, files_of, run
 import ckvc
 from ckvc.cli import cli
 from ckvc.errors import InterruptedOperationError, InvalidInputError
-from ckvc.files import read_checkpoint
+from ckvc.formats import read_checkpoint
 from ckvc.importer import BYTES_KEY, HASH_KEY, SOURCE_KEY, ImportConflictError, content_hash, import_checkpoints
 
 BASE_TIME_NS = 1_700_000_000 * 10**9

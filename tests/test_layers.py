@@ -48,7 +48,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("hybrid.settings",),  # hybrid.json: a lazy clone's fetch reads it
     ("remote",),
     ("hybrid",),  # the hybrid cache: promisor, budget, auto_push, status, in front of the remotes
-    ("files",),
+    ("formats",),
     # load_into (the facade's Repo.load_into) works on the core alone, below the
     # facade; the framework integrations (dcp, lightning, ...) take a Repo.
     ("restore",),

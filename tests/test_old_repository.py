@@ -17,7 +17,7 @@ from helpers import describe_state
 
 import ckvc
 from ckvc.cli import cli
-from ckvc.files import export_commit
+from ckvc.formats import export_commit
 
 DATA = Path(__file__).parent / "data"
 MANIFEST: dict[str, Any] = json.loads((DATA / "old_repository.json").read_text())

@@ -365,7 +365,7 @@ def test_format_version_rises_only_for_what_needs_it(tmp_path: Path, what: str, 
     """A version 2 repository stays version 2 until a commit holds a file node or
     non-str metadata (docs/FORMAT.md section 15); then it is version 3 before
     anything is written, so an older ckvc refuses it instead of calling it corrupt."""
-    from ckvc.files import read_checkpoint
+    from ckvc.formats import read_checkpoint
 
     ckvc.Repo.init(tmp_path).close()
     config_path = tmp_path / ".ckvc" / "config.json"

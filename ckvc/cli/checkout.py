@@ -47,7 +47,7 @@ def checkout(obj: Context, rev: str | None, output: Path | None, new_branch: str
         check_new_branch(repo.core, new_branch)
     if output is not None:
         from ckvc.errors import ReadOnlyRepositoryError
-        from ckvc.files import export_commit
+        from ckvc.formats import export_commit
         from ckvc.storage.durable import require_writable
 
         if not output.is_absolute():
@@ -124,7 +124,7 @@ def _export_dcp(repo: Repo, rev: str, output: Path) -> list[Path]:
 def export(obj: Context, rev: str, output: Path, prefix: str | None, fmt: str | None, as_json: bool) -> None:
     """Write commit REV to OUTPUT without moving HEAD: e.g. the weights alone of a
     training state as one file, ckvc export HEAD model.safetensors --prefix model."""
-    from ckvc.files import export_commit
+    from ckvc.formats import export_commit
 
     repo = obj.repo
     if not output.is_absolute():

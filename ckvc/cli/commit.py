@@ -57,7 +57,7 @@ def commit(
     repo = obj.repo
     if not path.is_absolute():
         path = Path(obj.directory) / path
-    from ckvc.files import read_checkpoint
+    from ckvc.formats import read_checkpoint
 
     with progress_bar("read", not as_json) as progress:
         state, source_meta = read_checkpoint(path, follow_links=follow_links, progress=progress)

@@ -12,7 +12,7 @@ commands on ``cli`` when imported; ``ckvc/cli/__init__.py`` imports them all.
 This module imports none of them, so they can import ``cli`` and ``Context`` from
 here. Only click and ckvc.errors load up front: --help, log, status, branch, tag,
 reflog, config and du never import torch (1.5 s); commands that read or write
-tensors import ckvc.files / ckvc.state / torch in their own bodies.
+tensors import ckvc.formats / ckvc.state / torch in their own bodies.
 tests/cli/test_cli_startup.py checks this in a fresh interpreter.
 """
 

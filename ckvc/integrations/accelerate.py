@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ckvc.errors import InvalidInputError
-from ckvc.files import export_commit, read_checkpoint
+from ckvc.formats import export_commit, read_checkpoint
 from ckvc.integrations.runs import commit, open_repo
 
 if TYPE_CHECKING:

@@ -225,7 +225,7 @@ class CkvcCheckpointIO(CheckpointIO, Callback):
 def export_checkpoint(repo: Repo | str | os.PathLike[str], rev: str, out: str | os.PathLike[str]) -> str:
     """Write commit ``rev`` as a stock ``.ckpt`` file (torch.save, without the ckvc
     RNG entry) for ``LightningModule.load_from_checkpoint(out)``; returns ``out``."""
-    from ckvc.files import write_checkpoint
+    from ckvc.formats import write_checkpoint
     from ckvc.repo import Repo
 
     repo = repo if isinstance(repo, Repo) else Repo.open(repo)

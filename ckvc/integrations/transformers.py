@@ -5,7 +5,7 @@ becomes a commit, and any commit becomes the folder ``resume_from_checkpoint`` w
     trainer.train()
     trainer.train(resume_from_checkpoint=checkout_for_resume("runs/exp1", "main~2", args.output_dir))
 
-The folder is committed as it is, file by file (ckvc.files: the tensors of
+The folder is committed as it is, file by file (ckvc.formats: the tensors of
 model.safetensors, optimizer.pt, rng_state.pth deduplicate and compress; every
 byte comes back), so a resume from a commit is the Trainer's own resume, bit for
 bit. docs/DESIGN.md, "Framework integrations", says why each hook is where it is.
@@ -25,7 +25,7 @@ from transformers import TrainerCallback, TrainerControl, TrainerState, Training
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from ckvc.errors import InvalidInputError
-from ckvc.files import DIRECTORY_SOURCE, export_commit, read_checkpoint
+from ckvc.formats import DIRECTORY_SOURCE, export_commit, read_checkpoint
 from ckvc.importer import HF_TRAINER_STATE, trainer_log_metrics
 from ckvc.integrations.runs import Landings, commit, open_repo, use_branch
 from ckvc.retention_policy import KeepBest, RetentionPolicy

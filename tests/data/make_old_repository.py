@@ -34,7 +34,7 @@ import safetensors.torch
 import torch
 
 import ckvc
-from ckvc.files import read_checkpoint
+from ckvc.formats import read_checkpoint
 from ckvc.retention import RetentionPolicy
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))

@@ -17,7 +17,7 @@ import torch
 
 import ckvc
 from ckvc.errors import InvalidInputError
-from ckvc.files import export_commit
+from ckvc.formats import export_commit
 
 
 def _epoch(accelerator: Any, model: Any, optimizer: Any, scheduler: Any, data: Any) -> list[float]:

@@ -186,7 +186,7 @@ def test_retention_keeps_last_and_best(tmp_path: Path, blocking: bool) -> None:
 
 
 def test_checkout_for_resume_refuses_what_is_not_a_trainer_folder(tmp_path: Path) -> None:
-    from ckvc.files import read_checkpoint
+    from ckvc.formats import read_checkpoint
     from ckvc.integrations.transformers import checkout_for_resume
 
     with ckvc.Repo.init(tmp_path / "r") as repo:
