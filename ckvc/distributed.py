@@ -224,7 +224,13 @@ def commit_group(group: dist.ProcessGroup | None = None, timeout: float = DEFAUL
         raise InvalidInputError(f"timeout must be a positive number of seconds, got {timeout!r}")
     key = (dist.group.WORLD, float(timeout))  # the object, not its id: a new world is a new key
     if key not in _GROUPS:
-        _GROUPS[key] = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=timeout))
+        try:
+            _GROUPS[key] = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=timeout))
+        except RuntimeError as exc:  # gloo: a rank died or left while the mesh was built
+            first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            raise DistributedCommitError(
+                f"could not make the commit's gloo group (a rank was lost): {first}; nothing was committed"
+            ) from exc
     return _GROUPS[key]
 
 

@@ -80,8 +80,10 @@ def test_commit_id_equals_one_process_commit_of_the_nested_state(
 def test_a_refused_state_on_one_rank_commits_nothing(tmp_path: Path) -> None:
     repo_dir = _init(tmp_path)
     results = run_world(2, rank_fns.commit_expecting_failure, (str(repo_dir), 1, "bad"))
-    # The refusing rank fails before the protocol starts (UnsupportedTypeError); its
-    # partner loses it and raises the typed error.
+    # The refusing rank fails before the protocol starts (UnsupportedTypeError) and
+    # leaves; its partner loses it, in the protocol or, when the refusing rank left
+    # first, while the commit's gloo group was still being built (CI saw that on a
+    # loaded machine as a RuntimeError): the typed error either way.
     assert results[1]["error"] == "UnsupportedTypeError"
     assert results[0]["error"] == "DistributedCommitError"
     with ckvc.Repo.open(repo_dir) as repo:
