@@ -276,7 +276,7 @@ class Phases:
         from ckvc.remote import publish
 
         self.wrap(write, "stage", "stage (tree, views)")
-        self.wrap(write, "owned", "private copy (the stall)")
+        self.wrap(write.StagingBuffers, "owned", "private copy (the stall)")
         self.wrap(write, "write_blobs", "write chunks (local)")
         self.wrap(publish, "open_for_commit", "open remote")
         self.wrap(publish, "upload_part", "upload part")

@@ -25,9 +25,8 @@ always matches the branch. Packs of a failed commit are unreferenced; gc
 reclaims them after its grace period.
 
 :func:`load` and :func:`load_into` read one rank's part. Loading at another world
-size is the DCP path's job (ckvc.integrations.dcp). The tree helpers here
-(:func:`nest_trees`, :func:`pack_tree`) build value trees (docs/FORMAT.md §10)
-out of parts, for this module and the DCP writer.
+size is the DCP path's job (ckvc.integrations.dcp). A commit's tree is its
+ranks' trees nested by ckvc.trees.
 """
 
 from __future__ import annotations
@@ -48,7 +47,7 @@ import msgpack
 import torch
 import torch.distributed as dist
 
-from ckvc import read, write
+from ckvc import read, trees, write
 from ckvc import state as state_mod
 from ckvc.core import ProgressCallback, default_author
 from ckvc.errors import (
@@ -90,85 +89,6 @@ def world_size(commit: Commit) -> int | None:
     if isinstance(info, dict) and type(info.get("world_size")) is int and info["world_size"] > 0:
         return int(info["world_size"])
     return None
-
-
-# ---- value trees made of parts --------------------------------------------------
-
-
-def _unpack(data: bytes) -> Any:
-    # Extension values stay undecoded (msgpack.ExtType): the C decoder is never
-    # re-entered from its hook, so deep trees cost no C stack (as in ckvc.state).
-    return msgpack.unpackb(data, raw=False, strict_map_key=False, use_list=True, ext_hook=msgpack.ExtType)
-
-
-def _pack(value: Any) -> bytes:
-    return msgpack.packb(value, use_bin_type=True, use_single_float=False)
-
-
-def _shift(value: Any, offset: int) -> Any:
-    """``value`` (an unpacked tree) with every tensor node's blob index moved up by ``offset``."""
-    if type(value) is list:
-        return [_shift(v, offset) for v in value]
-    if type(value) is dict:
-        return {k: _shift(v, offset) for k, v in value.items()}
-    if type(value) is not msgpack.ExtType:
-        return value
-    code, data = value.code, value.data
-    if code == state_mod.EXT_TENSOR:
-        node = msgpack.unpackb(data, raw=False, use_list=True)
-        if type(node) is not list or not node or type(node[0]) is not int:
-            raise CorruptObjectError(f"malformed tensor node {node!r:.100}")
-        node[0] += offset
-        return msgpack.ExtType(code, _pack(node))
-    if code in (state_mod.EXT_TUPLE, state_mod.EXT_ODICT):
-        return msgpack.ExtType(code, _pack(_shift(_unpack(data), offset)))
-    if code == state_mod.EXT_FILE:
-        content, as_bytes, layout = _unpack(data)
-        return msgpack.ExtType(code, _pack([_shift(content, offset), as_bytes, _pack(_shift(_unpack(layout), offset))]))
-    return value
-
-
-def nest_trees(parts: Sequence[tuple[str, bytes, int]]) -> bytes:
-    """The tree ``{key: tree, ...}`` of ``parts`` (key, encoded tree, its blob count),
-    each part's blob indices moved past the blobs of the parts before it: the tree
-    of a snapshot whose blob table is the parts' tables one after the other."""
-    nested: dict[str, Any] = {}
-    offset = 0
-    for key, tree, count in parts:
-        nested[key] = _shift(_unpack(tree), offset)
-        offset += count
-    return _pack(nested)
-
-
-@dataclass(frozen=True)
-class BlobNode:
-    """A tensor in a tree built by :func:`pack_tree`: the whole of blob ``blob``
-    (contiguous, on the CPU), with ``shape``."""
-
-    blob: int
-    shape: tuple[int, ...]
-
-
-def _wire(value: Any) -> Any:
-    t = type(value)
-    if t is BlobNode:
-        node = [value.blob, list(value.shape), None, 0, state_mod.KIND_TENSOR, "cpu", False]
-        return msgpack.ExtType(state_mod.EXT_TENSOR, _pack(node))
-    if t is tuple:
-        return msgpack.ExtType(state_mod.EXT_TUPLE, _pack([_wire(v) for v in value]))
-    if t is list:
-        return [_wire(v) for v in value]
-    if t is dict:
-        return {k: _wire(v) for k, v in value.items()}
-    if value is None or t in (str, int, float, bool, bytes):
-        return value
-    raise UnsupportedTypeError("", f"{t.__qualname__} in a built tree")
-
-
-def pack_tree(value: Any) -> bytes:
-    """An encoded value tree of plain values (dict, list, tuple, str, int, float,
-    bool, bytes, None) and :class:`BlobNode` tensors."""
-    return _pack(_wire(value))
 
 
 # ---- moving bytes over the group ------------------------------------------------
@@ -258,7 +178,7 @@ class _Start:
     error: str | None = None
 
     def encode(self) -> bytes:
-        return _pack([self.target, self.parent, self.author, self.time_ns, self.error])
+        return trees.pack([self.target, self.parent, self.author, self.time_ns, self.error])
 
     @classmethod
     def decode(cls, data: bytes) -> _Start:
@@ -279,7 +199,7 @@ class _Entry:
 
     def encode(self) -> bytes:
         blobs = [b.to_wire() for b in self.blobs]
-        return _pack([self.tree, blobs, self.pickled, self.lossy, self.consistency, self.error])
+        return trees.pack([self.tree, blobs, self.pickled, self.lossy, self.consistency, self.error])
 
     @classmethod
     def decode(cls, data: bytes) -> _Entry:
@@ -301,7 +221,7 @@ def _consistency_value(state: Any, key: str | None) -> bytes | None:
         value = value.item()
     if value is not None and type(value) not in (int, float, str, bool):
         raise InvalidInputError(f"state[{key!r}] must be an int, float, str, bool or one-element tensor")
-    return _pack(value)
+    return trees.pack(value)
 
 
 def _describe(exc: BaseException) -> str:
@@ -406,7 +326,7 @@ def _check_depth(key: str, tree: bytes) -> None:
     """A rank's state sits one level down in the commit's tree: refuse one that
     would then nest too deep, before anything is written."""
     try:
-        state_mod.parse_tree(nest_trees([(key, tree, 0)]), None, allow_pickle=None)
+        state_mod.parse_tree(trees.nest_trees([(key, tree, 0)]), None, allow_pickle=None)
     except CorruptObjectError as exc:
         raise UnsupportedTypeError(key, f"too deep for a distributed commit ({exc.reason})") from None
 
@@ -468,11 +388,11 @@ def _run(
                 try:
                     landed = write.finish(core, blobs, request, head=head, writer=writer)
                     assert landed == expected, (landed, expected)
-                    outcome = _pack([landed, None])
+                    outcome = trees.pack([landed, None])
                 except Exception as exc:
-                    outcome = _pack([None, _describe(exc)])
+                    outcome = trees.pack([None, _describe(exc)])
                     if write.landed(core, head, expected):
-                        outcome = _pack([expected, None])
+                        outcome = trees.pack([expected, None])
             commit_id, error = msgpack.unpackb(_broadcast_bytes(group, coordinator, outcome), raw=False)
             if error is not None:
                 failures = {coordinator: error}
@@ -569,7 +489,7 @@ def _run_remote(
             #     commit there; a node that lacks the parent's history fetches it first.
             has_parent = start.parent is None or core.object_exists(start.parent)
             node = _node_key(repo)
-            nodes = [_unpack(b) for b in _all_gather_bytes(group, _pack([node, has_parent]))]
+            nodes = [trees.unpack(b) for b in _all_gather_bytes(group, trees.pack([node, has_parent]))]
             leader = next(r for r, (key, _) in enumerate(nodes) if key == node) == rank
             if not all(ok for _, ok in nodes):
                 if leader and not has_parent and prepared is None:
@@ -605,11 +525,11 @@ def _run_remote(
                 try:
                     landed = publish.publish(core, handle, writer, blobs, request, head.parent, start.target)
                     assert landed == expected, (landed, expected)
-                    outcome = _pack([landed, None])
+                    outcome = trees.pack([landed, None])
                 except Exception as exc:
-                    outcome = _pack([None, _describe(exc)])
+                    outcome = trees.pack([None, _describe(exc)])
                     if publish.landed_on_remote(handle, start.target, expected):
-                        outcome = _pack([expected, None])
+                        outcome = trees.pack([expected, None])
             commit_id, error = msgpack.unpackb(_broadcast_bytes(group, coordinator, outcome), raw=False)
             if error is not None:
                 failures = {coordinator: error}
@@ -720,7 +640,7 @@ def _record(
 def _combined(entries: Sequence[_Entry], request: write.CommitRequest) -> tuple[list[Blob], write.CommitRequest]:
     """The blobs and request of the commit made of every rank's entry."""
     blobs = [b for e in entries for b in e.blobs]
-    combined = nest_trees([(rank_key(r), e.tree, len(e.blobs)) for r, e in enumerate(entries)])
+    combined = trees.nest_trees([(rank_key(r), e.tree, len(e.blobs)) for r, e in enumerate(entries)])
     request = dataclasses.replace(
         request,
         tree=combined,

@@ -36,6 +36,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("objects", "chunking", "retention_policy"),
     ("codecs",),
     ("state",),
+    ("trees",),  # value trees assembled from parts (distributed commits, DCP saves)
     ("storage",),
     ("refs", "pruned", "config", "journal"),
     ("executor",),

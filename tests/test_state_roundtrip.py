@@ -22,9 +22,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import ckvc
-from ckvc.state import _TORCH_DTYPES
+from ckvc.state import TORCH_DTYPES
 
-DTYPE_NAMES = sorted(_TORCH_DTYPES)
+DTYPE_NAMES = sorted(TORCH_DTYPES)
 
 
 # ---- helpers -------------------------------------------------------------------
@@ -130,7 +130,7 @@ class Custom:
 @pytest.mark.filterwarnings("ignore:ComplexHalf support is experimental")
 @pytest.mark.parametrize("name", DTYPE_NAMES)
 def test_dtype_matrix(repo: ckvc.Repo, name: str) -> None:
-    dtype = _TORCH_DTYPES[name]
+    dtype = TORCH_DTYPES[name]
     seed = DTYPE_NAMES.index(name) * 100
     base = random_tensor(dtype, (4, 6), seed)
     other = random_tensor(dtype, (5, 7), seed + 1)
@@ -160,7 +160,7 @@ def test_dtype_matrix(repo: ckvc.Repo, name: str) -> None:
 @pytest.mark.parametrize("name", DTYPE_NAMES)
 def test_dtype_shared_views(repo: ckvc.Repo, name: str) -> None:
     """Views of one storage in every dtype come back as views of one storage."""
-    dtype = _TORCH_DTYPES[name]
+    dtype = TORCH_DTYPES[name]
     base = random_tensor(dtype, (4, 6), 7 + DTYPE_NAMES.index(name))
     state = {"w": base, "wt": base.t(), "row": base[1], "col": base[:, 2]}
     out = roundtrip(repo, state)
@@ -182,8 +182,8 @@ def test_special_float_bit_patterns(repo: ckvc.Repo) -> None:
     f8 = torch.arange(256, dtype=torch.int16).to(torch.uint8)
     state = {"f32": f32, "f16": f16, "bf16": bf16}
     for name in DTYPE_NAMES:
-        if _TORCH_DTYPES[name].itemsize == 1 and name != "bool":
-            state[name] = f8.view(_TORCH_DTYPES[name])  # all 256 patterns
+        if TORCH_DTYPES[name].itemsize == 1 and name != "bool":
+            state[name] = f8.view(TORCH_DTYPES[name])  # all 256 patterns
     out = roundtrip(repo, state)
     assert_same(state, out)
     assert tensor_bytes(out["f32"]) == struct.pack("<8I", *bits32)

@@ -62,13 +62,13 @@ from ckvc import read, write
 from ckvc import state as state_mod
 from ckvc.config import FILES_VERSION
 from ckvc.core import Repository
-from ckvc.distributed import BlobNode, pack_tree
 from ckvc.errors import CkvcError, CorruptObjectError, InvalidInputError, ObjectNotFoundError
 from ckvc.integrations import DCP_METADATA_KEY
 from ckvc.objects import Blob, Commit
 from ckvc.refs import branch_ref
 from ckvc.repo import Repo
 from ckvc.state import TensorInfo
+from ckvc.trees import BlobNode, pack_tree
 
 if TYPE_CHECKING:
     from ckvc.remote.repository import Remote
