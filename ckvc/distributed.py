@@ -523,7 +523,8 @@ def _run_remote(
             if rank == coordinator:
                 assert handle is not None
                 try:
-                    landed = publish.publish(core, handle, writer, blobs, request, head.parent, start.target)
+                    step = publish.StepCommit(blobs, request, head.parent, start.target)
+                    landed = publish.publish(core, handle, writer, step)
                     assert landed == expected, (landed, expected)
                     outcome = trees.pack([landed, None])
                 except Exception as exc:
@@ -629,7 +630,7 @@ def _record(
 
     assert head.target is not None
     try:
-        publish.record(core, remote, writer, blobs, request, head.parent, head.target)
+        publish.record(core, remote, writer, publish.StepCommit(blobs, request, head.parent, head.target))
     except (CkvcError, OSError) as exc:
         warnings.warn(
             DurabilityWarning(f"commit {commit_id[:12]} landed on {remote}, but recording it here failed: {exc}"),

@@ -26,7 +26,6 @@ dropped those packs and the next gc removes what is left.
 
 from __future__ import annotations
 
-import itertools
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -34,12 +33,14 @@ from typing import TYPE_CHECKING, Any
 
 from ckvc import graph
 from ckvc.errors import CkvcError, CorruptObjectError, ObjectNotFoundError, after_landing, storage_errors
+from ckvc.ids import ObjectType
 from ckvc.storage.backend import Backend
 from ckvc.storage.object_store import RETIRED_PREFIX, RETIRED_SUFFIX, ObjectStore
 from ckvc.storage.packs import PACK_DIR, TMP_SUFFIX, PackWriter, RecordInfo, pack_key, parse_record
 
 if TYPE_CHECKING:
     from ckvc.core import Repository
+    from ckvc.objects import Commit
 
 TRASH_SUFFIX = ".trash"
 CRITICAL_SECTION_TIMEOUT_S = 600.0
@@ -142,58 +143,46 @@ def mark(
 ) -> set[bytes]:
     """Add to ``live`` every object reachable from the refs and recent reflog
     entries: commit and tag objects always, snapshots and chunks of unpruned
-    commits. Commits in ``visited`` are not walked again (incremental re-mark).
-    Returns the ids newly added. Refuses to go on past a missing or corrupt
-    reachable commit: its ancestors would look dead. ``remote``: a prune record
-    covers only a commit whose snapshot is absent (FORMAT 18.2: on a remote, a
-    present snapshot came with a whole push of that commit, after the record)."""
+    commits, a delta chunk with its whole base chain. Commits in ``visited`` are
+    not walked again (incremental re-mark). Returns the ids newly added. Refuses
+    to go on past a missing or corrupt reachable object: its ancestors would look
+    dead. ``remote``: a prune record covers only a commit whose snapshot is absent
+    (FORMAT 18.2: on a remote, a present snapshot came with a whole push of that
+    commit, after the record)."""
     pruned = repo.pruned()
-    added: set[bytes] = set()
+    store = repo.store
 
-    def add(oid: bytes) -> None:
-        if oid not in live:
-            live.add(oid)
-            added.add(oid)
+    def have(oid: bytes) -> bool:
+        # marked already, or a chunk a promisor remote holds: nothing local to keep
+        if oid in live:
+            return True
+        promised = None if store.has(oid) else store.promised_size(oid)
+        return promised is not None and promised[0] == ObjectType.CHUNK
 
-    def add_chunk(oid: bytes | None) -> None:
-        # A delta chunk keeps its whole base chain alive.
-        while oid is not None and oid not in live:
-            if not repo.store.has(oid) and repo.store.promised_size(oid) is not None:
-                return  # held by a promisor remote, not here: nothing local to keep
-            add(oid)
-            try:
-                oid = repo.store.delta_base(oid)
-            except ObjectNotFoundError as exc:
-                raise CorruptObjectError(
-                    f"gc refuses to run: reachable data is missing ({exc}); run `ckvc fsck`"
-                ) from None
+    def released(commit: Commit) -> str | None:
+        if commit.id not in pruned or (remote and store.has(bytes.fromhex(commit.tree))):
+            return None
+        return pruned[commit.id].policy
+
+    def refuse(oid: str, role: ObjectType, exc: ObjectNotFoundError | CorruptObjectError) -> None:
+        raise CorruptObjectError(
+            f"gc refuses to run: reachable object {oid} is unreadable ({exc}); run `ckvc fsck`"
+        ) from None
+
+    def skip_removed(oid: str, role: ObjectType, exc: ObjectNotFoundError | CorruptObjectError) -> None:
+        if role != ObjectType.COMMIT or store.has(bytes.fromhex(oid)):
+            refuse(oid, role, exc)
 
     ref_tips, reflog_tips = _tips(repo, reflog_expiry_s)
+    added: set[bytes] = set()
     # Refs first, strictly; then what only reflogs reach, where a commit an
     # earlier gc removed (its entry had expired then) is simply gone.
-    walks = itertools.chain(
-        ((reached, True) for reached in graph.walk(repo, ref_tips, visited)),
-        ((reached, False) for reached in graph.walk(repo, reflog_tips, visited)),
-    )
-    for reached, strict in walks:
-        if reached.error is not None:
-            if not strict and not repo.store.has(bytes.fromhex(reached.oid)):
-                continue
-            raise CorruptObjectError(
-                f"gc refuses to run: reachable object {reached.oid} is unreadable ({reached.error}); run `ckvc fsck`"
-            ) from None
-        add(bytes.fromhex(reached.oid))
-        commit = reached.commit
-        if commit is None or (commit.id in pruned and not (remote and repo.store.has(bytes.fromhex(commit.tree)))):
-            continue  # a tag object, or a pruned commit: only the object itself stays
-        add(bytes.fromhex(commit.tree))
-        try:
-            snapshot = repo.read_snapshot(commit)
-        except ObjectNotFoundError as exc:
-            raise CorruptObjectError(f"gc refuses to run: reachable data is missing ({exc}); run `ckvc fsck`") from None
-        for blob in snapshot.blobs:
-            for chunk in blob.chunks:
-                add_chunk(chunk)
+    for tips, on_error in ((ref_tips, refuse), (reflog_tips, skip_removed)):
+        found = graph.closure(
+            graph.StoredObjects(repo), tips, have=have, pruned=released, on_error=on_error, visited=visited
+        ).ids()
+        live |= found
+        added |= found
     return added
 
 

@@ -11,10 +11,11 @@ import heapq
 import math
 import re
 import time
-from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any, Literal
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol
 
+from ckvc.codecs.codec_ids import WHOLE_CODECS
 from ckvc.core import Repository, check_utf8, default_author
 from ckvc.errors import (
     CkvcError,
@@ -29,7 +30,7 @@ from ckvc.errors import (
     storage_errors,
 )
 from ckvc.ids import ObjectType, is_full_hex_id
-from ckvc.objects import Commit, Tag
+from ckvc.objects import Commit, Snapshot, Tag
 from ckvc.refs import BRANCH_PREFIX, HEAD, TAG_PREFIX, ReflogEntry, branch_ref, check_ref_name, tag_ref
 
 MIN_PREFIX = 4
@@ -246,6 +247,19 @@ def walk(core: Repository, tips: Iterable[str], visited: set[str] | None = None)
     with its error and not followed: the caller decides whether that is fatal
     (gc), a finding (fsck) or to be skipped. Ids in ``visited`` are not
     walked; every id met is added to it."""
+    return _walk(StoredObjects(core), tips, visited)
+
+
+def _walk(
+    source: ObjectSource,
+    tips: Iterable[str],
+    visited: set[str] | None = None,
+    *,
+    have: Callable[[bytes], bool] = lambda oid: False,
+    history: bool = True,
+) -> Iterator[Reached]:
+    """:func:`walk` over any source, stopping at what ``have`` holds; without
+    ``history`` the commits themselves (tags still peeled), no parents."""
     visited = set() if visited is None else visited
     stack = list(tips)
     while stack:
@@ -253,16 +267,20 @@ def walk(core: Repository, tips: Iterable[str], visited: set[str] | None = None)
         if oid in visited:
             continue
         visited.add(oid)
+        raw = bytes.fromhex(oid)
+        if have(raw):
+            continue
         try:
-            if core.store.stat(bytes.fromhex(oid)).kind == ObjectType.TAG:
-                stack.append(core.read_tag(oid).target)
+            if source.kind(raw) == ObjectType.TAG:
+                stack.append(source.read_tag(raw).target)
                 yield Reached(oid)
                 continue
-            commit = core.read_commit(oid)
+            commit = source.read_commit(raw)
         except (ObjectNotFoundError, CorruptObjectError) as exc:
             yield Reached(oid, error=exc)
             continue
-        stack.extend(commit.parents)
+        if history:
+            stack.extend(commit.parents)
         yield Reached(oid, commit)
 
 
@@ -271,6 +289,163 @@ def iter_reachable_commits(core: Repository, tips: Mapping[str, str]) -> Iterato
     for reached in walk(core, tips.values()):
         if reached.commit is not None:
             yield reached.commit
+
+
+# ---- closure ---------------------------------------------------------------------
+
+
+class ObjectSource(Protocol):
+    """Where :func:`closure` reads objects: this repository's store
+    (:class:`StoredObjects`), or a remote's records verified on the way (fetch)."""
+
+    def kind(self, oid: bytes) -> ObjectType: ...
+
+    def read_tag(self, oid: bytes) -> Tag: ...
+
+    def read_commit(self, oid: bytes) -> Commit: ...
+
+    def read_snapshot(self, oid: bytes) -> Snapshot: ...
+
+    def delta_base(self, oid: bytes) -> bytes | None: ...
+
+
+class StoredObjects:
+    """A repository's own objects as an :class:`ObjectSource`."""
+
+    def __init__(self, core: Repository) -> None:
+        self.core = core
+
+    def kind(self, oid: bytes) -> ObjectType:
+        return ObjectType(self.core.store.stat(oid).kind)
+
+    def read_tag(self, oid: bytes) -> Tag:
+        return self.core.read_tag(oid.hex())
+
+    def read_commit(self, oid: bytes) -> Commit:
+        return self.core.read_commit(oid.hex())
+
+    def read_snapshot(self, oid: bytes) -> Snapshot:
+        return Snapshot.decode(self.core.store.read(oid, ObjectType.SNAPSHOT))
+
+    def delta_base(self, oid: bytes) -> bytes | None:
+        entry = self.core.store.index.get(oid)
+        if entry is not None and entry.codec in WHOLE_CODECS:
+            return None  # no record head to read
+        return self.core.store.delta_base(oid)
+
+
+@dataclass
+class Closure:
+    """What a set of wanted objects needs that the "have" side lacks, in the order
+    the walk met it (a commit before its parents, a snapshot right after its commit)."""
+
+    tags: list[bytes] = field(default_factory=list)
+    commits: list[bytes] = field(default_factory=list)
+    parents: dict[bytes, tuple[bytes, ...]] = field(default_factory=dict)
+    snapshots: list[bytes] = field(default_factory=list)
+    chunks: dict[bytes, int] = field(default_factory=dict)  # id -> delta links down to a whole record or one had
+    pruned: dict[str, list[str]] = field(default_factory=dict)  # policy -> commits met without their data
+
+    def ids(self) -> set[bytes]:
+        return {*self.tags, *self.commits, *self.snapshots, *self.chunks}
+
+
+OnUnreadable = Callable[[str, ObjectType, "ObjectNotFoundError | CorruptObjectError"], None]
+
+
+def _raise(oid: str, role: ObjectType, exc: ObjectNotFoundError | CorruptObjectError) -> None:
+    raise exc
+
+
+def closure(
+    source: ObjectSource,
+    commits: Iterable[str] = (),
+    *,
+    snapshots: Iterable[bytes] = (),
+    chunks: Iterable[bytes] = (),
+    have: Callable[[bytes], bool] = lambda oid: False,
+    history: bool = True,
+    bases: bool = True,
+    pruned: Callable[[Commit], str | None] = lambda commit: None,
+    on_error: OnUnreadable = _raise,
+    visited: set[str] | None = None,
+) -> Closure:
+    """Everything ``commits`` (ids of commits or tag objects), ``snapshots`` and
+    ``chunks`` need, minus what ``have`` holds: tags peeled, parents followed
+    (``history``), the snapshot of each commit that ``pruned`` does not name a
+    policy for, its chunks, and each chunk's delta bases (``bases``). The walk
+    stops at an object ``have`` holds: a store that has an object has everything
+    it needs (the invariant push, fetch and gc keep). This one walk serves push
+    (have: the remote's store), fetch (source: the remote; have: this store), gc's
+    mark and the remote gc's (have: what is marked live), and the hybrid cache's
+    pins (no history).
+
+    An object that cannot be read goes to ``on_error(id, role, error)`` (role:
+    COMMIT where a commit or tag was wanted, SNAPSHOT, CHUNK), which raises (the
+    default) or returns to skip it. ``visited``: commit and tag ids already
+    walked (an incremental re-mark), grown by this walk."""
+    found = Closure()
+    met_snapshots: set[bytes] = set()
+
+    def add_chunk(chunk: bytes) -> None:
+        chain: list[bytes] = []
+        below: bytes | None = chunk
+        depth = -1
+        while below is not None:
+            if below in found.chunks:
+                depth = found.chunks[below]
+                break
+            if have(below):
+                break
+            chain.append(below)
+            if not bases:
+                break
+            try:
+                below = source.delta_base(chain[-1])
+            except (ObjectNotFoundError, CorruptObjectError) as exc:
+                on_error(chain[-1].hex(), ObjectType.CHUNK, exc)
+                break
+        for oid in reversed(chain):
+            depth += 1
+            found.chunks[oid] = depth
+
+    def add_snapshot(tree: bytes, commit: Commit | None = None) -> None:
+        if tree in met_snapshots or have(tree):
+            return
+        met_snapshots.add(tree)
+        found.snapshots.append(tree)
+        try:
+            snapshot = source.read_snapshot(tree)
+        except (ObjectNotFoundError, CorruptObjectError) as exc:
+            if isinstance(exc, CorruptObjectError) and commit is not None:
+                exc = exc.with_context(commit=commit.id)
+            on_error(tree.hex(), ObjectType.SNAPSHOT, exc)
+            return
+        for blob in snapshot.blobs:
+            for chunk in blob.chunks:
+                add_chunk(chunk)
+
+    for reached in _walk(source, commits, visited, have=have, history=history):
+        raw = bytes.fromhex(reached.oid)
+        if reached.error is not None:
+            on_error(reached.oid, ObjectType.COMMIT, reached.error)
+            continue
+        commit = reached.commit
+        if commit is None:
+            found.tags.append(raw)
+            continue
+        found.commits.append(raw)
+        found.parents[raw] = tuple(bytes.fromhex(p) for p in commit.parents)
+        policy = pruned(commit)
+        if policy is not None:
+            found.pruned.setdefault(policy, []).append(reached.oid)
+            continue
+        add_snapshot(bytes.fromhex(commit.tree), commit)
+    for tree in snapshots:
+        add_snapshot(tree)
+    for chunk in chunks:
+        add_chunk(chunk)
+    return found
 
 
 # ---- history --------------------------------------------------------------------

@@ -355,27 +355,18 @@ class Hybrid:
         return self._closure(list(self.state.pins))
 
     def _closure(self, commits: list[str]) -> set[bytes]:
-        """The local chunks ``commits`` need, with the delta bases they decode through."""
-        keep: set[bytes] = set()
+        """The local chunks ``commits`` need, with the delta bases they decode
+        through (what is not here, or cannot be read, has nothing here to keep)."""
         store = self.core.store
-        for commit_id in commits:
-            try:
-                snapshot = self.core.read_snapshot(self.core.read_commit(commit_id))
-            except (ObjectNotFoundError, CorruptObjectError):
-                continue
-            for blob in snapshot.blobs:
-                for chunk in blob.chunks:
-                    below: bytes | None = chunk
-                    while below is not None and below not in keep:
-                        keep.add(below)
-                        entry = store.index.get(below)
-                        if entry is None or entry.codec in WHOLE_CODECS:
-                            break
-                        try:
-                            below = store.base_info(below).base
-                        except (ObjectNotFoundError, CorruptObjectError):
-                            break
-        return keep
+
+        def skip(oid: str, role: ObjectType, exc: ObjectNotFoundError | CorruptObjectError) -> None:
+            pass
+
+        def absent(oid: bytes) -> bool:
+            return not store.has(oid)
+
+        found = graph.closure(graph.StoredObjects(self.core), commits, have=absent, history=False, on_error=skip)
+        return set(found.chunks)
 
     def _delta_bases(self) -> dict[bytes, bytes]:
         """Local delta chunk -> the base it decodes against (one record head read each)."""

@@ -394,8 +394,9 @@ class Writer(StorageWriter):
                     f"{len(missing)} chunks the ranks wrote are not on {self.remote}: nothing was committed",
                     object_id=missing[0].hex(),
                 )
-            commit_id = publish.publish(core, handle, writer, blobs, request, head.parent, head.target)
-            publish.record(core, self.remote, writer, blobs, request, head.parent, head.target)
+            step = publish.StepCommit(blobs, request, head.parent, head.target)
+            commit_id = publish.publish(core, handle, writer, step)
+            publish.record(core, self.remote, writer, step)
         return commit_id
 
 

@@ -13,9 +13,11 @@ ref naming anything incomplete.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from ckvc import graph
 from ckvc.core import Repository
@@ -24,7 +26,7 @@ from ckvc.errors import (
 )
 from ckvc.refs import check_ref_name
 from ckvc.remote.location import RemoteList, check_remote_name
-from ckvc.remote.repository import drop_catalog
+from ckvc.remote.repository import Remote, drop_catalog
 from ckvc.storage.packs import FOOTER, PACK_HEADER, TOC_ENTRY, TOC_HEADER
 
 REMOTES_PREFIX = "refs/remotes/"
@@ -101,47 +103,64 @@ class TransferStats:
 
 
 @dataclass
-class PushResult:
+class TransferResult:
+    """A push's or fetch's outcome: the remote, the refs moved, what moved."""
+
     remote: str
     url: str
     updated: list[RefUpdate] = field(default_factory=list)
-    up_to_date: list[str] = field(default_factory=list)
     stats: TransferStats = field(default_factory=TransferStats)
+    wire_key: ClassVar[str]
+
+    def _refs_json(self) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "remote": self.remote,
+            "url": self.url,
+            "updated": [u.to_json() for u in self.updated],
+            **self._refs_json(),
+            **self.stats.to_json(self.wire_key),
+        }
+
+
+@dataclass
+class PushResult(TransferResult):
+    up_to_date: list[str] = field(default_factory=list)
+    wire_key: ClassVar[str] = "bytes_sent"
 
     @property
     def bytes_sent(self) -> int:
         return self.stats.wire_bytes
 
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "remote": self.remote,
-            "url": self.url,
-            "updated": [u.to_json() for u in self.updated],
-            "up_to_date": self.up_to_date,
-            **self.stats.to_json("bytes_sent"),
-        }
+    def _refs_json(self) -> dict[str, Any]:
+        return {"up_to_date": self.up_to_date}
 
 
 @dataclass
-class FetchResult:
-    remote: str
-    url: str
-    updated: list[RefUpdate] = field(default_factory=list)
+class FetchResult(TransferResult):
     tags: list[RefUpdate] = field(default_factory=list)
-    stats: TransferStats = field(default_factory=TransferStats)
+    wire_key: ClassVar[str] = "bytes_received"
 
     @property
     def bytes_received(self) -> int:
         return self.stats.wire_bytes
 
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "remote": self.remote,
-            "url": self.url,
-            "updated": [u.to_json() for u in self.updated],
-            "tags": [u.to_json() for u in self.tags],
-            **self.stats.to_json("bytes_received"),
-        }
+    def _refs_json(self) -> dict[str, Any]:
+        return {"tags": [u.to_json() for u in self.tags]}
+
+
+@contextlib.contextmanager
+def counted(handle: Remote, stats: TransferStats, started: float) -> Iterator[None]:
+    """Close ``handle`` at the end of a transfer, its requests and the seconds
+    since ``started`` counted in ``stats``."""
+    try:
+        yield
+    finally:
+        stats.requests = handle.backend.requests
+        handle.close()
+    stats.seconds = time.monotonic() - started
 
 
 @dataclass

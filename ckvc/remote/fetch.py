@@ -9,6 +9,7 @@ import warnings
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+from ckvc import graph
 from ckvc.core import Repository
 from ckvc.errors import (
     CkvcWarning,
@@ -27,6 +28,7 @@ from ckvc.remote.common import (
     PullResult,
     RefUpdate,
     TransferStats,
+    counted,
     is_ancestor,
     move_tracking,
     remotes_of,
@@ -57,7 +59,6 @@ class Fetch:
         self.chunks: dict[bytes, None] = {}
         self.done = 0
         self.total = 0  # bytes known to be wanted so far (grows as the walk finds more)
-        self.snapshot_ids: set[bytes] = set()
         self.prefetched: dict[bytes, tuple[Located, Record]] = {}
         self.metadata_by_pack: dict[str, list[bytes]] | None = None
         self.landing: Mapping[bytes, memoryview] | None = None  # a lazy read's buffers (Verifier)
@@ -158,52 +159,55 @@ class Fetch:
         self.metadata_by_pack.pop(item.entry.pack, None)  # read once
         return self.prefetched.pop(oid)
 
-    def walk(self, tips: list[str]) -> None:
-        remote_pruned = self.handle.core.pruned()
-        seen: set[str] = set()
-        stack = list(tips)
-        while stack:
-            oid = stack.pop()
-            if oid in seen:
-                continue
-            seen.add(oid)
-            raw = bytes.fromhex(oid)
-            if self.local.store.has(raw):
-                continue  # there with everything it needs (the invariant)
-            item, record = self._metadata(raw)
-            plain = self._verified(item, record)
-            if record.kind == ObjectType.TAG:
-                self.tags.append((raw, record))
-                stack.append(Tag.decode(plain.data, oid).target)
-            elif record.kind == ObjectType.COMMIT:
-                commit = Commit.decode(plain.data, oid)
-                self.commits.append((raw, record))
-                stack.extend(commit.parents)
-                # a record covers a commit the remote holds without its data (FORMAT
-                # 18.2); with its snapshot there, a whole push followed the record
-                if oid in remote_pruned and not self.handle.core.store.has(bytes.fromhex(commit.tree)):
-                    self.pruned.setdefault(remote_pruned[oid].policy, []).append(oid)
-                else:
-                    self._snapshot(bytes.fromhex(commit.tree))
-            else:
-                raise CorruptObjectError(
-                    f"{self.handle.describe('refs/')}: a ref or parent names a {ObjectType(record.kind).name.lower()}",
-                    object_id=oid,
-                )
+    # ---- the walk: graph.closure over the remote's records, each verified as read ----
 
-    def _snapshot(self, tree: bytes) -> None:
-        if tree in self.snapshot_ids or self.local.store.has(tree):
-            return
-        self.snapshot_ids.add(tree)
-        item, record = self._metadata(tree)
+    def walk(self, tips: list[str]) -> None:
+        remote_store = self.handle.core.store
+        remote_pruned = self.handle.core.pruned()
+
+        def released(commit: Commit) -> str | None:
+            # a record covers a commit the remote holds without its data (FORMAT
+            # 18.2); with its snapshot there, a whole push followed the record
+            if commit.id not in remote_pruned or remote_store.has(bytes.fromhex(commit.tree)):
+                return None
+            return remote_pruned[commit.id].policy
+
+        found = graph.closure(self, tips, have=self.local.store.has, bases=False, pruned=released)
+        self.pruned = found.pruned
+        self.chunks = dict.fromkeys(found.chunks)
+
+    def kind(self, oid: bytes) -> ObjectType:
+        item, record = self._metadata(oid)
+        if record.kind not in (ObjectType.COMMIT, ObjectType.TAG):
+            raise CorruptObjectError(
+                f"{self.handle.describe('refs/')}: a ref or parent names a {ObjectType(record.kind).name.lower()}",
+                object_id=oid.hex(),
+            )
+        self.prefetched[oid] = (item, record)  # read_commit or read_tag comes next
+        return ObjectType(record.kind)
+
+    def read_tag(self, oid: bytes) -> Tag:
+        item, record = self._metadata(oid)
+        tag = Tag.decode(self._verified(item, record).data, oid.hex())
+        self.tags.append((oid, record))
+        return tag
+
+    def read_commit(self, oid: bytes) -> Commit:
+        item, record = self._metadata(oid)
+        commit = Commit.decode(self._verified(item, record).data, oid.hex())
+        self.commits.append((oid, record))
+        return commit
+
+    def read_snapshot(self, oid: bytes) -> Snapshot:
+        item, record = self._metadata(oid)
         if record.kind != ObjectType.SNAPSHOT:
             raise CorruptObjectError(f"{self.handle.describe('packs/' + item.entry.pack)}: not a snapshot")
         snapshot = Snapshot.decode(self._verified(item, record).data)
-        self.snapshots.append((tree, record))
-        for blob in snapshot.blobs:
-            for chunk in blob.chunks:
-                if chunk not in self.chunks and not self.local.store.has(chunk):
-                    self.chunks[chunk] = None
+        self.snapshots.append((oid, record))
+        return snapshot
+
+    def delta_base(self, oid: bytes) -> bytes | None:
+        return None  # learnt from each record as it arrives (fetch_chunks)
 
     def fetch_chunks(self) -> None:
         store = self.local.store
@@ -307,7 +311,7 @@ def fetch(
     handle = open_remote(local, spec)
     result = FetchResult(spec.name, spec.url)
     how = "fetch" if chunks else "fetch --lazy"
-    try:
+    with counted(handle, result.stats, started):
         refs = handle.core.refs.list_refs("refs/")  # one listing for branches and tags
         branches = {k: v for k, v in refs.items() if k.startswith(BRANCH_PREFIX)}
         tags = {k: v for k, v in refs.items() if k.startswith(TAG_PREFIX)}
@@ -332,10 +336,6 @@ def fetch(
                 elif mine != new:
                     kept = f"kept local {full} ({mine[:12]}); {spec.name} has {new[:12]}"
                     warnings.warn(CkvcWarning(kept), stacklevel=2)
-    finally:
-        result.stats.requests = handle.backend.requests
-        handle.close()
-    result.stats.seconds = time.monotonic() - started
     return result
 
 

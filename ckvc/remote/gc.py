@@ -40,7 +40,7 @@ from ckvc.core import Repository
 from ckvc.errors import CorruptObjectError, ObjectNotFoundError, after_landing, storage_errors
 from ckvc.gc import CRITICAL_SECTION_TIMEOUT_S, mark, purge_retired, retire_packs, retired_leftovers
 from ckvc.ids import ObjectType
-from ckvc.objects import Snapshot
+from ckvc.objects import Commit
 from ckvc.remote.common import remotes_of
 from ckvc.remote.repository import Remote, open_remote
 from ckvc.storage.packs import PACK_DIR, RecordInfo
@@ -118,34 +118,9 @@ def mark_needed(core: Repository, roots: Iterable[bytes], live: set[bytes], visi
     cannot be read is skipped: these objects are dead, and damage is fsck's."""
     pruned = core.pruned()
     store = core.store
-    added: set[bytes] = set()
-
-    def add(oid: bytes) -> None:
-        if oid not in live:
-            live.add(oid)
-            added.add(oid)
-
-    def add_chunk(oid: bytes | None) -> None:
-        while oid is not None and oid not in live:
-            add(oid)
-            try:
-                oid = store.delta_base(oid)
-            except (ObjectNotFoundError, CorruptObjectError):
-                return
-
-    def add_snapshot(oid: bytes) -> None:
-        if oid in live:
-            return
-        add(oid)
-        try:
-            snapshot = Snapshot.decode(store.read(oid, ObjectType.SNAPSHOT))
-        except (ObjectNotFoundError, CorruptObjectError):
-            return
-        for blob in snapshot.blobs:
-            for chunk in blob.chunks:
-                add_chunk(chunk)
-
     commits: list[str] = []
+    snapshots: list[bytes] = []
+    chunks: list[bytes] = []
     for oid in roots:
         try:
             kind = store.stat(oid).kind
@@ -154,16 +129,31 @@ def mark_needed(core: Repository, roots: Iterable[bytes], live: set[bytes], visi
         if kind in (ObjectType.COMMIT, ObjectType.TAG):
             commits.append(oid.hex())
         elif kind == ObjectType.SNAPSHOT:
-            add_snapshot(oid)
+            snapshots.append(oid)
         else:
-            add_chunk(oid)
-    for reached in graph.walk(core, commits, visited):
-        if reached.error is not None:
-            continue
-        add(bytes.fromhex(reached.oid))
-        if reached.commit is not None and reached.commit.id not in pruned:
-            add_snapshot(bytes.fromhex(reached.commit.tree))
-    return added
+            chunks.append(oid)
+
+    def released(commit: Commit) -> str | None:
+        # FORMAT 18.2: a present snapshot came with a whole push, after the record
+        if commit.id not in pruned or store.has(bytes.fromhex(commit.tree)):
+            return None
+        return pruned[commit.id].policy
+
+    def skip(oid: str, role: ObjectType, exc: ObjectNotFoundError | CorruptObjectError) -> None:
+        pass
+
+    found = graph.closure(
+        graph.StoredObjects(core),
+        commits,
+        snapshots=snapshots,
+        chunks=chunks,
+        have=live.__contains__,
+        pruned=released,
+        on_error=skip,
+        visited=visited,
+    ).ids()
+    live |= found
+    return found
 
 
 def _classify(packs: list[RemotePack], live: set[bytes]) -> None:

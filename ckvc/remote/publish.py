@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from ckvc import write
 from ckvc.core import Repository
@@ -44,25 +45,33 @@ def upload_part(local: Repository, handle: Remote, blobs: Sequence[Blob]) -> Tra
     return upload_objects(local, handle, chunks=[chunk for blob in blobs for chunk in blob.chunks])
 
 
-def publish(
-    local: Repository,
-    handle: Remote,
-    writer: ObjectWriter,
-    blobs: Sequence[Blob],
-    request: write.CommitRequest,
-    parent: str | None,
-    ref: str,
-) -> str:
+@dataclass(frozen=True)
+class StepCommit:
+    """One commit of several ranks' parts, as every rank knows it: the parts'
+    blobs, the request, the parent and the branch it moves."""
+
+    blobs: Sequence[Blob]
+    request: write.CommitRequest
+    parent: str | None
+    ref: str
+
+    def write_to(self, writer: ObjectWriter) -> tuple[bytes, str]:
+        """Its snapshot and commit written (and made durable) through ``writer``: (snapshot id, commit id)."""
+        snapshot_id, commit_id = write.put_commit(writer, self.blobs, self.request, self.parent)
+        writer.commit()
+        return snapshot_id, commit_id
+
+
+def publish(local: Repository, handle: Remote, writer: ObjectWriter, step: StepCommit) -> str:
     """The coordinator's step once every part is on the remote: the snapshot and
     commit written locally and uploaded, then ``ref`` on the remote moved from
-    ``parent`` by compare-and-swap (RefConflictError if another writer moved it:
+    the step's parent by compare-and-swap (RefConflictError if another writer moved it:
     nothing is committed). Returns the commit id."""
-    snapshot_id, commit_id = write.put_commit(writer, blobs, request, parent)
-    writer.commit()
+    snapshot_id, commit_id = step.write_to(writer)
     upload_objects(local, handle, metadata=[[snapshot_id, bytes.fromhex(commit_id)]])
     # a pin whose lease lapsed no longer holds a remote gc off what the ref will name
     handle.backend.check_locks_held()
-    handle.core.refs.set_if_equals(ref, parent, commit_id, write.commit_reflog_message(request))
+    handle.core.refs.set_if_equals(step.ref, step.parent, commit_id, write.commit_reflog_message(step.request))
     return commit_id
 
 
@@ -75,24 +84,16 @@ def landed_on_remote(handle: Remote, ref: str, commit_id: str) -> bool:
         return False
 
 
-def record(
-    local: Repository,
-    remote: str,
-    writer: ObjectWriter,
-    blobs: Sequence[Blob],
-    request: write.CommitRequest,
-    parent: str | None,
-    ref: str,
-) -> str:
+def record(local: Repository, remote: str, writer: ObjectWriter, step: StepCommit) -> str:
     """A commit that landed on ``remote``, made known to this node: its snapshot
     and commit written here (from the parts every rank was sent), the
     remote-tracking ref moved, and the local branch fast-forwarded when it was at
-    ``parent`` or behind it (else left, with a warning). The commit observers
+    the step's parent or behind it (else left, with a warning). The commit observers
     run (stats, retention, the cache; auto_push finds the remote up to date).
     Several ranks of one node may record the same commit (when its first rank
     was lost): the refs they find already moved to it are done."""
-    _, commit_id = write.put_commit(writer, blobs, request, parent)
-    writer.commit()
+    _, commit_id = step.write_to(writer)
+    ref, parent = step.ref, step.parent
     branch = ref[len(BRANCH_PREFIX) :]
     try:
         move_tracking(local, remote, branch, commit_id, "commit")
@@ -104,7 +105,7 @@ def record(
         return commit_id
     if current is None or current == parent or (parent is not None and is_ancestor(local, current, parent)):
         try:
-            local.refs.set_if_equals(ref, current, commit_id, write.commit_reflog_message(request))
+            local.refs.set_if_equals(ref, current, commit_id, write.commit_reflog_message(step.request))
         except RefConflictError:
             if local.refs.read(ref) == commit_id:
                 return commit_id

@@ -4,7 +4,7 @@ order of publication: ckvc.remote.common)."""
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from ckvc import graph
@@ -16,9 +16,17 @@ from ckvc.errors import (
     NonFastForwardError,
     RefNotFoundError,
 )
-from ckvc.ids import ObjectType
 from ckvc.refs import BRANCH_PREFIX, TAG_PREFIX, check_ref_name
-from ckvc.remote.common import Progress, PushResult, RefUpdate, TransferStats, is_ancestor, move_tracking, remotes_of
+from ckvc.remote.common import (
+    Progress,
+    PushResult,
+    RefUpdate,
+    TransferStats,
+    counted,
+    is_ancestor,
+    move_tracking,
+    remotes_of,
+)
 from ckvc.remote.repository import Remote, open_remote
 from ckvc.remote.transfer import Located, UploadedPack, Verifier, locate_all, split_groups, upload_packs
 
@@ -64,45 +72,16 @@ class _PushPlan:
 def _plan_push(local: Repository, remote: Remote, tips: list[str], max_pack: int) -> _PushPlan:
     """What the remote lacks of what ``tips`` reach, in publication waves. The walk
     stops at objects the remote has (the invariant makes their closure complete)."""
-    there = remote.core.store.has
     pruned = local.pruned()
-    snapshots: list[bytes] = []
-    commits: list[bytes] = []
-    tag_objects: list[bytes] = []
-    chunks: dict[bytes, int] = {}  # id -> delta depth over what the remote has
-    sent_pruned: dict[str, list[str]] = {}
-    parents_of: dict[bytes, tuple[bytes, ...]] = {}
-    seen: set[str] = set()
-    stack = list(tips)
-    while stack:
-        oid = stack.pop()
-        if oid in seen:
-            continue
-        seen.add(oid)
-        raw = bytes.fromhex(oid)
-        if there(raw):
-            continue
-        if local.store.stat(raw).kind == ObjectType.TAG:
-            tag_objects.append(raw)
-            stack.append(local.read_tag(oid).target)
-            continue
-        commit = local.read_commit(oid)
-        commits.append(raw)
-        parents_of[raw] = tuple(bytes.fromhex(p) for p in commit.parents)
-        stack.extend(commit.parents)
-        if oid in pruned:
-            sent_pruned.setdefault(pruned[oid].policy, []).append(oid)
-            continue
-        tree = bytes.fromhex(commit.tree)
-        if there(tree) or tree in snapshots:
-            continue
-        snapshots.append(tree)
-        for blob in local.read_snapshot(commit).blobs:
-            for chunk in blob.chunks:
-                _add_chunk(local, chunk, chunks, there)
+    needed = graph.closure(
+        graph.StoredObjects(local),
+        tips,
+        have=remote.core.store.has,
+        pruned=lambda commit: pruned[commit.id].policy if commit.id in pruned else None,
+    )
     # Parents before children, and a tag's target tag (found after it) before it.
-    ordered = (snapshots, parents_first(commits, parents_of), tag_objects[::-1])
-    return _PushPlan(_waves(local, chunks, ordered, max_pack), sent_pruned)
+    ordered = (needed.snapshots, parents_first(needed.commits, needed.parents), needed.tags[::-1])
+    return _PushPlan(_waves(local, needed.chunks, ordered, max_pack), needed.pruned)
 
 
 def _waves(
@@ -147,19 +126,6 @@ def parents_first(commits: list[bytes], parents_of: dict[bytes, tuple[bytes, ...
     return order
 
 
-def _add_chunk(local: Repository, chunk: bytes, chunks: dict[bytes, int], there: Callable[[bytes], bool]) -> int:
-    """Add ``chunk`` and its delta bases the remote lacks; returns its depth
-    (links down to a record already there or stored whole)."""
-    if chunk in chunks:
-        return chunks[chunk]
-    if there(chunk):
-        return -1
-    base = local.store.delta_base(chunk)
-    depth = 0 if base is None else _add_chunk(local, base, chunks, there) + 1
-    chunks[chunk] = depth
-    return depth
-
-
 def push(
     local: Repository,
     remote: str = "origin",
@@ -180,7 +146,7 @@ def push(
     updates = _push_refs(local, refs, tags)
     handle = open_remote(local, spec, create_from=local.config)
     result = PushResult(spec.name, spec.url)
-    try:
+    with counted(handle, result.stats, started):
         plan: list[RefUpdate] = []
         for full, new in updates:
             old = handle.core.refs.read(full)
@@ -220,10 +186,6 @@ def push(
             for full, new in updates:
                 if full.startswith(BRANCH_PREFIX):
                     move_tracking(local, spec.name, full[len(BRANCH_PREFIX) :], new, "push")
-    finally:
-        result.stats.requests = handle.backend.requests
-        handle.close()
-    result.stats.seconds = time.monotonic() - started
     return result
 
 
@@ -243,13 +205,11 @@ def upload_objects(
     pin, as push does, so a remote gc deletes nothing this upload counts on."""
     stats = stats if stats is not None else TransferStats()
     there = handle.core.store.has
-    closure: dict[bytes, int] = {}
-    for chunk in chunks:
-        _add_chunk(local, chunk, closure, there)
+    needed = graph.closure(graph.StoredObjects(local), chunks=chunks, have=there)
     wanted = [[oid for oid in ids if not there(oid)] for ids in metadata]
     max_pack = min(local.config.max_pack_size, handle.core.config.max_pack_size)
     _raise_format(handle, local.config)
-    plan = _PushPlan(_waves(local, closure, wanted, max_pack), {})
+    plan = _PushPlan(_waves(local, needed.chunks, wanted, max_pack), {})
     _upload(local, handle, plan, max_pack, stats, progress)
     return stats
 
