@@ -202,7 +202,7 @@ class RemotePromisor:
         """Fetch ``oids`` (one Fetch per stream), returning the new local packs and
         the chunks verified straight into ``landing``."""
         from ckvc.remote.fetch import Fetch
-        from ckvc.remote.transfer import locate_all
+        from ckvc.storage.records import locate_all
 
         local = self.local
         before = local.store.index.indexed_packs()

@@ -35,8 +35,15 @@ from ckvc.remote.common import (
     tracking_ref,
 )
 from ckvc.remote.repository import Remote, forget_packs, open_remote
-from ckvc.remote.transfer import LocalBaseCorruptError, Located, Verifier, locate_all, parallel_records, records_in
 from ckvc.storage.packs import RECORD_HEADER_SIZE, Record
+from ckvc.storage.records import (
+    LocalBaseCorruptError,
+    Located,
+    Verifier,
+    locate_all,
+    parallel_records,
+    records_in,
+)
 
 # ---- fetch -----------------------------------------------------------------------
 

@@ -28,7 +28,8 @@ from ckvc.remote.common import (
     remotes_of,
 )
 from ckvc.remote.repository import Remote, open_remote
-from ckvc.remote.transfer import Located, UploadedPack, Verifier, locate_all, split_groups, upload_packs
+from ckvc.remote.transfer import UploadedPack, split_groups, upload_packs
+from ckvc.storage.records import Located, Verifier, locate_all
 
 # ---- push ------------------------------------------------------------------------
 

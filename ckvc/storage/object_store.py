@@ -67,16 +67,16 @@ def _raw_direct(entry: IndexEntry, size: int) -> bool:
     return entry.codec == RAW and entry.record_size == RECORD_HEADER_SIZE + size
 
 
-def _parse_checked(raw: memoryview, oid: bytes, entry: IndexEntry, kind: ObjectType | None) -> Record:
+def parse_checked(raw: memoryview, oid: bytes, entry: IndexEntry, kind: ObjectType | None = None) -> Record:
     """The record in ``raw``, which must be the object and the record its index entry names."""
     record = parse_record(raw, entry.record_size)
-    _check_identity(record.oid, record.kind, oid, kind)
+    check_identity(record.oid, record.kind, oid, kind)
     if (record.raw_size, record.codec, record.kind) != (entry.raw_size, entry.codec, entry.kind):
         raise CorruptObjectError("record header does not match its index entry")
     return record
 
 
-def _check_identity(record_oid: bytes, record_kind: int, oid: bytes, kind: ObjectType | None) -> None:
+def check_identity(record_oid: bytes, record_kind: int, oid: bytes, kind: ObjectType | None) -> None:
     """A record read at an index entry's place must be the object the index names."""
     if record_oid != oid:
         raise CorruptObjectError("record holds a different object than the index says")
@@ -519,7 +519,7 @@ class ObjectStore:
 
     def _record(self, oid: bytes, entry: IndexEntry, kind: ObjectType | None, slot: int = 0) -> Record:
         """The parsed record, in this thread's read buffer ``slot`` (valid until the next read into it)."""
-        return _parse_checked(
+        return parse_checked(
             self.reader.read_reusing(entry.pack, entry.offset, entry.record_size, slot), oid, entry, kind
         )
 
@@ -567,7 +567,7 @@ class ObjectStore:
     @staticmethod
     def _check_raw_head(head: memoryview, oid: bytes, entry: IndexEntry, kind: ObjectType | None, size: int) -> int:
         record_kind, codec, raw_size, payload_size, record_oid, base = parse_record_header(head)
-        _check_identity(record_oid, record_kind, oid, kind)
+        check_identity(record_oid, record_kind, oid, kind)
         if (
             codec != RAW
             or base is not None
@@ -722,7 +722,7 @@ class ObjectStore:
                         oid, self._check_raw_head(head, oid, entry, ObjectType.CHUNK, len(out)), out.data, None
                     )
                 else:
-                    self._decode_record(oid, entry, _parse_checked(next(part), oid, entry, ObjectType.CHUNK), out)
+                    self._decode_record(oid, entry, parse_checked(next(part), oid, entry, ObjectType.CHUNK), out)
 
     def prefetch(self, oid: bytes) -> None:
         """Start reading a chunk's record from disk in the background (a hint:
