@@ -265,13 +265,14 @@ def retired_leftovers(store: ObjectStore) -> list[tuple[str, int]]:
 def retire_packs(store: ObjectStore, names: list[str]) -> None:
     """Take removed packs out of the listing at once, for deletion after the
     critical section: a rename to trash, or on a backend that cannot rename, one
-    record naming them (pack enumeration skips what a record names)."""
+    record naming them (pack enumeration skips what a record names); made durable."""
     backend = store.backend
     if backend.capabilities.atomic_rename:
         for name in names:
             backend.rename(pack_key(name), pack_key(name + TRASH_SUFFIX))
     elif names:
         backend.put(pack_key(f"{RETIRED_PREFIX}{uuid.uuid4().hex}{RETIRED_SUFFIX}"), "\n".join(names).encode())
+    backend.sync(f"{PACK_DIR}/")  # the renames (or the record) durable before anything is deleted
 
 
 def purge_retired(store: ObjectStore) -> None:

@@ -253,7 +253,13 @@ def _land_fetched(store: ObjectStore, reads: Sequence[ChunkRead], progress: Prog
 def run_reads(core: ReadCore, commit: Commit, reads: Sequence[ChunkRead], progress: Progress) -> None:
     """Decode and verify ``reads`` (in :func:`plan`'s order) on the executor, a
     bounded window of batches in flight. Each scratch read's ``then`` runs on the
-    calling thread once its batch is done; no read outlives this call."""
+    calling thread once its batch is done; no read outlives this call. The cache
+    evicts only once it has returned (``ObjectStore.reading``)."""
+    with core.store.reading():
+        _run_reads(core, commit, reads, progress)
+
+
+def _run_reads(core: ReadCore, commit: Commit, reads: Sequence[ChunkRead], progress: Progress) -> None:
     store = core.store
     reads = _land_fetched(store, reads, progress)
     groups = plan(store, reads)

@@ -274,49 +274,51 @@ def load_into(
     if optimizer is not None:
         _check_optimizer(optimizer, optim_node, commit)
     passes = _plan_fills(fills, commit)
-    # A lazy clone fetches everything the model needs first: offline, it fails before anything changes.
-    core.store.ensure([chunk.oid for entries in passes for chunk, _ in entries if chunk is not None])
-    for entries in passes:
-        for chunk, fill in entries:
-            if chunk is not None and not core.store.has(chunk.oid):
-                try:
-                    core.store.locate(chunk.oid)  # indexes packs it does not know yet, else raises
-                except ObjectNotFoundError as exc:
-                    raise read.not_found(exc, commit, fill.key) from None
+    # One read for the cache: nothing it fetched is evicted before the load returns.
+    with core.store.reading():
+        # A lazy clone fetches everything the model needs first: offline, it fails before anything changes.
+        core.store.ensure([chunk.oid for entries in passes for chunk, _ in entries if chunk is not None])
+        for entries in passes:
+            for chunk, fill in entries:
+                if chunk is not None and not core.store.has(chunk.oid):
+                    try:
+                        core.store.locate(chunk.oid)  # indexes packs it does not know yet, else raises
+                    except ObjectNotFoundError as exc:
+                        raise read.not_found(exc, commit, fill.key) from None
 
-    # 2. Read what is loaded whole (optimizer, scheduler, extra states) before the
-    # model changes, so a damaged chunk there leaves the model as it was.
-    loader = BlobLoader(core, commit, snapshot, map_location)
-    others = [node for node in (optim_node, sched_node, *(v for _, v in extra)) if node is not None]
-    other_reads = loader.plan(info for node in others for info in read.infos_in(node))
-    total = sum(r.size for r in other_reads)
-    total += sum(r.size for entries in passes for r, _ in entries if r is not None)
-    total += sum(
-        f.info.numel * read.blob_itemsize(f.blob, commit) for entries in passes for r, f in entries if r is None
-    )
-    tracker = Progress(progress, total)
-    read.run_reads(core, commit, other_reads, tracker)
+        # 2. Read what is loaded whole (optimizer, scheduler, extra states) before the
+        # model changes, so a damaged chunk there leaves the model as it was.
+        loader = BlobLoader(core, commit, snapshot, map_location)
+        others = [node for node in (optim_node, sched_node, *(v for _, v in extra)) if node is not None]
+        other_reads = loader.plan(info for node in others for info in read.infos_in(node))
+        total = sum(r.size for r in other_reads)
+        total += sum(r.size for entries in passes for r, _ in entries if r is not None)
+        total += sum(
+            f.info.numel * read.blob_itemsize(f.blob, commit) for entries in passes for r, f in entries if r is None
+        )
+        tracker = Progress(progress, total)
+        read.run_reads(core, commit, other_reads, tracker)
 
-    # 3. The model: chunks straight into its parameters and buffers.
-    for entries in passes:
-        read.run_reads(core, commit, [r for r, _ in entries if r is not None], tracker)
-        for chunk, fill in entries:
-            if chunk is None:  # a strided view of a shared storage: its span on its own
-                alone = BlobLoader(core, commit, snapshot, None)
-                read.run_reads(core, commit, alone.plan([fill.info]), Progress(None))
-                with torch.no_grad():
-                    fill.target.copy_(alone.tensor(fill.info))
-                tracker.add(fill.info.numel * read.blob_itemsize(fill.blob, commit))
-    if fills:
-        increment = getattr(torch.autograd.graph, "increment_version", None)
-        if increment is not None:  # written behind autograd's back: tell it
-            increment([f.target for f in fills if f.target.numel()])
-    if model is not None:
-        for key, node in extra:
-            owner = key[: -len(_EXTRA_STATE)].rstrip(".")
-            model.get_submodule(owner).set_extra_state(read.fill_tree(node, loader))
-    if optimizer is not None:
-        optimizer.load_state_dict(read.fill_tree(optim_node, loader))
-    if scheduler is not None:
-        scheduler.load_state_dict(read.fill_tree(sched_node, loader))
+        # 3. The model: chunks straight into its parameters and buffers.
+        for entries in passes:
+            read.run_reads(core, commit, [r for r, _ in entries if r is not None], tracker)
+            for chunk, fill in entries:
+                if chunk is None:  # a strided view of a shared storage: its span on its own
+                    alone = BlobLoader(core, commit, snapshot, None)
+                    read.run_reads(core, commit, alone.plan([fill.info]), Progress(None))
+                    with torch.no_grad():
+                        fill.target.copy_(alone.tensor(fill.info))
+                    tracker.add(fill.info.numel * read.blob_itemsize(fill.blob, commit))
+        if fills:
+            increment = getattr(torch.autograd.graph, "increment_version", None)
+            if increment is not None:  # written behind autograd's back: tell it
+                increment([f.target for f in fills if f.target.numel()])
+        if model is not None:
+            for key, node in extra:
+                owner = key[: -len(_EXTRA_STATE)].rstrip(".")
+                model.get_submodule(owner).set_extra_state(read.fill_tree(node, loader))
+        if optimizer is not None:
+            optimizer.load_state_dict(read.fill_tree(optim_node, loader))
+        if scheduler is not None:
+            scheduler.load_state_dict(read.fill_tree(sched_node, loader))
     return result

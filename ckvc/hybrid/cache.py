@@ -235,8 +235,13 @@ class Hybrid:
         self._lock = threading.RLock()
         self.state = CacheState.decode(core.refs.backend.get(STATE_KEY))
         self.promisor = RemotePromisor(
-            core, promisor_names(core, settings), on_access=self._on_access, on_fetched=self._on_fetched
+            core,
+            promisor_names(core, settings),
+            on_access=self._on_access,
+            on_fetched=self._on_fetched,
+            on_settle=self._settle,
         )
+        self._read_packs: set[str] = set()  # packs the reads since the last settle used
         core.store.promisor = self.promisor
         self.set_unit()
         self.on_evict: Callable[[PruneReport], None] | None = None  # tests and benchmarks watch each pass
@@ -293,10 +298,16 @@ class Hybrid:
             self.state.miss_bytes += miss_bytes
             packs = {e.pack for e in entries}
             record_access(self.state, packs)
+            self._read_packs |= packs
+            self._save()  # eviction waits for the read to return (_settle)
+
+    def _settle(self) -> None:
+        """No read in flight: back within the budget, the packs the reads just
+        used kept (a read larger than the budget keeps what it read)."""
+        with self._lock:
+            protect, self._read_packs = self._read_packs, set()
             if self.budget is not None and self.used_bytes() > self.budget:
-                self.prune(protect={e.pack for e in entries})
-            else:
-                self._save()
+                self.prune(protect=protect)
 
     def committed(self, commit_id: str) -> None:
         """After a commit landed: its packs join the cache, the budget holds, and
@@ -314,10 +325,14 @@ class Hybrid:
             new = [n for n in self.core.store.index.indexed_packs() if n not in known]
             self._on_fetched(new)
             record_access(self.state, new)
-            if self.budget is not None and self.used_bytes() > self.budget:
-                self.prune()
-            else:
+            over = self.budget is not None and self.used_bytes() > self.budget
+            if not over:
                 self._save()
+                return
+        # outside the cache's lock: the store's read lock is always taken first
+        if not self.core.store.unless_reading(self.prune):
+            with self._lock:
+                self._save()  # a read is in flight: its settle prunes
 
     # -- usage --
     def _sizes(self) -> dict[str, int]:
@@ -495,7 +510,6 @@ class Hybrid:
             store.index.swap_packs(new, [(name, records)])
             store.reader.forget(name)
             gc_mod.retire_packs(store, [name])
-            store.backend.sync("packs/")
         gc_mod.purge_retired(store)
         self.state.packs.pop(name, None)
         freed = size

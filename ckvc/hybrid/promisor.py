@@ -82,8 +82,9 @@ class FetchTotals:
 
 class RemotePromisor:
     """Fetches on demand the chunks a read needs from the first promisor remote
-    whose catalog holds them. ``on_access(entries, hit_bytes, miss_bytes)`` and
-    ``on_fetched(pack names)`` let the cache keep its statistics and budget."""
+    whose catalog holds them. ``on_access(entries, hit_bytes, miss_bytes)``,
+    ``on_fetched(pack names)`` and ``on_settle()`` (no read in flight) let the
+    cache keep its statistics and budget."""
 
     def __init__(
         self,
@@ -92,11 +93,13 @@ class RemotePromisor:
         *,
         on_access: Callable[[Sequence[IndexEntry], int, int], None] | None = None,
         on_fetched: Callable[[Sequence[str]], None] | None = None,
+        on_settle: Callable[[], None] | None = None,
     ) -> None:
         self.local = local
         self.remotes = list(remotes)
         self.on_access = on_access
         self.on_fetched = on_fetched
+        self.on_settle = on_settle
         self.totals = FetchTotals()
         self._catalogs: dict[str, Index | None] = {}
         self._handles: dict[str, Remote] = {}
@@ -143,6 +146,10 @@ class RemotePromisor:
             fetched, self._unreported = self._unreported, 0
         if self.on_access is not None:
             self.on_access(entries, hit_bytes, max(miss_bytes, fetched))
+
+    def settle(self) -> None:
+        if self.on_settle is not None:
+            self.on_settle()
 
     # -- fetching --
     def fetch(self, oids: Sequence[bytes], landing: Mapping[bytes, memoryview] | None = None) -> set[bytes]:

@@ -43,7 +43,7 @@ from ckvc.ids import ObjectType
 from ckvc.objects import Commit
 from ckvc.remote.common import remotes_of
 from ckvc.remote.repository import Remote, open_remote
-from ckvc.storage.packs import PACK_DIR, RecordInfo
+from ckvc.storage.packs import RecordInfo
 
 # Stages a test hook sees: "planned" (plan made, no lock held), "retired" (the
 # exclusive section is over, the retired packs not yet deleted).
@@ -245,7 +245,6 @@ def _execute(remote: Remote, report: RemoteGcReport, marks: GcMarks, reflog_expi
         done = f"gc retired {len(removed)} packs of {remote.spec.name}; the next gc deletes any left behind"
         with after_landing(done):
             retire_packs(store, [p.name for p in removed])
-            store.backend.sync(f"{PACK_DIR}/")
         report.critical_section_s = time.perf_counter() - entered
     report.packs_deleted = len(removed)
     if hook is not None:

@@ -32,7 +32,7 @@ from ckvc.storage.backend import STREAM_PIECE, Backend, ForwardingBackend, KeyIn
 from ckvc.storage.index import AnyIndex, Index, MemoryIndex
 from ckvc.storage.local import LocalBackend
 from ckvc.storage.object_store import ObjectStore
-from ckvc.storage.packs import RecordInfo, pack_key, toc_copy_name
+from ckvc.storage.packs import RecordInfo
 
 CATALOG_DIR = "catalog"
 CATALOG_READERS = 8  # TOCs read at once when a catalog learns of new packs
@@ -179,15 +179,13 @@ def refresh_catalog(store: ObjectStore, damaged: list[str] | None = None) -> int
     index = store.index
     listing = store.pack_listing(sizes=True)
     listed, copied = listing.packs, listing.copied
-    for name, size in listing.sizes.items():  # the listing's sizes: no HEAD per pack at its first read
-        store.reader.know_size(name, size)
+    store.know_pack_sizes(listing.sizes)
     known = index.indexed_packs()
     added = 0
 
     def read(name: str) -> tuple[list[RecordInfo], bool]:
         if name in copied:  # one small GET rather than ranged reads of the pack
-            data = store.backend.get(pack_key(toc_copy_name(name)))
-            entries = None if data is None else store.reader.entries_from_copy(name, data)
+            entries = store.pack_entries_from_copy(name)
             if entries is not None:
                 return entries, True
         try:

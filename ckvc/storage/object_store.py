@@ -9,7 +9,7 @@ import collections
 import contextlib
 import os
 import threading
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
@@ -45,6 +45,7 @@ from ckvc.storage.packs import (
     pack_key,
     parse_record,
     parse_record_header,
+    toc_copy_name,
 )
 
 if TYPE_CHECKING:  # numpy and the codecs load with the first chunk: metadata reads need neither
@@ -218,6 +219,11 @@ class Promisor(Protocol):
         recency bookkeeping."""
         ...
 
+    def settle(self) -> None:
+        """No read is in flight (:meth:`ObjectStore.reading`): the cache may evict
+        to its budget now. Called with new reads held off until it returns."""
+        ...
+
 
 # Retired packs on a backend without rename (object stores): gc writes a record
 # naming them before it deletes them, and pack enumeration skips every pack a
@@ -268,6 +274,8 @@ class ObjectStore:
         self._refresh_lock = threading.Lock()
         self._base_cache = _PlainCache(BASE_CACHE_BYTES)
         self.promisor: Promisor | None = None  # set on lazy clones and bounded caches
+        self._reads = 0  # reads in flight (reading())
+        self._reads_lock = threading.RLock()
 
     @staticmethod
     def _local(root: Path, readonly: bool | None) -> tuple[LocalBackend, bool]:
@@ -340,6 +348,18 @@ class ObjectStore:
         return PackListing(
             packs, {n for n in packs if n in copied}, {n: by_name[n] for n in packs} if sizes else {}, orphans
         )
+
+    def know_pack_sizes(self, sizes: Mapping[str, int]) -> None:
+        """Pack sizes from a listing (packs never change once sealed): no HEAD per
+        pack at its first read."""
+        for name, size in sizes.items():
+            self.reader.know_size(name, size)
+
+    def pack_entries_from_copy(self, name: str) -> list[RecordInfo] | None:
+        """Pack ``name``'s entries from its TOC copy (one small GET rather than
+        ranged reads of the pack); None when there is none or it is damaged."""
+        data = self.backend.get(pack_key(toc_copy_name(name)))
+        return None if data is None else self.reader.entries_from_copy(name, data)
 
     def retirement_records(self) -> list[str]:
         """Keys of gc's records of packs being deleted (object stores only)."""
@@ -422,6 +442,30 @@ class ObjectStore:
             used += [e for e in self.index.get_many([*wanted, *missing]) if e is not None]
         self.promisor.accessed(used, hits, fetched)
         return landed
+
+    @contextlib.contextmanager
+    def reading(self) -> Iterator[None]:
+        """One read of chunks (a checkout, a load_into): the cache evicts only
+        when the last read in flight has returned (``Promisor.settle``), never
+        under one, since eviction deletes and rewrites packs."""
+        with self._reads_lock:
+            self._reads += 1
+        try:
+            yield
+        finally:
+            with self._reads_lock:
+                self._reads -= 1
+                if self._reads == 0 and self.promisor is not None:
+                    self.promisor.settle()
+
+    def unless_reading(self, fn: Callable[[], object]) -> bool:
+        """Run ``fn`` now if no read is in flight, holding new ones off until it
+        returns; False (not run) otherwise: the last read's settle will."""
+        with self._reads_lock:
+            if self._reads:
+                return False
+            fn()
+            return True
 
     def stat(self, oid: bytes) -> StoredObject:
         """What the index knows of ``oid``; for a chunk only a promisor remote holds

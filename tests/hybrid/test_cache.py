@@ -149,6 +149,38 @@ def test_prune_rewrites_packs_keeping_metadata_and_pins(tmp_path: Path) -> None:
     repo.close()
 
 
+def test_eviction_waits_for_the_read_in_flight(tmp_path: Path) -> None:
+    """A read over the budget fetches, and the cache evicts only once the read has
+    returned: every eviction pass runs with no read in flight, and the load is whole."""
+    repo, ids = dir_setup(tmp_path)
+    repo.set_config(cache_size=0)  # everything a remote holds goes
+    hybrid = repo._hybrid
+    assert hybrid is not None
+    reads_at_eviction: list[int] = []
+    hybrid.on_evict = lambda report: reads_at_eviction.append(repo.store._reads)
+    fetched_in_load: list[int] = []
+    real_ensure = repo.store.ensure
+
+    fail: list[bool] = []
+
+    def ensure(oids, landing=None):  # type: ignore[no-untyped-def]
+        if fail:
+            raise OSError("injected: the remote went away")
+        landed = real_ensure(oids, landing)
+        fetched_in_load.append(len(reads_at_eviction))  # no pass yet while the read runs
+        return landed
+
+    repo.store.ensure = ensure  # type: ignore[method-assign]
+    assert_state_equal(repo.load(ids[4]), train_state(4))
+    assert fetched_in_load == [0]
+    assert reads_at_eviction and set(reads_at_eviction) == {0}
+    fail.append(True)
+    with pytest.raises(OSError, match="injected"):
+        repo.load(ids[1])  # fails inside the read: the read still ends
+    assert repo.store._reads == 0
+    repo.close()
+
+
 def test_cache_cli(tmp_path: Path) -> None:
     repo, ids = dir_setup(tmp_path, 4)
     repo.close()
