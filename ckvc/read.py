@@ -42,6 +42,7 @@ from ckvc.state import MapLocation, TensorInfo
 
 if TYPE_CHECKING:
     from ckvc.executor import Executor
+    from ckvc.storage.index import IndexEntry
     from ckvc.storage.object_store import ObjectStore
 
 
@@ -97,6 +98,7 @@ class ChunkRead:
     into: memoryview | None = None
     then: Callable[[np.ndarray], None] | None = None
     pinned: bool = False  # scratch in pinned host memory (the copy goes to a GPU)
+    entry: IndexEntry | None = None  # where the index keeps it, once looked up (one lookup per chunk)
 
 
 @dataclass
@@ -132,20 +134,24 @@ def not_found(exc: ObjectNotFoundError, commit: Commit, tensor: str) -> ObjectNo
     return ObjectNotFoundError(f"{exc} (tensor {tensor!r}, commit {commit.id})")
 
 
-def check_chunk_sizes(store: ObjectStore, commit: Commit, blob: Blob, chunks: Iterable[int] | None = None) -> None:
+def check_chunk_sizes(
+    store: ObjectStore, commit: Commit, blob: Blob, chunks: Iterable[int] | None = None
+) -> list[IndexEntry | None]:
     """Each chunk's size as the index records it against its span, before any
-    buffer is allocated for the blob. One index lookup per chunk (fsck makes the
-    same check). ``chunks``: the indices to check (default all)."""
+    buffer is allocated for the blob (fsck makes the same check). ``chunks``: the
+    indices to check (default all). Returns their index entries (None: a chunk a
+    promisor remote holds), for the reads to use rather than look them up again."""
     spans = blob_spans(blob, commit)
     wanted = range(len(spans)) if chunks is None else list(chunks)
-    found = store.index.sizes(blob.chunks[i] for i in wanted)
-    for i, size in zip(wanted, found, strict=True):
+    entries = store.index.get_many([blob.chunks[i] for i in wanted])
+    for n, (i, entry) in enumerate(zip(wanted, entries, strict=True)):
         oid, (start, end) = blob.chunks[i], spans[i]
+        size = None if entry is None else (entry.kind, entry.raw_size)
         if size is None:
             size = store.promised_size(oid)  # a lazy clone's chunk, from the remote catalog
         if size is None:
             try:
-                entry = store.locate(oid)  # indexes packs it does not know yet, else raises
+                entry = entries[n] = store.locate(oid)  # indexes packs it does not know yet, else raises
             except ObjectNotFoundError as exc:
                 raise not_found(exc, commit, blob.path) from None
             size = (entry.kind, entry.raw_size)
@@ -155,6 +161,7 @@ def check_chunk_sizes(store: ObjectStore, commit: Commit, blob: Blob, chunks: It
                 commit=commit.id,
                 tensor=blob.path,
             )
+    return entries
 
 
 def plan(store: ObjectStore, reads: Iterable[ChunkRead]) -> list[PackReads]:
@@ -162,13 +169,16 @@ def plan(store: ObjectStore, reads: Iterable[ChunkRead]) -> list[PackReads]:
     each group sorted by offset, chunks the index does not know last: neighbouring
     records of a pack come one after the other, for the store to coalesce."""
     reads = list(reads)
+    unlocated = [read for read in reads if read.entry is None]
+    for read, entry in zip(unlocated, store.index.get_many(r.oid for r in unlocated), strict=True):
+        read.entry = entry  # fetched since it was planned, or planned without its entry
     groups: dict[str | None, list[tuple[int, ChunkRead]]] = {}
     unknown: list[tuple[int, ChunkRead]] = []
-    for read, entry in zip(reads, store.index.get_many(r.oid for r in reads), strict=True):
-        if entry is None:
+    for read in reads:
+        if read.entry is None:
             unknown.append((0, read))
         else:
-            groups.setdefault(entry.pack, []).append((entry.offset, read))
+            groups.setdefault(read.entry.pack, []).append((read.entry.offset, read))
     if unknown:
         groups[None] = unknown
     return [PackReads(pack, [r for _, r in sorted(rs, key=lambda x: x[0])]) for pack, rs in groups.items()]
@@ -198,7 +208,11 @@ def _read_batch(store: ObjectStore, commit: Commit, batch: Sequence[tuple[ChunkR
         _read_one(store, commit, *batch[0])
         return
     try:
-        store.read_many_into([(read.oid, out) for read, out in batch])
+        located = [(read.oid, read.entry, out) for read, out in batch if read.entry is not None]
+        if len(located) == len(batch):  # one pack's reads by offset (plan): no lookup, no regrouping
+            store.read_located_into(located)
+        else:
+            store.read_many_into([(read.oid, out) for read, out in batch])
     except (CorruptObjectError, ObjectNotFoundError) as exc:
         # Which chunk failed: read them one by one, so the error names its tensor.
         for read, out in batch:
@@ -269,7 +283,7 @@ def _run_reads(core: ReadCore, commit: Commit, reads: Sequence[ChunkRead], progr
         # while these decode, instead of each read waiting on the disk in turn.
         ahead = PREFETCH_WINDOWS * window.depth
         for read in ordered[:ahead]:
-            store.prefetch(read.oid)
+            store.prefetch(read.oid, read.entry)
         queued = 0
         # Locally a batch is a pool task's worth (BATCH_BYTES); where each request
         # costs a round trip, a batch is one pack's reads up to one large ranged
@@ -282,7 +296,7 @@ def _run_reads(core: ReadCore, commit: Commit, reads: Sequence[ChunkRead], progr
             targets: list[tuple[ChunkRead, memoryview]] = []
             for read in batch:
                 if queued + ahead < len(ordered):
-                    store.prefetch(ordered[queued + ahead].oid)
+                    store.prefetch(ordered[queued + ahead].oid, ordered[queued + ahead].entry)
                 queued += 1
                 scratch = None
                 out = read.into
@@ -305,16 +319,16 @@ def read_blobs(
     """Every blob allocated whole and filled with its chunks: flat CPU buffers of
     their dtypes. Chunks of all blobs are in flight together, so small tensors load
     in parallel too."""
-    for blob in blobs:
-        check_chunk_sizes(core.store, commit, blob)  # before anything is allocated
+    entries = [check_chunk_sizes(core.store, commit, blob) for blob in blobs]  # before anything is allocated
     bases: list[torch.Tensor | np.ndarray] = []
     reads: list[ChunkRead] = []
-    for blob in blobs:
+    for blob, located in zip(blobs, entries, strict=True):
         spans = blob_spans(blob, commit)
         base, view = state_mod.allocate_blob(blob.dtype, blob.nbytes)
         bases.append(base)
         reads.extend(
-            ChunkRead(blob, oid, b - a, into=view[a:b]) for oid, (a, b) in zip(blob.chunks, spans, strict=True)
+            ChunkRead(blob, oid, b - a, into=view[a:b], entry=entry)
+            for oid, (a, b), entry in zip(blob.chunks, spans, located, strict=True)
         )
     run_reads(core, commit, reads, Progress(progress, sum(r.size for r in reads)))
     return bases
@@ -366,6 +380,7 @@ class BlobLoader:
                     ranges.append((info.offset, _view_end(info)))
             start = end = 0
             chunks: list[int] = []
+            entries: list[IndexEntry | None] = []
             if ranges:
                 lo, hi = min(r[0] for r in ranges) * itemsize, max(r[1] for r in ranges) * itemsize
                 if hi > blob.nbytes:
@@ -376,14 +391,14 @@ class BlobLoader:
                     lo, hi = 0, blob.nbytes
                 chunks = list(range(lo // size, -(-hi // size)))
                 start, end = spans[chunks[0]][0], spans[chunks[-1]][1]
-                check_chunk_sizes(self.core.store, self.commit, blob, chunks)
+                entries = check_chunk_sizes(self.core.store, self.commit, blob, chunks)
             try:
                 base, view = state_mod.allocate_blob(blob.dtype, end - start)
             except CorruptObjectError as exc:
                 raise exc.with_context(commit=self.commit.id, tensor=blob.path) from None
-            for i in chunks:
+            for i, entry in zip(chunks, entries, strict=True):
                 a, b = spans[i]
-                reads.append(ChunkRead(blob, blob.chunks[i], b - a, into=view[a - start : b - start]))
+                reads.append(ChunkRead(blob, blob.chunks[i], b - a, into=view[a - start : b - start], entry=entry))
             self._bases[index] = (base, start // itemsize)
         return reads
 

@@ -145,8 +145,12 @@ def spy_store(repo: ckvc.Repo) -> list[list[bytes]]:
         for oid, out in items:
             read_into(oid, out)
 
+    def located(items: Sequence[tuple[bytes, Any, memoryview]]) -> None:
+        many([(oid, out) for oid, _entry, out in items])
+
     repo.store.read_into = one  # type: ignore[method-assign]
     repo.store.read_many_into = many  # type: ignore[method-assign]
+    repo.store.read_located_into = located  # type: ignore[method-assign]
     return calls
 
 
@@ -168,6 +172,31 @@ def test_the_store_gets_batches_in_pack_order(setup: Setup) -> None:
     for pack in runs:
         offsets = [loc[1] for loc in locations if loc and loc[0] == pack]
         assert offsets == sorted(offsets)
+
+
+@pytest.mark.parametrize("threads", [1, 4])
+def test_a_load_looks_each_chunk_up_in_the_index_once(setup: Setup, threads: int) -> None:
+    with ckvc.Repo.open(setup.root, threads=threads) as repo:
+        snapshot = repo.read_snapshot(repo.read_commit(setup.b))
+        index = repo.store.index
+        looked_up: collections.Counter[bytes] = collections.Counter()
+        real_get, real_get_many = index.get, index.get_many
+
+        def get(oid: bytes) -> Any:
+            looked_up[oid] += 1
+            return real_get(oid)
+
+        def get_many(oids: Any) -> Any:
+            oids = list(oids)
+            looked_up.update(oids)
+            return real_get_many(oids)
+
+        index.get, index.get_many = get, get_many  # type: ignore[method-assign]
+        loaded = repo.load(setup.b)
+    assert_state_equal(loaded, setup.state_b)
+    chunks = {oid for blob in snapshot.blobs for oid in blob.chunks}
+    uses = collections.Counter(oid for blob in snapshot.blobs for oid in blob.chunks)
+    assert {oid: looked_up[oid] for oid in chunks} == {oid: uses[oid] for oid in chunks}
 
 
 @pytest.mark.parametrize("threads", [1, 4])

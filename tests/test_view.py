@@ -21,8 +21,9 @@ CHUNK = 4096  # small chunks: every test tensor spans several
 
 
 def counting_reads(repo: ckvc.Repo) -> list[bytes]:
-    """Every chunk id the store reads from now on (store.read_into and
-    store.read_many_into wrapped: the read engine hands batches to the latter)."""
+    """Every chunk id the store reads from now on (store.read_into,
+    read_many_into and read_located_into wrapped: the read engine hands batches
+    to the last two)."""
     seen: list[bytes] = []
     original = repo.store.read_into
 
@@ -34,8 +35,12 @@ def counting_reads(repo: ckvc.Repo) -> list[bytes]:
         for oid, out in items:
             read_into(oid, out)
 
+    def read_located_into(items: Sequence[tuple[bytes, Any, memoryview]]) -> None:
+        read_many_into([(oid, out) for oid, _entry, out in items])
+
     repo.store.read_into = read_into  # type: ignore[method-assign]
     repo.store.read_many_into = read_many_into  # type: ignore[method-assign]
+    repo.store.read_located_into = read_located_into  # type: ignore[method-assign]
     return seen
 
 

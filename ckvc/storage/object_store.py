@@ -711,28 +711,42 @@ class ObjectStore:
 
     def read_many_into(self, items: Sequence[tuple[bytes, memoryview]]) -> None:
         """Read many chunks into their destinations (each exactly its chunk's size)
-        with few backend requests: grouped per pack, sorted by offset, and each run
-        of adjacent records read with one ``readv_into`` whose buffers are the raw
-        records' destinations themselves (no copy) and a scratch buffer for the
-        rest, which are decoded from it. Every id is verified, deltas through
-        their base as :meth:`read_into` does, and the errors are its errors
-        (``object_id`` names the object). Thread-safe: callers run batches on
-        an executor."""
+        with few backend requests: located, ordered by pack and offset, and read
+        by :meth:`read_located_into`. Every id is verified, deltas through their
+        base as :meth:`read_into` does, and the errors are its errors
+        (``object_id`` names the object). Thread-safe: callers run batches on an
+        executor."""
+        located = [(oid, self.locate(oid), out) for oid, out in items]
+        located.sort(key=lambda item: (item[1].pack, item[1].offset))
+        self.read_located_into(located)
+
+    def read_located_into(self, items: Sequence[tuple[bytes, IndexEntry, memoryview]]) -> None:
+        """:meth:`read_many_into` for chunks the caller located already (one index
+        lookup per chunk in all), ordered by pack and offset as ``read.plan``
+        orders them: each run of adjacent records read with one ``readv_into``
+        whose buffers are the raw records' destinations themselves (no copy) and a
+        scratch buffer for the rest, which are decoded from it. An entry gone stale
+        (gc repacked meanwhile) is looked up again by the exact path."""
         import numpy as np
 
-        plan: dict[str, list[tuple[IndexEntry, bytes, np.ndarray]]] = {}
-        for oid, out in items:
+        reads: list[tuple[IndexEntry, bytes, np.ndarray]] = []
+        for oid, entry, out in items:
+            _check_sizes(oid, entry)
             target = np.frombuffer(out, dtype=np.uint8)
-            entry = self.locate(oid)
             if entry.raw_size != len(target):
                 raise CorruptObjectError(
                     f"chunk is {entry.raw_size} bytes where {len(target)} were expected", object_id=oid.hex()
                 )
-            plan.setdefault(entry.pack, []).append((entry, oid, target))
-        for pack, reads in plan.items():
-            reads.sort(key=lambda r: r[0].offset)
-            for run in _runs(reads):
-                self._read_run(pack, run)
+            if reads and entry.pack != reads[0][0].pack:
+                self._read_pack_runs(reads)
+                reads = []
+            reads.append((entry, oid, target))
+        if reads:
+            self._read_pack_runs(reads)
+
+    def _read_pack_runs(self, reads: list[tuple[IndexEntry, bytes, np.ndarray]]) -> None:
+        for run in _runs(reads):
+            self._read_run(run[0][0].pack, run)
 
     def _read_run(self, pack: str, run: list[tuple[IndexEntry, bytes, np.ndarray]]) -> None:
         """One request for records that lie back to back in ``pack``, then decode each."""
@@ -768,10 +782,11 @@ class ObjectStore:
                 else:
                     self._decode_record(oid, entry, parse_checked(next(part), oid, entry, ObjectType.CHUNK), out)
 
-    def prefetch(self, oid: bytes) -> None:
+    def prefetch(self, oid: bytes, entry: IndexEntry | None = None) -> None:
         """Start reading a chunk's record from disk in the background (a hint:
-        errors are left to the read that follows)."""
-        entry = self.index.get(oid)
+        errors are left to the read that follows). ``entry``: its index entry,
+        when the caller has it."""
+        entry = entry or self.index.get(oid)
         if entry is not None:
             self.reader.prefetch(entry.pack, entry.offset, entry.record_size)
 
