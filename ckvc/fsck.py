@@ -14,6 +14,7 @@ from ckvc.chunking import chunk_spans
 from ckvc.core import ProgressCallback, Repository
 from ckvc.errors import CkvcError, CorruptObjectError, InvalidInputError, ObjectNotFoundError, UnsafeContentError
 from ckvc.ids import ObjectType
+from ckvc.objects import Commit
 from ckvc.storage.object_store import ObjectStore, StoredObject
 from ckvc.storage.packs import TMP_SUFFIX, RecordInfo, pack_key, parse_toc_copy, toc_copy_name
 
@@ -105,43 +106,64 @@ def run_fsck(
         raise InvalidInputError(f"fsck level must be one of {LEVELS}, got {level!r}")
     if sample is not None and not 0 < sample <= 1:
         raise InvalidInputError(f"sample must be a fraction in (0, 1], got {sample!r}")
-    report = FsckReport()
-    store = repo.store
+    check = _Fsck(repo)
     if rebuild_index:
-        store.rebuild_index()
-        report.rebuilt_index = True
+        repo.store.rebuild_index()
+        check.report.rebuilt_index = True
     else:
-        store.refresh()
-    seen: set[tuple[str, str | None]] = set()
-
-    def add(kind: str, object_id: str | None, detail: str, severity: str = "error") -> None:
-        if (kind, object_id) in seen and object_id is not None:
-            return
-        seen.add((kind, object_id))
-        report.problems.append(Problem(kind, severity, object_id, detail))
-
-    # 1. Packs: readable header and table of contents; every pack indexed.
-    indexed = store.index.indexed_packs()
-    listing = store.pack_listing()
-    for name in listing.packs:
-        report.packs_checked += 1
-        try:
-            toc, from_toc = store.pack_entries(name)
-            if not from_toc:
-                add(BAD_PACK, None, f"pack {name}: table of contents damaged (records recovered by scanning)")
-            elif name in listing.copied:
-                _check_toc_copy(store, name, toc, add)
-        except CkvcError as exc:
-            add(BAD_PACK, None, f"pack {name}: {exc}")
-        if name not in indexed:
-            add(UNINDEXED_PACK, None, f"pack {name} is not in the index", "warning")
-    for key in listing.orphan_copies:
-        add(ORPHAN_TOC_COPY, None, f"{key}: the TOC copy of a pack that is gone (the next gc deletes it)", "warning")
-    for tmp in sorted(t.key.rpartition("/")[2] for t in store.temporaries() if t.key.endswith(TMP_SUFFIX)):
-        add(UNFINISHED_PACK, None, f"{tmp}: being written, or left by a writer that died", "warning")
-
-    # 2. Stored objects: read, decode, re-hash (all, or a random sample).
+        repo.store.refresh()
+    check.packs()
     if level == "full" or sample is not None:
+        check.objects(sample, progress)
+    check.graph(data=level != "refs")
+    if level != "refs" and check.report.ok:  # only meaningful when the graph walk met no damage
+        check.unreferenced()
+    return check.report
+
+
+class _Fsck:
+    """One fsck run: its findings (each once) and what the graph walk reached."""
+
+    def __init__(self, repo: Repository) -> None:
+        self.repo = repo
+        self.store = repo.store
+        self.report = FsckReport()
+        self.seen: set[tuple[str, str | None]] = set()
+        self.reachable: set[bytes] = set()
+
+    def add(self, kind: str, object_id: str | None, detail: str, severity: str = "error") -> None:
+        if (kind, object_id) in self.seen and object_id is not None:
+            return
+        self.seen.add((kind, object_id))
+        self.report.problems.append(Problem(kind, severity, object_id, detail))
+
+    def packs(self) -> None:
+        """Packs: readable header and table of contents; every pack indexed."""
+        store, add = self.store, self.add
+        indexed = store.index.indexed_packs()
+        listing = store.pack_listing()
+        for name in listing.packs:
+            self.report.packs_checked += 1
+            try:
+                toc, from_toc = store.pack_entries(name)
+                if not from_toc:
+                    add(BAD_PACK, None, f"pack {name}: table of contents damaged (records recovered by scanning)")
+                elif name in listing.copied:
+                    _check_toc_copy(store, name, toc, add)
+            except CkvcError as exc:
+                add(BAD_PACK, None, f"pack {name}: {exc}")
+            if name not in indexed:
+                add(UNINDEXED_PACK, None, f"pack {name} is not in the index", "warning")
+        for key in listing.orphan_copies:
+            add(
+                ORPHAN_TOC_COPY, None, f"{key}: the TOC copy of a pack that is gone (the next gc deletes it)", "warning"
+            )
+        for tmp in sorted(t.key.rpartition("/")[2] for t in store.temporaries() if t.key.endswith(TMP_SUFFIX)):
+            add(UNFINISHED_PACK, None, f"{tmp}: being written, or left by a writer that died", "warning")
+
+    def objects(self, sample: float | None, progress: ProgressCallback | None) -> None:
+        """Stored objects: read, decode, re-hash (all, or a random sample)."""
+        store, report = self.store, self.report
         entries = list(store.iter_stored())
         if sample is not None:
             entries = random.sample(entries, max(1, round(len(entries) * sample))) if entries else []
@@ -162,80 +184,85 @@ def run_fsck(
             done += stored.stored_size
             if err is not None:
                 kind = MISSING_OBJECT if "missing" in err or "not found" in err else BAD_CHECKSUM
-                add(kind, stored.oid.hex(), err)
+                self.add(kind, stored.oid.hex(), err)
             if progress is not None:
                 progress(done, total)
 
-        with repo.executor.window() as window:
+        with self.repo.executor.window() as window:
             for stored in entries:
                 window.submit(check, stored.oid, then=functools.partial(record, stored))
 
-    def promised(oid: bytes) -> bool:
+    def _promised(self, oid: bytes) -> bool:
         """Absent here but held by a promisor remote: counted, not a problem."""
-        size = store.promised_size(oid)
+        size = self.store.promised_size(oid)
         if size is None:
             return False
-        report.remote_chunks += 1
-        report.remote_bytes += size[1]
+        self.report.remote_chunks += 1
+        self.report.remote_bytes += size[1]
         return True
 
-    def _check_chain(chunk: bytes, where: str) -> None:
+    def _chain(self, chunk: bytes, where: str) -> None:
         """A delta (or lossy residual) needs its base: present, and reachable too."""
-        try:
-            base = store.base_info(chunk).base
-        except (CorruptObjectError, ObjectNotFoundError) as exc:
-            add(BAD_CHECKSUM, chunk.hex(), f"chunk of {where}: {exc}")
-            return
-        if base is None or base in reachable:
-            return
-        reachable.add(base)
-        if not store.has(base) and not promised(base):
-            add(MISSING_OBJECT, base.hex(), f"delta base of chunk {chunk.hex()} ({where}) is missing")
-            return
-        _check_chain(base, where)
+        while True:
+            try:
+                base = self.store.base_info(chunk).base
+            except (CorruptObjectError, ObjectNotFoundError) as exc:
+                self.add(BAD_CHECKSUM, chunk.hex(), f"chunk of {where}: {exc}")
+                return
+            if base is None or base in self.reachable:
+                return
+            self.reachable.add(base)
+            if not self.store.has(base) and not self._promised(base):
+                self.add(MISSING_OBJECT, base.hex(), f"delta base of chunk {chunk.hex()} ({where}) is missing")
+                return
+            chunk = base
 
-    # 3. Refs and the commit graph; from "metadata" on, each unpruned commit's
-    #    snapshot and the presence of every chunk it needs, delta bases included.
-    damaged_refs: list[str] = []
-    tips = graph.ref_tips(repo, include_reflogs=False, damaged=damaged_refs)
-    for detail in damaged_refs:
-        add(DAMAGED_REF, None, detail)
-    # Skipped by every other command with a warning; listed here (gc keeps what they name).
-    for stray in repo.refs.stray_refs():
-        add(STRAY_REF, stray.value, f"{stray.path}: {stray.problem}", "warning")
-    log_damage: list[str] = []
-    repo.prune_log.records(damaged=log_damage)
-    for detail in [*repo.refs.damaged_logs(), *log_damage]:
-        add(DAMAGED_LOG, None, detail, "warning")
-    for label, oid in tips.items():
-        if not store.has(bytes.fromhex(oid)):
-            add(DANGLING_REF, oid, f"{label} points at missing object {oid}")
-    pruned = repo.pruned()
-    reachable: set[bytes] = set()
-    for reached in graph.walk(repo, tips.values()):
-        oid = reached.oid
-        if isinstance(reached.error, ObjectNotFoundError):
-            add(MISSING_OBJECT, oid, f"commit {oid} is missing: {reached.error}")
-            continue
-        reachable.add(bytes.fromhex(oid))
-        if reached.error is not None:
-            add(BAD_CHECKSUM, oid, str(reached.error))
-            continue
-        commit = reached.commit
-        if commit is None:
-            continue  # a tag object; the walk follows it to its commit
-        report.commits_reachable += 1
-        if level == "refs" or oid in pruned:
-            continue  # a pruned commit keeps only its commit object
-        reachable.add(bytes.fromhex(commit.tree))
+    def graph(self, *, data: bool) -> None:
+        """Refs and the commit graph; with ``data`` ("metadata" and "full"), each
+        unpruned commit's snapshot and every chunk it needs, delta bases included."""
+        repo, store, add = self.repo, self.store, self.add
+        damaged_refs: list[str] = []
+        tips = graph.ref_tips(repo, include_reflogs=False, damaged=damaged_refs)
+        for detail in damaged_refs:
+            add(DAMAGED_REF, None, detail)
+        # Skipped by every other command with a warning; listed here (gc keeps what they name).
+        for stray in repo.refs.stray_refs():
+            add(STRAY_REF, stray.value, f"{stray.path}: {stray.problem}", "warning")
+        log_damage: list[str] = []
+        repo.prune_log.records(damaged=log_damage)
+        for detail in [*repo.refs.damaged_logs(), *log_damage]:
+            add(DAMAGED_LOG, None, detail, "warning")
+        for label, oid in tips.items():
+            if not store.has(bytes.fromhex(oid)):
+                add(DANGLING_REF, oid, f"{label} points at missing object {oid}")
+        pruned = repo.pruned()
+        for reached in graph.walk(repo, tips.values()):
+            oid = reached.oid
+            if isinstance(reached.error, ObjectNotFoundError):
+                add(MISSING_OBJECT, oid, f"commit {oid} is missing: {reached.error}")
+                continue
+            self.reachable.add(bytes.fromhex(oid))
+            if reached.error is not None:
+                add(BAD_CHECKSUM, oid, str(reached.error))
+                continue
+            commit = reached.commit
+            if commit is None:
+                continue  # a tag object; the walk follows it to its commit
+            self.report.commits_reachable += 1
+            if data and oid not in pruned:  # a pruned commit keeps only its commit object
+                self._snapshot(commit)
+
+    def _snapshot(self, commit: Commit) -> None:
+        add, oid = self.add, commit.id
+        self.reachable.add(bytes.fromhex(commit.tree))
         try:
-            snapshot = repo.read_snapshot(commit)
+            snapshot = self.repo.read_snapshot(commit)
         except ObjectNotFoundError:
             add(MISSING_OBJECT, commit.tree, f"snapshot {commit.tree} of commit {oid} is missing")
-            continue
+            return
         except CorruptObjectError as exc:
             add(BAD_CHECKSUM, commit.tree, str(exc))
-            continue
+            return
         try:
             # Never unpickles. A commit that does not declare pickles must hold none:
             # load refuses such a tree (UnsafeContentError), so fsck calls it damage.
@@ -248,7 +275,7 @@ def run_fsck(
             add(BAD_STATE, oid, f"commit {oid} holds pickled values but does not declare them")
         for blob in snapshot.blobs:
             for chunk, (start, end) in zip(blob.chunks, chunk_spans(blob.nbytes, blob.chunk_size), strict=True):
-                entry = store.index.get(chunk)
+                entry = self.store.index.get(chunk)
                 if entry is not None and (entry.raw_size != end - start or entry.kind != ObjectType.CHUNK):
                     what = (
                         f"{entry.raw_size} bytes"
@@ -260,27 +287,26 @@ def run_fsck(
                         oid,
                         f"chunk {chunk.hex()} at bytes {start}-{end} of tensor {blob.path!r} is {what} (commit {oid})",
                     )
-                if chunk in reachable:
+                if chunk in self.reachable:
                     continue
-                reachable.add(chunk)
-                if entry is None and promised(chunk):
+                self.reachable.add(chunk)
+                if entry is None and self._promised(chunk):
                     continue
                 if entry is None:
                     add(MISSING_OBJECT, chunk.hex(), f"chunk of tensor {blob.path!r} in commit {oid} is missing")
                     continue
-                _check_chain(chunk, f"tensor {blob.path!r} in commit {oid}")
+                self._chain(chunk, f"tensor {blob.path!r} in commit {oid}")
 
-    # 4. Objects nothing reaches (released by retention, or left by crashes): gc
-    #    reclaims them. Only meaningful when the graph walk met no damage.
-    if level != "refs" and report.ok:
+    def unreferenced(self) -> None:
+        """Objects nothing reaches (released by retention, or left by crashes): gc reclaims them."""
         count, size = 0, 0
-        for stored in store.iter_stored():
-            if stored.oid not in reachable:
+        for stored in self.store.iter_stored():
+            if stored.oid not in self.reachable:
                 count += 1
                 size += stored.stored_size
-        report.unreferenced_objects, report.unreferenced_bytes = count, size
+        self.report.unreferenced_objects, self.report.unreferenced_bytes = count, size
         if count:
-            add(
+            self.add(
                 UNREFERENCED,
                 None,
                 f"{count} objects ({size} bytes) are unreferenced (no branch, tag or HEAD reaches them); "
@@ -288,4 +314,3 @@ def run_fsck(
                 "older than gc_grace; `ckvc gc --now` skips the grace period",
                 "warning",
             )
-    return report
