@@ -19,7 +19,7 @@ from ckvc.fsck import run_fsck
 from ckvc.gc import collect_garbage
 from ckvc.graph import Reached, did_you_mean
 from ckvc.inspect import CommitInfo, StateDiff, TensorChange, TensorSummary, is_rng_path
-from ckvc.remote.api import RemoteOps
+from ckvc.remote import api as remote_api
 
 # torch, numpy and the codecs are imported only where tensors are made or read
 # (ckvc.write, ckvc.state, ckvc.view, the bodies of commit/load/show/diff), so log,
@@ -37,6 +37,7 @@ if TYPE_CHECKING:
     from ckvc.pruned import PruneLog
     from ckvc.refs import RefStore
     from ckvc.remote.common import PushResult
+    from ckvc.remote.location import RemoteList
     from ckvc.restore import IncompatibleKeys
     from ckvc.state import MapLocation, PendingBlob
     from ckvc.storage.object_store import ObjectStore
@@ -77,9 +78,11 @@ class _Open:
         return deprecated
 
 
-class Repo(RemoteOps):
+class Repo:
     """A ckvc repository: ``path/.ckvc`` holding packs, an index, refs and config.
-    Its remote operations (push, fetch, pull, clone, ...) are ckvc.remote.api's."""
+    Functions of its Repository (``core``) are bound with ``OnCore``, its parts with
+    ``Part``; methods here are what the facade itself adds (background commits,
+    the hybrid cache)."""
 
     def __init__(self, core: Repository) -> None:
         self.core = core
@@ -415,12 +418,42 @@ class Repo(RemoteOps):
             self._hybrid = configure(self.core, self._hybrid, **hybrid)
         return self.core.set_config(**values) if values else self.core.config
 
-    def push(self, *args: Any, **kwargs: Any) -> PushResult:
-        """``RemoteOps.push``; then the cache may drop what the remote now holds."""
-        result = super().push(*args, **kwargs)
+    # ---- remotes ------------------------------------------------------------
+    @property
+    def remotes(self) -> RemoteList:
+        """The configured remotes: ``add(name, url, endpoint=, region=)``, ``remove``, ``list``, ``get``."""
+        return remote_api.remotes(self.core)
+
+    fetch = OnCore(remote_api.fetch)
+    pull = OnCore(remote_api.pull)
+    ls_remote = OnCore(remote_api.ls_remote)
+    remote_branches = OnCore(remote_api.remote_branches)
+    fsck_remote = OnCore(remote_api.fsck_remote)
+    gc_remote = OnCore(remote_api.gc_remote)
+
+    def push(
+        self, remote: str = "origin", refs: Sequence[str] | None = None, *, force: bool = False, tags: bool = False,
+        progress: ProgressCallback | None = None,
+    ) -> PushResult:  # fmt: skip
+        """Send what ``remote`` lacks of ``refs`` (default: HEAD's branch; ``tags``: every
+        tag), then move its refs by compare-and-swap, only forward unless ``force``.
+        Then the cache may drop what the remote now holds."""
+        result = remote_api.push(self.core, remote, refs, force=force, tags=tags, progress=progress)
         if self._hybrid is not None:
             self._hybrid.prune()
         return result
+
+    @classmethod
+    def clone(
+        cls, url: str, path: str | os.PathLike[str], *, endpoint: str | None = None, region: str | None = None,
+        threads: int | None = None, progress: ProgressCallback | None = None, lazy: bool = False,
+    ) -> Repo:  # fmt: skip
+        """A new repository at ``path`` from the remote at ``url`` (as ``origin``), with
+        the remote HEAD's branch checked out, like git clone. ``lazy``: refs and
+        metadata only, tensor data fetched (verified) on first read."""
+        from ckvc.remote.clone import clone
+
+        return cls(clone(url, path, endpoint=endpoint, region=region, threads=threads, progress=progress, lazy=lazy))
 
     def status(self) -> Status:
         """HEAD and its standing against the remote (auto_push's, else origin): ahead
