@@ -89,12 +89,12 @@ class Repo:
         self._background: write.BackgroundCommits | None = None  # made by the first commit
         self._backoff: DeltaBackoff | None = None  # per tensor path, across this Repo's commits
         self.last_commit_stats: CommitStats | None = None
+        core.commit_observers.extend((self._record_stats, self._apply_retention))  # the cache adds its own
         self._hybrid: Hybrid | None = None  # a lazy clone's promisor, the cache budget, auto_push
         if core.dir is not None and (core.dir / "hybrid.json").is_file():  # plain repositories import nothing more
             from ckvc.hybrid.cache import attach
 
             self._hybrid = attach(core)
-        core.commit_observers.extend((self._record_stats, self._apply_retention, self._update_cache))
 
     path: Part[Path] = Part("local_path")  # the directory holding .ckvc
     dir: Part[Path] = Part("local_dir")  # path/.ckvc
@@ -272,10 +272,6 @@ class Repo:
         policy = self.retention_policy()
         if policy is not None and (event.retain or (event.retain is None and policy.auto)):
             retention.retain_after_commit(self.core, policy, event.commit)
-
-    def _update_cache(self, event: write.Committed) -> None:
-        if self._hybrid is not None:
-            self._hybrid.committed(event.commit)  # the budget holds; auto_push takes it from here
 
     # ---- reading ------------------------------------------------------------
     read_commit = OnCore(Repository.read_commit)

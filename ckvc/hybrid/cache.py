@@ -247,6 +247,7 @@ class Hybrid:
         self.on_evict: Callable[[PruneReport], None] | None = None  # tests and benchmarks watch each pass
         self.backup: AutoPush | None = None
         self.start_backup()
+        core.commit_observers.append(self.on_commit)  # every commit path, not only Repo.commit
 
     def start_backup(self) -> None:
         """The auto_push worker, when configured (it resumes a backlog left by an earlier process)."""
@@ -308,6 +309,10 @@ class Hybrid:
             protect, self._read_packs = self._read_packs, set()
             if self.budget is not None and self.used_bytes() > self.budget:
                 self.prune(protect=protect)
+
+    def on_commit(self, event: Any) -> None:
+        """A commit observer (``write.Committed``)."""
+        self.committed(event.commit)
 
     def committed(self, commit_id: str) -> None:
         """After a commit landed: its packs join the cache, the budget holds, and
@@ -547,6 +552,8 @@ class Hybrid:
             self._save()
             self.promisor.close()
             self.core.store.promisor = None
+        if self.on_commit in self.core.commit_observers:
+            self.core.commit_observers.remove(self.on_commit)
 
 
 def attach(core: Repository) -> Hybrid | None:
