@@ -83,7 +83,7 @@ def _fresh_node_checks(tmp_path: Path, url: str, proxy: FaultProxy, commit_id: s
         fresh.close()
 
 
-@pytest.mark.parametrize("blocking", [True, False])
+@pytest.mark.parametrize("blocking", [True, pytest.param(False, marks=pytest.mark.stress)])  # async: test_throughput
 def test_remote_commit_one_id_everywhere_and_a_fresh_node_resumes(
     tmp_path: Path, s3_bucket: str, s3_proxy: FaultProxy, s3_server: Any, blocking: bool
 ) -> None:
@@ -187,7 +187,7 @@ def _check_bucket_after_kill(tmp_path: Path, url: str, endpoint: str, before: st
         fresh.close()
 
 
-@pytest.mark.parametrize("kills", tier(10, 40, 150))
+@pytest.mark.parametrize("kills", tier(4, 40, 150))
 def test_sigkill_of_one_rank_during_remote_commits(tmp_path: Path, s3_bucket: str, s3_server: Any, kills: int) -> None:
     """Ranks SIGKILLed at chosen object-store calls of a remote commit (the
     coordinator and the others, early and late, and the coordinator right after its

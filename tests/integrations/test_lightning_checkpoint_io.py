@@ -139,7 +139,7 @@ def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     return full
 
 
-@pytest.mark.parametrize("mode", ["blocking", "async"])
+@pytest.mark.parametrize("mode", ["blocking", pytest.param("async", marks=pytest.mark.stress)])
 def test_killed_run_resumes_bit_exact_from_ckvc_path(uninterrupted: dict[str, Any], tmp_path: Path, mode: str) -> None:
     killed = _run(tmp_path, "run", mode, str(KILL_AFTER))
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]

@@ -104,7 +104,7 @@ def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> list[float]:
     return list(full["losses"])
 
 
-@pytest.mark.parametrize("mode", ["blocking", "async"])
+@pytest.mark.parametrize("mode", ["blocking", pytest.param("async", marks=pytest.mark.stress)])
 def test_killed_run_resumes_bit_exact_from_commit(uninterrupted: list[float], tmp_path: Path, mode: str) -> None:
     killed = _run(tmp_path, "run", mode, str(KILL_AFTER))
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]

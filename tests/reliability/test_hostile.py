@@ -290,7 +290,15 @@ def run_cli(root: Path, *args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-@pytest.mark.parametrize("name", ["depth-195-tuples", "depth-500-odicts", "depth-10000-tuples", "1e13-byte-blob"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        pytest.param("depth-195-tuples", marks=pytest.mark.stress),
+        pytest.param("depth-500-odicts", marks=pytest.mark.stress),
+        "depth-10000-tuples",
+        "1e13-byte-blob",
+    ],
+)
 def test_the_cli_refuses_deep_and_huge_crafted_commits_in_one_line(
     crafted: tuple[Path, dict[str, str], dict[str, Any]], name: str, tmp_path: Path
 ) -> None:
