@@ -15,7 +15,6 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
-from ckvc.codecs.codec_ids import WHOLE_CODECS
 from ckvc.core import Repository, check_utf8, default_author
 from ckvc.errors import (
     CkvcError,
@@ -328,10 +327,7 @@ class StoredObjects:
         return Snapshot.decode(self.core.store.read(oid, ObjectType.SNAPSHOT))
 
     def delta_base(self, oid: bytes) -> bytes | None:
-        entry = self.core.store.index.get(oid)
-        if entry is not None and entry.codec in WHOLE_CODECS:
-            return None  # no record head to read
-        return self.core.store.delta_base(oid)
+        return self.core.store.delta_base(oid)  # a whole chunk: its index entry alone says so
 
 
 @dataclass
