@@ -353,6 +353,10 @@ def _raise(oid: str, role: ObjectType, exc: ObjectNotFoundError | CorruptObjectE
     raise exc
 
 
+def skip_unreadable(oid: str, role: ObjectType, exc: ObjectNotFoundError | CorruptObjectError) -> None:
+    """An ``on_error`` for walks that leave damage to fsck (the remote gc, the cache's pins)."""
+
+
 def closure(
     source: ObjectSource,
     commits: Iterable[str] = (),

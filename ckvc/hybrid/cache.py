@@ -379,13 +379,11 @@ class Hybrid:
         through (what is not here, or cannot be read, has nothing here to keep)."""
         store = self.core.store
 
-        def skip(oid: str, role: ObjectType, exc: ObjectNotFoundError | CorruptObjectError) -> None:
-            pass
-
         def absent(oid: bytes) -> bool:
             return not store.has(oid)
 
-        found = graph.closure(graph.StoredObjects(self.core), commits, have=absent, history=False, on_error=skip)
+        source = graph.StoredObjects(self.core)
+        found = graph.closure(source, commits, have=absent, history=False, on_error=graph.skip_unreadable)
         return set(found.chunks)
 
     def _delta_bases(self) -> dict[bytes, bytes]:

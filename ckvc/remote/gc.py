@@ -139,9 +139,6 @@ def mark_needed(core: Repository, roots: Iterable[bytes], live: set[bytes], visi
             return None
         return pruned[commit.id].policy
 
-    def skip(oid: str, role: ObjectType, exc: ObjectNotFoundError | CorruptObjectError) -> None:
-        pass
-
     found = graph.closure(
         graph.StoredObjects(core),
         commits,
@@ -149,7 +146,7 @@ def mark_needed(core: Repository, roots: Iterable[bytes], live: set[bytes], visi
         chunks=chunks,
         have=live.__contains__,
         pruned=released,
-        on_error=skip,
+        on_error=graph.skip_unreadable,
         visited=visited,
     ).ids()
     live |= found
