@@ -105,6 +105,12 @@ def new_config(
     return config
 
 
+class Attachment(Protocol):
+    """What a layer above hangs on a Repository (the hybrid cache): closed with it."""
+
+    def close(self) -> None: ...
+
+
 class Repository:
     """The parts of one repository. ``path`` is the working directory holding
     ``.ckvc`` and ``dir`` that ``.ckvc`` (both None for a repository with no
@@ -132,6 +138,9 @@ class Repository:
         # repository, by every commit path (ckvc.write fires them): stats,
         # retention, the hybrid cache and auto_push hang here, not in the facade.
         self.commit_observers: list[Callable[[Any], None]] = []
+        # The hybrid cache in front of this repository's remotes, when one is
+        # attached (ckvc.hybrid.api); closed first by close().
+        self.hybrid: Attachment | None = None
         self._codec: Codec | None = None
         if self.refs.repair_pending(self.object_exists):
             self._repair_on_open()
@@ -253,8 +262,12 @@ class Repository:
         return self.executor.threads
 
     def close(self) -> None:
-        self.executor.close()
-        self.store.close()
+        try:
+            if self.hybrid is not None:
+                self.hybrid.close()
+        finally:
+            self.executor.close()
+            self.store.close()
 
     def __repr__(self) -> str:
         return f"Repository({str(self.path)!r})"

@@ -63,10 +63,10 @@ from ckvc.objects import Blob, Commit, Snapshot
 
 if TYPE_CHECKING:
     from ckvc.codecs.policy import LossySpec
+    from ckvc.committer import PendingCommit
     from ckvc.repo import Repo
     from ckvc.restore import IncompatibleKeys
     from ckvc.state import MapLocation
-    from ckvc.write import PendingCommit
 
 # Commit metadata key holding {"world_size": n, "coordinator": r}.
 METADATA_KEY = "distributed"

@@ -4,20 +4,20 @@ functions of ckvc.graph, ckvc.write, ckvc.inspect and the maintenance modules.""
 
 from __future__ import annotations
 
-import dataclasses
 import os
-import time
 import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Protocol, overload
 
 from ckvc import graph, inspect, retention
+from ckvc.committer import Committer
 from ckvc.core import REPO_DIR, OnCore, Part, ProgressCallback, Repository, find_repo_root
-from ckvc.errors import InvalidInputError, InvalidRevisionError
+from ckvc.errors import InvalidRevisionError
 from ckvc.fsck import run_fsck
 from ckvc.gc import collect_garbage
 from ckvc.graph import Reached, did_you_mean
+from ckvc.hybrid import api as hybrid_api
 from ckvc.inspect import CommitInfo, StateDiff, TensorChange, TensorSummary, is_rng_path
 from ckvc.remote import api as remote_api
 
@@ -28,21 +28,19 @@ if TYPE_CHECKING:
     import torch
 
     from ckvc import write
-    from ckvc.codecs.policy import DeltaBackoff, LossySpec
+    from ckvc.codecs.policy import LossySpec
+    from ckvc.committer import PendingCommit
     from ckvc.config import RepoConfig
     from ckvc.executor import Executor
-    from ckvc.hybrid.backup import Backlog
     from ckvc.hybrid.cache import Hybrid
-    from ckvc.hybrid.status import Status
     from ckvc.pruned import PruneLog
     from ckvc.refs import RefStore
-    from ckvc.remote.common import PushResult
     from ckvc.remote.location import RemoteList
     from ckvc.restore import IncompatibleKeys
     from ckvc.state import MapLocation, PendingBlob
     from ckvc.storage.object_store import ObjectStore
     from ckvc.view import CommitView
-    from ckvc.write import CommitStats, PendingCommit
+    from ckvc.write import CommitStats
 
 __all__ = [
     "REPO_DIR", "CommitInfo", "ProgressCallback", "Reached", "Repo", "StateDiff",
@@ -86,15 +84,10 @@ class Repo:
 
     def __init__(self, core: Repository) -> None:
         self.core = core
-        self._background: write.BackgroundCommits | None = None  # made by the first commit
-        self._backoff: DeltaBackoff | None = None  # per tensor path, across this Repo's commits
+        self._commits = Committer(core)  # the commit path; its background thread is made by the first commit
         self.last_commit_stats: CommitStats | None = None
         core.commit_observers.extend((self._record_stats, self._apply_retention))  # the cache adds its own
-        self._hybrid: Hybrid | None = None  # a lazy clone's promisor, the cache budget, auto_push
-        if core.dir is not None and (core.dir / "hybrid.json").is_file():  # plain repositories import nothing more
-            from ckvc.hybrid.cache import attach
-
-            self._hybrid = attach(core)
+        hybrid_api.attach(core)  # a lazy clone's promisor, the cache budget, auto_push
 
     path: Part[Path] = Part("local_path")  # the directory holding .ckvc
     dir: Part[Path] = Part("local_dir")  # path/.ckvc
@@ -136,19 +129,13 @@ class Repo:
     def close(self) -> None:
         """Finish pending background commits (raising the first error), then close."""
         try:
-            if self._background is not None:
-                self._background.close()
+            self._commits.close()
         finally:
-            try:
-                if self._hybrid is not None:
-                    self._hybrid.close()
-            finally:
-                self.core.close()
+            self.core.close()  # the cache first
 
     def wait(self) -> None:
         """Wait for every pending background commit; raise the first error not yet seen."""
-        if self._background is not None:
-            self._background.wait()
+        self._commits.wait()
 
     def __enter__(self) -> Repo:
         return self
@@ -203,65 +190,10 @@ class Repo:
         are copied, so training may change its tensors at once; the commit is
         written in the background, in order with other commits. Its errors
         surface on ``.result()`` and at the next commit, ``wait()`` or close."""
-        from ckvc import write
-
-        self.core.require_writable("committing")
-        background = self._background_commits()
-        if blocking:
-            self.wait()  # commits land in the order they were made; raises unseen background errors
-        else:
-            background.raise_unseen()
-        started = time.perf_counter()
-        request = write.CommitRequest.checked(message, metrics, metadata, time_ns=time_ns)
-        if retain and self.retention_policy() is None:
-            raise InvalidInputError("retain=True but no retention policy is set (Repo.set_retention)")
-        # Async: GPU tensors go to pinned host memory (when CUDA is present).
-        staged = write.stage(
-            self.core, state, allow_pickle=allow_pickle, pin_memory=not blocking, lossy=lossy, metadata=metadata
-        )
-        request = dataclasses.replace(request, tree=staged.tree, pickled=staged.pickled)
-        args = (request, tuple(merge), lossy, retain, progress, started)
-        if not blocking:
-            return background.submit_copy(self._write_commit, staged.pending, *args)
-        return self._write_commit(staged.pending, *args)
-
-    def _background_commits(self) -> write.BackgroundCommits:
-        """The background commit thread (and the delta backoff), made by the first commit."""
-        if self._background is None:
-            from ckvc import write
-            from ckvc.codecs.policy import DeltaBackoff
-
-            self._background, self._backoff = write.BackgroundCommits(str(self.core.path)), DeltaBackoff()
-        return self._background
-
-    def _write_commit(
-        self, pending: list[PendingBlob], request: write.CommitRequest, merge: tuple[str, ...], lossy: LossySpec,
-        retain: bool | None, progress: ProgressCallback | None, started: float,
-    ) -> str:  # fmt: skip
-        """write_blobs then finish, in one batch. The outcome is exact (docs/GUIDE.md,
-        "Errors and exit codes"): an error means the branch did not move; once it
-        has moved the commit is reported, a failing follow-up step (a commit
-        observer) being a warning."""
-        from ckvc import write
-
-        assert self._backoff is not None  # commit() made it
-        outcome, report = write.Outcome(), write.WriteReport()
-        try:
-            with write.batch(self.core) as writer:
-                head = write.read_head(self.core, outcome)
-                request = dataclasses.replace(request, merge=tuple(dict.fromkeys(self.resolve(r) for r in merge)))
-                chunks = write.chunk_policy(self.core, lossy, self._backoff)
-                blobs = write.write_blobs(
-                    self.core, pending, parent=head.parent, policy=chunks, writer=writer, report=report,
-                    progress=progress,
-                )  # fmt: skip
-                request = dataclasses.replace(request, lossy=report.lossy)
-                return write.finish(
-                    self.core, blobs, request, head=head, writer=writer, outcome=outcome, report=report,
-                    started=started, retain=retain,
-                )  # fmt: skip
-        except BaseException as exc:
-            return write.settle(self.core, outcome, exc)
+        return self._commits.commit(
+            state, message, metrics, metadata, merge=merge, allow_pickle=allow_pickle, retain=retain,
+            blocking=blocking, progress=progress, lossy=lossy, time_ns=time_ns,
+        )  # fmt: skip
 
     # ---- commit observers: every commit path fires them (ckvc.write.finish) ----
     def _record_stats(self, event: write.Committed) -> None:
@@ -402,17 +334,7 @@ class Repo:
     retention_policy = OnCore(retention.stored_policy)
     set_retention = OnCore(retention.store_policy)
 
-    def set_config(self, **values: Any) -> RepoConfig:
-        """As ``Repository.set_config``, plus the hybrid settings of this clone
-        (``.ckvc/hybrid.json``): ``cache_size`` (bytes of local packs to keep,
-        None: no limit), ``auto_push`` (a remote name, None: off) and
-        ``promisors`` (remotes asked for chunks absent here)."""
-        hybrid = {k: values.pop(k) for k in ("cache_size", "auto_push", "promisors") if k in values}
-        if hybrid:
-            from ckvc.hybrid.cache import configure
-
-            self._hybrid = configure(self.core, self._hybrid, **hybrid)
-        return self.core.set_config(**values) if values else self.core.config
+    set_config = OnCore(hybrid_api.set_config)
 
     # ---- remotes ------------------------------------------------------------
     @property
@@ -427,17 +349,7 @@ class Repo:
     fsck_remote = OnCore(remote_api.fsck_remote)
     gc_remote = OnCore(remote_api.gc_remote)
 
-    def push(
-        self, remote: str = "origin", refs: Sequence[str] | None = None, *, force: bool = False, tags: bool = False,
-        progress: ProgressCallback | None = None,
-    ) -> PushResult:  # fmt: skip
-        """Send what ``remote`` lacks of ``refs`` (default: HEAD's branch; ``tags``: every
-        tag), then move its refs by compare-and-swap, only forward unless ``force``.
-        Then the cache may drop what the remote now holds."""
-        result = remote_api.push(self.core, remote, refs, force=force, tags=tags, progress=progress)
-        if self._hybrid is not None:
-            self._hybrid.prune()
-        return result
+    push = OnCore(hybrid_api.push)
 
     @classmethod
     def clone(
@@ -451,39 +363,15 @@ class Repo:
 
         return cls(clone(url, path, endpoint=endpoint, region=region, threads=threads, progress=progress, lazy=lazy))
 
-    def status(self) -> Status:
-        """HEAD and its standing against the remote (auto_push's, else origin): ahead
-        and behind counts, and ``backed_up`` only when the remote's branch, as last
-        seen, holds HEAD's commit (ckvc.hybrid.status)."""
-        from ckvc.hybrid.status import status
-
-        auto_push = self._hybrid.settings.auto_push if self._hybrid is not None else None
-        return status(self.core, self.backup_status(), auto_push)
-
-    def backup_status(self) -> Backlog | None:
-        """auto_push's backlog: commits not yet on the remote and how the last
-        attempt went; None when auto_push is off."""
-        if self._hybrid is None or self._hybrid.backup is None:
-            return None
-        return self._hybrid.backup.status()
-
-    def wait_for_backup(self, timeout: float | None = None) -> bool:
-        """Wait until auto_push has pushed every queued commit (True), or ``timeout`` passed (False)."""
-        if self._hybrid is None or self._hybrid.backup is None:
-            return True
-        return self._hybrid.backup.wait(timeout)
+    status = OnCore(hybrid_api.status)
+    backup_status = OnCore(hybrid_api.backup_status)
+    wait_for_backup = OnCore(hybrid_api.wait_for_backup)
 
     @property
     def cache(self) -> Hybrid:
         """The local chunk cache: ``report()``, ``pin(rev)``, ``unpin(rev)``, ``prune()``
-        (docs/GUIDE.md, "Three setups"). A plain repository gets one on first use,
-        with no budget: everything stays local until ``cache_size`` is set."""
-        if self._hybrid is None:
-            from ckvc.hybrid.cache import Hybrid
-            from ckvc.hybrid.settings import HybridSettings
-
-            self._hybrid = Hybrid(self.core, HybridSettings.load(self.core))
-        return self._hybrid
+        (``ckvc.hybrid.api.cache``)."""
+        return hybrid_api.cache(self.core)
 
     retain = OnCore(retention.retain)
 
@@ -497,6 +385,4 @@ class Repo:
         e.g. ckvc.distributed) on this repository's background commit thread: in
         order with the other background commits, its error raised like theirs,
         waited for at close. The copies are made before this returns."""
-        background = self._background_commits()
-        background.raise_unseen()
-        return background.submit_copy(fn, pending, *args)
+        return self._commits.run_in_background(fn, pending, *args)

@@ -13,18 +13,12 @@ over one pack writer; an error is mapped to its exact outcome by :func:`settle`.
 
 from __future__ import annotations
 
-import atexit
 import dataclasses
 import math
-import os
-import sys
 import threading
 import time
 import warnings
-import weakref
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
-from concurrent.futures import wait as futures_wait
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
@@ -636,124 +630,3 @@ def settle(core: Repository, outcome: Outcome, exc: BaseException) -> str:
         DurabilityWarning(f"commit {written[:12]} landed on {where}, but a later step failed: {exc}"), stacklevel=4
     )
     return written
-
-
-# ---- background commits ---------------------------------------------------------
-
-
-class PendingCommit:
-    """A commit being written in the background (``Repo.commit(..., blocking=False)``)."""
-
-    def __init__(self, future: Future[str]) -> None:
-        self._future = future
-        # A commit to a remote (ckvc.distributed) lands in two stages: this
-        # process's part durable on its own disk, then the commit on the remote.
-        self.local_stage: Future[None] | None = None
-
-    def done(self) -> bool:
-        return self._future.done()
-
-    def local(self, timeout: float | None = None) -> None:
-        """Wait until this process's part is durable locally (for a commit to a
-        remote: before its upload; otherwise the whole commit). Raises the
-        commit's error if it failed before that."""
-        if self.local_stage is None:
-            self.result(timeout)
-        else:
-            self.local_stage.result(timeout)
-
-    def result(self, timeout: float | None = None) -> str:
-        """The commit id once it is durable and the branch has moved; raises its error."""
-        self._future.ckvc_reported = True  # type: ignore[attr-defined]
-        return self._future.result(timeout)
-
-
-class BackgroundCommits:
-    """One repository's commits written in the background: on one thread, so they
-    land in order, each moving the branch from the last. ``label`` names the
-    repository in the message at exit."""
-
-    def __init__(self, label: str) -> None:
-        self.label = label
-        self._thread: ThreadPoolExecutor | None = None
-        self.pending: list[Future[str]] = []
-        self.staging = StagingBuffers()
-
-    def submit(self, fn: Callable[..., str], *args: Any) -> PendingCommit:
-        if self._thread is None:
-            self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ckvc-commit")
-            _WITH_BACKGROUND.add(self)
-        future = self._thread.submit(fn, *args)
-        self.pending.append(future)
-        return PendingCommit(future)
-
-    def submit_copy(self, fn: Callable[..., str], pending: Sequence[PendingBlob], *args: Any) -> PendingCommit:
-        """``fn(private copies of pending, *args)`` in the background; the copies'
-        memory is reused by a later commit once this one has landed."""
-        blobs, buffer = self.staging.owned(pending)
-        handle = self.submit(fn, blobs, *args)
-        if buffer is not None:
-            staging = self.staging
-
-            def give_back(future: Future[str]) -> None:
-                if not future.cancelled() and future.exception() is None:
-                    staging.give(buffer)
-
-            handle._future.add_done_callback(give_back)
-        return handle
-
-    def wait(self) -> None:
-        """Wait for every pending commit; raise the first error not yet seen."""
-        futures_wait(self.pending)
-        self.raise_unseen()
-
-    def raise_unseen(self) -> None:
-        """Drop finished commits; raise the first failure nobody has seen."""
-        still, error = [], None
-        for future in self.pending:
-            if not future.done():
-                still.append(future)
-            elif future.exception() is not None and not getattr(future, "ckvc_reported", False):
-                future.ckvc_reported = True  # type: ignore[attr-defined]
-                error = error or future.exception()
-        self.pending = still
-        if error is not None:
-            raise error
-
-    def close(self) -> None:
-        """Finish pending commits (raising the first unseen error), then stop the thread."""
-        try:
-            self.wait()
-        finally:
-            if self._thread is not None:
-                self._thread.shutdown(wait=True)
-                self._thread = None
-            self.staging.clear()
-            _WITH_BACKGROUND.discard(self)
-
-
-# Repositories with background commits: finished (or their failure reported) at
-# exit, never silently dropped.
-_WITH_BACKGROUND: weakref.WeakSet[BackgroundCommits] = weakref.WeakSet()
-
-
-@atexit.register
-def _finish_background_commits() -> None:
-    """Wait for background commits; if one failed and nobody saw its error, say so
-    and end the process with a non-zero status (the error's exit code), so a
-    script whose last checkpoint was lost does not exit 0."""
-    failed: BaseException | None = None
-    for commits in list(_WITH_BACKGROUND):
-        for future in commits.pending:
-            try:
-                future.result()
-            except BaseException as exc:
-                if getattr(future, "ckvc_reported", False):
-                    continue  # its caller already got this error
-                print(f"ckvc: a background commit in {commits.label} failed: {exc}", file=sys.stderr)
-                failed = failed or exc
-    if failed is not None:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        # SystemExit raised in an atexit handler does not change the status; this does.
-        os._exit(failed.exit_code if isinstance(failed, CkvcError) else 1)

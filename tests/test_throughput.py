@@ -122,7 +122,7 @@ def test_background_commits_reuse_their_staging_memory(repo: ckvc.Repo) -> None:
     pages: the stall is one memcpy), each commit still byte-exact although the
     caller changes its tensors at once and the buffer is overwritten."""
     state = {"a": torch.arange(3000, dtype=torch.float32), "b": torch.ones(77, dtype=torch.float64)}
-    staging = repo._background_commits().staging
+    staging = repo._commits.background().staging
     landed, buffers = [], []
     for step in range(3):
         want = {k: v.clone() for k, v in state.items()}
@@ -145,12 +145,12 @@ def test_background_commits_reuse_their_staging_memory(repo: ckvc.Repo) -> None:
 
 
 def test_a_failed_background_commit_drops_its_staging_memory(repo: ckvc.Repo, monkeypatch: pytest.MonkeyPatch) -> None:
-    staging = repo._background_commits().staging
+    staging = repo._commits.background().staging
 
     def fail(*args: Any, **kwargs: Any) -> str:
         raise OSError(5, "injected")
 
-    monkeypatch.setattr(repo, "_write_commit", fail)
+    monkeypatch.setattr(repo._commits, "write", fail)
     pending = repo.commit({"a": torch.ones(100)}, blocking=False)
     with pytest.raises(OSError):
         pending.result()

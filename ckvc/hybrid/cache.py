@@ -248,6 +248,7 @@ class Hybrid:
         self.backup: AutoPush | None = None
         self.start_backup()
         core.commit_observers.append(self.on_commit)  # every commit path, not only Repo.commit
+        core.hybrid = self
 
     def start_backup(self) -> None:
         """The auto_push worker, when configured (it resumes a backlog left by an earlier process)."""
@@ -552,6 +553,8 @@ class Hybrid:
             self.core.store.promisor = None
         if self.on_commit in self.core.commit_observers:
             self.core.commit_observers.remove(self.on_commit)
+        if self.core.hybrid is self:
+            self.core.hybrid = None
 
 
 def attach(core: Repository) -> Hybrid | None:

@@ -26,8 +26,8 @@ from ckvc.integrations.runs import commit, open_repo
 if TYPE_CHECKING:
     from accelerate import Accelerator
 
+    from ckvc.committer import PendingCommit
     from ckvc.repo import Repo
-    from ckvc.write import PendingCommit
 
 __all__ = ["DIR_KEY", "STEP_KEY", "load_state", "save_state"]
 

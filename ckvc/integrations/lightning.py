@@ -31,8 +31,8 @@ from ckvc.state import rng_state, set_rng_state
 if TYPE_CHECKING:
     import lightning.pytorch as pl
 
+    from ckvc.committer import PendingCommit
     from ckvc.repo import Repo
-    from ckvc.write import PendingCommit
 
 __all__ = ["PATH_KEY", "PREFIX", "RNG_KEY", "CkvcCheckpointIO", "export_checkpoint"]
 

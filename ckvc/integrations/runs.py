@@ -4,7 +4,7 @@ in flight, each with what to do once it has landed (delete a local folder, relea
 a commit) so that nothing is removed before the commit that replaces it is durable.
 
 Background commits (``blocking=False``) land in order on one thread
-(ckvc.write.BackgroundCommits); :class:`Landings` only looks at their futures from
+(ckvc.committer.BackgroundCommits); :class:`Landings` only looks at their futures from
 the training thread, so a follow-up never races the commit it waits for, and a
 failed commit raises in the training process at the next save or at the end.
 """
@@ -21,8 +21,8 @@ from ckvc.core import REPO_DIR
 from ckvc.refs import branch_ref
 
 if TYPE_CHECKING:
+    from ckvc.committer import PendingCommit
     from ckvc.repo import Repo
-    from ckvc.write import PendingCommit
 
 
 def open_repo(repo_or_path: Repo | str | os.PathLike[str]) -> Repo:

@@ -154,8 +154,7 @@ def test_eviction_waits_for_the_read_in_flight(tmp_path: Path) -> None:
     returned: every eviction pass runs with no read in flight, and the load is whole."""
     repo, ids = dir_setup(tmp_path)
     repo.set_config(cache_size=0)  # everything a remote holds goes
-    hybrid = repo._hybrid
-    assert hybrid is not None
+    hybrid = repo.cache
     reads_at_eviction: list[int] = []
     hybrid.on_evict = lambda report: reads_at_eviction.append(repo.store._reads)
     fetched_in_load: list[int] = []
