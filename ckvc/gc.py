@@ -34,7 +34,8 @@ from typing import TYPE_CHECKING, Any
 from ckvc import graph
 from ckvc.errors import CkvcError, CorruptObjectError, ObjectNotFoundError, after_landing, storage_errors
 from ckvc.ids import ObjectType
-from ckvc.storage.backend import Backend
+from ckvc.inspect import fields_json
+from ckvc.storage.backend import Backend, KeyInfo
 from ckvc.storage.object_store import RETIRED_PREFIX, RETIRED_SUFFIX, ObjectStore
 from ckvc.storage.packs import PACK_DIR, TMP_SUFFIX, PackWriter, RecordInfo, pack_key, parse_record
 
@@ -111,18 +112,7 @@ class GcReport:
     critical_section_s: float = 0.0
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            **self.plan.to_json(),
-            "executed": self.executed,
-            "bytes_freed": self.bytes_freed,
-            "packs_deleted": self.packs_deleted,
-            "packs_repacked": self.packs_repacked,
-            "packs_written": self.packs_written,
-            "objects_copied": self.objects_copied,
-            "kept_revived": self.kept_revived,
-            "seconds": self.seconds,
-            "critical_section_s": self.critical_section_s,
-        }
+        return {**self.plan.to_json(), **fields_json(self, skip=("plan",))}
 
 
 def _tips(repo: Repository, reflog_expiry_s: float) -> tuple[list[str], list[str]]:
@@ -215,10 +205,7 @@ def plan_gc(repo: Repository, *, grace_s: float, repack_threshold: float, reflog
     now = time.time()
     for name in store.packs():
         try:
-            info = store.pack_info(name)
-            if info is None:
-                raise ObjectNotFoundError(f"pack {name} is missing")
-            entries, _ = store.pack_entries(name)
+            info, entries, _ = pack_contents(store, name)
         except (CkvcError, OSError):
             plan.packs.append(PackPlan(name, 0, 0, "unreadable", [], []))
             continue
@@ -243,6 +230,15 @@ def plan_gc(repo: Repository, *, grace_s: float, repack_threshold: float, reflog
         plan.leftovers.append(key.rpartition("/")[2])
         plan.leftover_bytes += size
     return plan
+
+
+def pack_contents(store: ObjectStore, name: str) -> tuple[KeyInfo, list[RecordInfo], bool]:
+    """(size and mtime, entries, from_toc) of pack ``name``, as both gcs plan by;
+    ObjectNotFoundError when it is gone."""
+    info = store.pack_info(name)
+    if info is None:
+        raise ObjectNotFoundError(f"pack {name} is missing")
+    return (info, *store.pack_entries(name))
 
 
 def retired_leftovers(store: ObjectStore) -> list[tuple[str, int]]:

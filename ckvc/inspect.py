@@ -11,7 +11,7 @@ import math
 import re
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import TYPE_CHECKING, Any
 
 from ckvc import graph
@@ -47,6 +47,12 @@ def jsonable(v: Any) -> Any:
     if isinstance(v, dict):
         return {str(k): jsonable(x) for k, x in v.items()}
     return str(v)
+
+
+def fields_json(report: Any, *, skip: tuple[str, ...] = ()) -> dict[str, Any]:
+    """A result dataclass's fields as JSON, shallow; ``skip``: those its
+    ``to_json`` renders itself."""
+    return {f.name: getattr(report, f.name) for f in fields(report) if f.name not in skip}
 
 
 def commit_json(c: Commit) -> dict[str, Any]:

@@ -24,6 +24,7 @@ from ckvc.core import Repository
 from ckvc.errors import (
     ObjectNotFoundError,
 )
+from ckvc.inspect import fields_json
 from ckvc.refs import check_ref_name
 from ckvc.remote.location import RemoteList, check_remote_name
 from ckvc.remote.repository import Remote, drop_catalog
@@ -172,13 +173,7 @@ class PullResult:
     fast_forward: bool
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            **self.fetch.to_json(),
-            "branch": self.branch,
-            "old": self.old,
-            "new": self.new,
-            "fast_forward": self.fast_forward,
-        }
+        return {**self.fetch.to_json(), **fields_json(self, skip=("fetch",))}
 
 
 # ---- history questions -----------------------------------------------------------

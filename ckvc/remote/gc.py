@@ -38,8 +38,9 @@ from typing import Any
 from ckvc import graph
 from ckvc.core import Repository
 from ckvc.errors import CorruptObjectError, ObjectNotFoundError, after_landing, storage_errors
-from ckvc.gc import CRITICAL_SECTION_TIMEOUT_S, mark, purge_retired, retire_packs, retired_leftovers
+from ckvc.gc import CRITICAL_SECTION_TIMEOUT_S, mark, pack_contents, purge_retired, retire_packs, retired_leftovers
 from ckvc.ids import ObjectType
+from ckvc.inspect import fields_json
 from ckvc.objects import Commit
 from ckvc.remote.common import remotes_of
 from ckvc.remote.repository import Remote, open_remote
@@ -90,24 +91,12 @@ class RemoteGcReport:
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "remote": self.remote,
-            "url": self.url,
-            "dry_run": self.dry_run,
-            "grace_s": self.grace_s,
-            "live_objects": self.live_objects,
+            **fields_json(self, skip=("packs",)),
             "packs": len(self.packs),
             "packs_to_delete": self.count("delete"),
             "bytes_to_delete": self.bytes_to_delete,
             "packs_in_grace_period": self.count("young"),
             "packs_unreadable": self.count("unreadable"),
-            "leftover_bytes": self.leftover_bytes,
-            "executed": self.executed,
-            "packs_deleted": self.packs_deleted,
-            "bytes_freed": self.bytes_freed,
-            "kept_revived": self.kept_revived,
-            "seconds": self.seconds,
-            "critical_section_s": self.critical_section_s,
-            "requests": self.requests,
         }
 
 
@@ -176,10 +165,7 @@ def _read_pack(remote: Remote, name: str, now: float, grace_s: float) -> RemoteP
     if name in remote.damaged:
         return RemotePack(name, 0, "unreadable", [])
     try:
-        info = store.pack_info(name)
-        if info is None:
-            raise ObjectNotFoundError(f"pack {name} is missing")
-        entries, from_toc = store.pack_entries(name)
+        info, entries, from_toc = pack_contents(store, name)
     except (CorruptObjectError, ObjectNotFoundError):
         return RemotePack(name, 0, "unreadable", [])
     # Anything else (a BackendError once the retries are spent, an OSError) aborts
