@@ -19,9 +19,11 @@ tests/cli/test_cli_startup.py checks this in a fresh interpreter.
 from __future__ import annotations
 
 import atexit
+import errno
 import functools
 import json
 import os
+import select
 import signal
 import sys
 import traceback
@@ -97,15 +99,45 @@ class CkvcGroup(click.Group):
 
 
 DEBUG_ENV = "CKVC_DEBUG"
+# What git's exit status is when the reader of its output goes (`ckvc log | head`):
+# 128 + SIGPIPE. ckvc keeps SIGPIPE ignored (a dropped socket must stay an error)
+# and ends the same way, silently, when the pipe that broke is its stdout.
+PIPE_CLOSED_EXIT = 128 + signal.SIGPIPE
+
+
+def _stdout_closed(exc: BaseException) -> bool:
+    """``exc`` is EPIPE and stdout's reader has gone (poll says so of a pipe's write
+    end with no reader; an S3 socket that broke is not stdout)."""
+    if not (isinstance(exc, OSError) and exc.errno == errno.EPIPE):
+        return False
+    try:
+        poller = select.poll()
+        poller.register(sys.stdout.fileno(), select.POLLOUT)
+        return any(events & select.POLLERR for _, events in poller.poll(0))
+    except (OSError, ValueError, AttributeError):  # stdout closed or replaced (a test's capture)
+        return False
+
+
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null so that the flush at exit has nowhere to fail."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, sys.stdout.fileno())
+    finally:
+        os.close(devnull)
 
 
 def _exit_code_for(exc: BaseException, command: str | None) -> int:
     """Print one line for ``exc`` and return the exit code: a CkvcError's own; an
-    OSError or lmdb error as the typed StorageError it maps to; Ctrl-C 130; any
+    OSError or lmdb error as the typed StorageError it maps to; Ctrl-C 130;
+    stdout's reader gone (``| head``) nothing, 141 (PIPE_CLOSED_EXIT); any
     other exception (a bug) UnexpectedError's 70, with the traceback only when
     $CKVC_DEBUG is set."""
     from ckvc.errors import InterruptedOperationError, UnexpectedError, is_storage_exception, storage_error
 
+    if _stdout_closed(exc):
+        _silence_stdout()
+        return PIPE_CLOSED_EXIT
     what = f"ckvc {command}" if command else "ckvc"
     original = exc
     if isinstance(exc, InterruptedOperationError) and exc.landed:
@@ -209,4 +241,8 @@ def main() -> None:
         if not _quiet_shutdown_registered:
             atexit.register(signal.signal, signal.SIGINT, signal.SIG_IGN)
             _quiet_shutdown_registered.append(True)
+    try:  # what is still buffered goes now, where a closed pipe is handled, not at exit
+        sys.stdout.flush()
+    except OSError as exc:
+        code = _exit_code_for(exc, None)
     sys.exit(code if isinstance(code, int) else 0)

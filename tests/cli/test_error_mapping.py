@@ -127,6 +127,35 @@ def test_untyped_os_errors_and_bugs_in_the_cli_are_one_line(repo: ckvc.Repo, mon
     assert result.stderr.endswith("ckvc: internal error: RuntimeError: unexpected\n")
 
 
+@pytest.mark.parametrize("args", [["log"], ["log", "--json"], ["show"], ["diff", "HEAD~1"], ["du"]])
+def test_a_reader_that_goes_away_ends_the_command_quietly_as_git_does(repo: ckvc.Repo, args: list[str]) -> None:
+    """`ckvc log | head -1`: the reader gone before ckvc writes (the instant chosen,
+    not raced: the pipe's read end is closed before the process starts) ends the
+    command with git's 141 and nothing on stderr."""
+    repo.commit(state(1), "one")
+    repo.commit(state(2), "two")
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "ckvc", "-C", str(repo.path), *args],
+            stdout=write_end, stderr=subprocess.PIPE, check=False, timeout=120,
+        )  # fmt: skip
+    finally:
+        os.close(write_end)
+    assert (done.returncode, done.stderr) == (141, b"")
+
+
+def test_a_broken_pipe_that_is_not_stdout_stays_an_error(repo: ckvc.Repo, monkeypatch: pytest.MonkeyPatch) -> None:
+    def dropped(*args: Any, **kwargs: Any) -> Any:
+        raise BrokenPipeError(errno.EPIPE, "Broken pipe")  # a socket to a remote, say
+
+    monkeypatch.setattr(ckvc.Repo, "log", dropped)
+    result = run(repo.path, "log")
+    assert result.exit_code == StorageIOError.exit_code
+    assert result.stderr.startswith("ckvc: error: I/O error (Broken pipe)")
+
+
 def test_ctrl_c_in_cli_commit_says_whether_it_landed(
     repo: ckvc.Repo, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
