@@ -36,13 +36,13 @@ class UnsupportedFileError(InvalidInputError):
     """A path to commit is not a regular file, directory or symlink (a FIFO, socket,
     device), or cannot be read; nothing was read from it and nothing was written."""
 
-    exit_code = 31
+    exit_code = 35
 
 
 class LinkOutsideTreeError(InvalidInputError):
     """A symlink in a committed directory points outside it (use follow_links / --follow-links)."""
 
-    exit_code = 32
+    exit_code = 36
 
 
 class OutputPathError(InvalidInputError):

@@ -4,8 +4,11 @@ config values checked when set and when read; the CLI's last-resort handler."""
 from __future__ import annotations
 
 import errno
+import importlib
 import json
 import os
+import pkgutil
+import re
 import subprocess
 import sys
 import textwrap
@@ -154,6 +157,42 @@ def test_a_broken_pipe_that_is_not_stdout_stays_an_error(repo: ckvc.Repo, monkey
     result = run(repo.path, "log")
     assert result.exit_code == StorageIOError.exit_code
     assert result.stderr.startswith("ckvc: error: I/O error (Broken pipe)")
+
+
+def _error_classes() -> list[type[CkvcError]]:
+    """Every CkvcError class ckvc defines, from every module that imports here."""
+    for module in pkgutil.walk_packages(ckvc.__path__, "ckvc."):
+        if module.name.endswith("__main__"):  # runs the CLI
+            continue
+        try:
+            importlib.import_module(module.name)
+        except ImportError:  # an optional dependency missing: its errors are ckvc.errors' anyway
+            continue
+    found, todo = [], list(CkvcError.__subclasses__())
+    while todo:
+        cls = todo.pop()
+        found.append(cls)
+        todo.extend(cls.__subclasses__())
+    return [c for c in found if c.__module__.startswith("ckvc.")]
+
+
+def test_each_error_class_has_its_own_exit_code_and_the_guide_says_which() -> None:
+    """No two error classes that set an exit code share it; a class that refines
+    another keeps its code. The GUIDE's tables name every class with its code."""
+    classes = _error_classes()
+    own: dict[int, list[str]] = {}
+    for cls in classes:
+        if "exit_code" in vars(cls):
+            own.setdefault(cls.exit_code, []).append(cls.__name__)
+    assert {code: names for code, names in own.items() if len(names) > 1} == {}
+    guide = (Path(__file__).resolve().parents[2] / "docs" / "GUIDE.md").read_text()
+    section = guide[guide.index("### Exit codes") : guide.index("Errors from the operating system or LMDB")]
+    in_guide: dict[str, int] = {}
+    for code, meaning in re.findall(r"^\| (\d+) \| (.*) \|$", section, flags=re.MULTILINE):
+        for name in set(re.findall(r"`(\w+Error)`", meaning)) - {"KeyError"}:
+            assert name not in in_guide, f"{name} is in two rows"
+            in_guide[name] = int(code)
+    assert in_guide == {cls.__name__: cls.exit_code for cls in classes}
 
 
 def test_ctrl_c_in_cli_commit_says_whether_it_landed(
