@@ -268,10 +268,14 @@ def run_machine(examples: int) -> None:
     )
 
 
-@pytest.mark.parametrize(("backend", "examples"), [("memory", 200), ("object-store", 50), ("local", 25)])
+@pytest.mark.parametrize(
+    ("backend", "examples"),
+    [("memory", 100), pytest.param("memory", 400, marks=pytest.mark.stress), ("object-store", 50), ("local", 25)],
+)
 def test_repository_agrees_with_a_plain_model(backend: str, examples: int, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The in-memory twin at full count; the object-store variants of refs, logs and
-    gc and the local directory at fewer examples (the same machine, other backends)."""
+    """The in-memory twin at the most examples (400 in the stress tier); the
+    object-store variants of refs, logs and gc and the local directory at fewer (the
+    same machine, other backends)."""
     monkeypatch.setenv("CKVC_SM_BACKEND", backend)
     run_machine(examples)
 
