@@ -5,9 +5,7 @@ repository's background commit thread, where commits land in the order made.
 
 from __future__ import annotations
 
-import atexit
 import dataclasses
-import os
 import sys
 import time
 import weakref
@@ -17,7 +15,7 @@ from concurrent.futures import wait as futures_wait
 from typing import TYPE_CHECKING, Any
 
 from ckvc import graph, retention
-from ckvc.core import ProgressCallback, Repository
+from ckvc.core import ProgressCallback, Repository, at_exit
 from ckvc.errors import CkvcError, InvalidInputError
 
 # ckvc.write (torch, numpy, the codecs) is imported by the first commit, so that
@@ -219,11 +217,10 @@ class BackgroundCommits:
 _WITH_BACKGROUND: weakref.WeakSet[BackgroundCommits] = weakref.WeakSet()
 
 
-@atexit.register
-def _finish_background_commits() -> None:
+def _finish_background_commits() -> int | None:
     """Wait for background commits; if one failed and nobody saw its error, say so
-    and end the process with a non-zero status (the error's exit code), so a
-    script whose last checkpoint was lost does not exit 0."""
+    and return a non-zero status (the error's exit code), so a script whose last
+    checkpoint was lost does not exit 0."""
     failed: BaseException | None = None
     for commits in list(_WITH_BACKGROUND):
         for future in commits.pending:
@@ -234,8 +231,9 @@ def _finish_background_commits() -> None:
                     continue  # its caller already got this error
                 print(f"ckvc: a background commit in {commits.label} failed: {exc}", file=sys.stderr)
                 failed = failed or exc
-    if failed is not None:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        # SystemExit raised in an atexit handler does not change the status; this does.
-        os._exit(failed.exit_code if isinstance(failed, CkvcError) else 1)
+    if failed is None:
+        return None
+    return failed.exit_code if isinstance(failed, CkvcError) else 1
+
+
+at_exit("background commits", _finish_background_commits)

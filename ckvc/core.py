@@ -11,11 +11,13 @@ is one more constructor; :meth:`Repository.open_local` and
 
 from __future__ import annotations
 
+import atexit
 import copy
 import getpass
 import os
 import shutil
 import socket
+import sys
 import uuid
 import warnings
 from collections.abc import Callable, Mapping
@@ -103,6 +105,34 @@ def new_config(
             raise
         raise InvalidInputError(str(exc)) from None
     return config
+
+
+# Work a process finishes before it exits, in this order: background commits land
+# (ckvc.committer), then auto_push pushes what they queued (ckvc.hybrid.backup).
+# Each step returns the exit status the process must end with (a failure nobody
+# was told of), or None.
+EXIT_ORDER = ("background commits", "auto_push")
+_exit_steps: dict[str, Callable[[], int | None]] = {}
+
+
+def at_exit(name: str, step: Callable[[], int | None]) -> None:
+    """Run ``step`` at interpreter exit, in its place in EXIT_ORDER."""
+    assert name in EXIT_ORDER, name
+    _exit_steps[name] = step
+
+
+@atexit.register
+def _finish_at_exit() -> None:
+    status = None
+    for name in EXIT_ORDER:
+        step = _exit_steps.get(name)
+        if step is not None:
+            status = status or step()
+    if status:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        # SystemExit raised in an atexit handler does not change the status; this does.
+        os._exit(status)
 
 
 class Attachment(Protocol):

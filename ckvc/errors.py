@@ -274,6 +274,15 @@ class RemoteUnavailableError(CkvcError):
         super().__init__(message)
 
 
+class BackupIncompleteError(CkvcError):
+    """auto_push had commits left to push when the process ended (the remote was
+    down, or the wait at exit ran out): they stay queued in ``.ckvc/backup.json``.
+    Only the exit status of a process that asked for it (``CKVC_REQUIRE_BACKUP=1``);
+    otherwise a warning."""
+
+    exit_code = 37
+
+
 class DistributedCommitError(CkvcError):
     """A multi-rank commit (ckvc.distributed) failed on some rank, or a rank was lost
     (killed, timed out): nothing was committed and the branch is unchanged. Raised

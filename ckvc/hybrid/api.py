@@ -84,10 +84,14 @@ def backup_status(core: Repository) -> Backlog | None:
     return hybrid.backup.status() if hybrid is not None and hybrid.backup is not None else None
 
 
-def wait_for_backup(core: Repository, timeout: float | None = None) -> bool:
-    """Wait until auto_push has pushed every queued commit (True), or ``timeout`` passed (False)."""
+def wait_for_backup(core: Repository, timeout: float | None = None, *, while_reachable: bool = False) -> bool:
+    """Wait until auto_push has pushed every queued commit (True), or ``timeout``
+    passed (False); ``while_reachable``: or a push attempt failed (False at once,
+    rather than waiting through the retries of a remote that is down)."""
     hybrid = attached(core)
-    return hybrid.backup.wait(timeout) if hybrid is not None and hybrid.backup is not None else True
+    if hybrid is None or hybrid.backup is None:
+        return True
+    return hybrid.backup.wait(timeout, while_reachable=while_reachable)
 
 
 def push(

@@ -17,16 +17,19 @@ push in flight never uses a store the caller has closed.
 from __future__ import annotations
 
 import json
+import os
 import random
+import sys
 import threading
 import time
 import warnings
+import weakref
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ckvc.core import Repository
-from ckvc.errors import CkvcError, CkvcWarning, InvalidConfigError, NonFastForwardError
+from ckvc.core import Repository, at_exit
+from ckvc.errors import BackupIncompleteError, CkvcError, CkvcWarning, InvalidConfigError, NonFastForwardError
 from ckvc.refs import BRANCH_PREFIX
 
 BACKLOG_KEY = "backup.json"
@@ -35,6 +38,13 @@ FIRST_DELAY_S = 0.5
 MAX_DELAY_S = 30.0
 # How long close() lets a reachable remote drain the backlog before it warns and leaves.
 CLOSE_WAIT_S = 3.0
+# How long a process that ends without close() waits for a reachable remote to take
+# what auto_push still holds ($CKVC_EXIT_WAIT seconds to change it); a remote that
+# is failing gets no wait. CKVC_REQUIRE_BACKUP=1: exit with BackupIncompleteError's
+# status when something is left.
+EXIT_WAIT_S = 120.0
+EXIT_WAIT_ENV = "CKVC_EXIT_WAIT"
+REQUIRE_BACKUP_ENV = "CKVC_REQUIRE_BACKUP"
 
 
 @dataclass
@@ -97,6 +107,7 @@ class AutoPush:
         self._rng = random.Random()
         self._thread = threading.Thread(target=self._run, name="ckvc-auto-push", daemon=True)
         self._thread.start()
+        _LIVE.add(self)
 
     # -- the caller's side --
     def enqueue(self, ref: str, commit: str) -> None:
@@ -110,11 +121,14 @@ class AutoPush:
         with self._lock:
             return Backlog(**{**asdict(self.backlog), "entries": [Entry(**asdict(e)) for e in self.backlog.entries]})
 
-    def wait(self, timeout: float | None = None) -> bool:
-        """Wait until the backlog is empty (True) or ``timeout`` passed (False)."""
+    def wait(self, timeout: float | None = None, *, while_reachable: bool = False) -> bool:
+        """Wait until the backlog is empty (True) or ``timeout`` passed (False);
+        ``while_reachable``: or an attempt failed (False)."""
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._lock:
             while self.backlog.entries or self._busy:
+                if while_reachable and self.backlog.failures:
+                    return False
                 left = None if deadline is None else deadline - time.monotonic()
                 if left is not None and left <= 0:
                     return False
@@ -124,26 +138,46 @@ class AutoPush:
     def close(self, wait_s: float = CLOSE_WAIT_S) -> None:
         """Stop after the backlog drained, or at once when the remote is failing;
         warn about what is left (the next open resumes it)."""
-        reachable = self.backlog.failures == 0
-        self.wait(wait_s if reachable else 0.0)
+        left = self._stop_after(wait_s)
+        if left:
+            warnings.warn(CkvcWarning(left), stacklevel=3)
+
+    def _stop_after(self, wait_s: float) -> str | None:
+        """Wait up to ``wait_s`` for a reachable remote to take the backlog, then stop
+        the worker; what is left, said in a line (None: nothing)."""
+        self.wait(wait_s, while_reachable=True)
         with self._lock:
             self._stop = True
             left = list(self.backlog.entries)
             error = self.backlog.last_error
             self._lock.notify_all()
-        if left:
-            why = f" (last attempt: {error})" if error else ""
-            warnings.warn(
-                CkvcWarning(
-                    f"{len(left)} commit(s) not yet backed up to {self.remote}{why}; "
-                    "they stay queued in .ckvc/backup.json and the next ckvc command resumes them"
-                ),
-                stacklevel=3,
-            )
+        _LIVE.discard(self)
         if not self._busy:
             self._thread.join(1.0)
             self.core.close()
         # else: a push is in flight; its thread holds its own repository and ends with the process
+        if not left:
+            return None
+        tips = {e.ref.removeprefix(BRANCH_PREFIX): e.commit[:12] for e in left}  # the last queued per branch
+        named = ", ".join(f"{branch} at {commit}" for branch, commit in tips.items())
+        why = f" (last attempt: {error})" if error else ""
+        return (
+            f"{len(left)} commit(s) not yet backed up to {self.remote}: {named}{why}; "
+            "they stay queued in .ckvc/backup.json and the next ckvc command resumes them"
+        )
+
+    def drain_at_exit(self, wait_s: float) -> str | None:
+        """At exit: a progress line while a reachable remote takes the backlog (up to
+        ``wait_s``), then what is left, said in a line."""
+        with self._lock:
+            pending, reachable = len(self.backlog.entries), self.backlog.failures == 0
+        if pending and reachable and wait_s > 0:
+            print(
+                f"ckvc: pushing {pending} commit(s) to {self.remote} before exit (up to {wait_s:.0f} s)",
+                file=sys.stderr,
+                flush=True,
+            )
+        return self._stop_after(wait_s)
 
     # -- the worker --
     def _save(self) -> None:
@@ -213,3 +247,30 @@ class AutoPush:
                 self.backlog.failures += 1
                 self.backlog.last_error = (str(exc).splitlines() or [type(exc).__name__])[0]
             return False
+
+
+# The pushers of this process, drained at exit when their Repo was never closed.
+_LIVE: weakref.WeakSet[AutoPush] = weakref.WeakSet()
+
+
+def exit_wait_s() -> float:
+    """EXIT_WAIT_S, or $CKVC_EXIT_WAIT seconds."""
+    raw = os.environ.get(EXIT_WAIT_ENV)
+    try:
+        return max(0.0, float(raw)) if raw else EXIT_WAIT_S
+    except ValueError:
+        return EXIT_WAIT_S
+
+
+def _drain_at_exit() -> int | None:
+    """auto_push's backlog at exit: pushed within the wait, else a warning naming
+    what is left; BackupIncompleteError's status when CKVC_REQUIRE_BACKUP=1 asked."""
+    left = [line for pusher in list(_LIVE) if (line := pusher.drain_at_exit(exit_wait_s())) is not None]
+    for line in left:
+        print(f"ckvc: warning: {line}", file=sys.stderr, flush=True)
+    if left and os.environ.get(REQUIRE_BACKUP_ENV) == "1":
+        return BackupIncompleteError.exit_code
+    return None
+
+
+at_exit("auto_push", _drain_at_exit)

@@ -25,7 +25,7 @@ from lightning.fabric.plugins import CheckpointIO, TorchCheckpointIO
 from lightning.pytorch import Callback
 
 from ckvc.errors import InvalidInputError
-from ckvc.integrations.runs import Landings, commit, open_repo, use_branch
+from ckvc.integrations.runs import Landings, commit, finish_backups, open_repo, use_branch
 from ckvc.state import rng_state, set_rng_state
 
 if TYPE_CHECKING:
@@ -170,6 +170,7 @@ class CkvcCheckpointIO(CheckpointIO, Callback):
         wait for every background commit (raising a failure) and settle releases."""
         if self._repo is not None:
             self.wait()
+            finish_backups(self._repo)
 
     def wait(self) -> None:
         """Wait for this plugin's background commits and the releases behind them."""

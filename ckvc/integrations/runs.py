@@ -38,6 +38,18 @@ def open_repo(repo_or_path: Repo | str | os.PathLike[str]) -> Repo:
     return Repo.init(path)
 
 
+def finish_backups(repo: Repo) -> None:
+    """At the end of training: auto_push's backlog goes to a reachable remote (as
+    at interpreter exit, up to ckvc.hybrid.backup's exit wait), so a job that is
+    torn down right after the trainer returns loses no backup; a remote that is
+    down is not waited for (``ckvc status`` and the next open still have it)."""
+    if repo.backup_status() is None:
+        return
+    from ckvc.hybrid.backup import exit_wait_s
+
+    repo.wait_for_backup(exit_wait_s(), while_reachable=True)
+
+
 def use_branch(repo: Repo, branch: str | None, start: str | None = None) -> None:
     """Make the next commits land on ``branch`` (None: wherever HEAD is): HEAD moves
     onto it, and a branch that does not exist yet starts at ``start`` (a revision;

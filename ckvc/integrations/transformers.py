@@ -27,7 +27,7 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from ckvc.errors import InvalidInputError
 from ckvc.formats import DIRECTORY_SOURCE, export_commit, read_checkpoint
 from ckvc.importer import HF_TRAINER_STATE, trainer_log_metrics
-from ckvc.integrations.runs import Landings, commit, open_repo, use_branch
+from ckvc.integrations.runs import Landings, commit, finish_backups, open_repo, use_branch
 from ckvc.retention_policy import KeepBest, RetentionPolicy
 
 if TYPE_CHECKING:
@@ -132,6 +132,8 @@ class CkvcCallback(TrainerCallback):
             self._commit(self._last_saved, args, state)
             self._last_saved = None
         self.wait()
+        if self._repo is not None:
+            finish_backups(self._repo)
         self._tidy(args, state)
 
     # ---- the work -----------------------------------------------------------

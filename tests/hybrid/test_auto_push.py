@@ -7,6 +7,9 @@ pending warns, and the next one resumes them."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import time
 import warnings
 from pathlib import Path
@@ -20,9 +23,10 @@ pytest.importorskip("moto")
 from fault_proxy import FaultProxy, Rule
 from helpers import assert_state_equal, run
 from hybrid_util import remote_of, source_repo, train_state
+from s3server import FAKE_CREDENTIALS
 
 import ckvc
-from ckvc.errors import CkvcWarning
+from ckvc.errors import BackupIncompleteError, CkvcWarning
 
 
 def test_twenty_commits_with_the_remote_down_for_ten(tmp_path: Path, s3_bucket: str, s3_proxy: FaultProxy) -> None:
@@ -92,3 +96,55 @@ def test_pending_pushes_warn_at_exit_and_resume_next_time(tmp_path: Path, s3_buc
     assert again.ls_remote()["refs/heads/main"] == tip
     assert_state_equal(again.load(tip), train_state(0))
     again.close()
+
+
+# A training script that never closes its Repo: what auto_push holds at exit.
+UNCLOSED_SCRIPT = """
+import sys, torch, ckvc
+repo = ckvc.Repo.open(sys.argv[1])
+for i in range(3):
+    last = repo.commit({"w": torch.full((1000,), float(i))}, message=f"epoch {i}")
+print(last)
+"""
+
+
+def _run_unclosed(repo_dir: Path, **env: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-c", UNCLOSED_SCRIPT, str(repo_dir)],
+        capture_output=True, text=True, check=False, timeout=300,
+        env={**os.environ, **FAKE_CREDENTIALS, "CKVC_AUTHOR": "test", **env},
+    )  # fmt: skip
+
+
+def test_a_script_that_never_closes_its_repo_still_backs_up_its_last_commit(
+    tmp_path: Path, s3_bucket: str, s3_proxy: FaultProxy
+) -> None:
+    with source_repo(tmp_path) as repo:
+        repo.remotes.add("origin", f"s3://{s3_bucket}/run", endpoint=s3_proxy.endpoint)
+        repo.set_config(auto_push="origin")
+    done = _run_unclosed(tmp_path / "src")
+    assert done.returncode == 0, done.stderr
+    last = done.stdout.strip()
+    assert "not yet backed up" not in done.stderr
+    with ckvc.Repo.open(tmp_path / "src") as repo:
+        assert repo.ls_remote("origin")["refs/heads/main"] == last
+        assert repo.backup_status().entries == []  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize("require", [False, True])
+def test_a_script_ending_with_the_remote_down_names_what_is_not_backed_up(
+    tmp_path: Path, s3_bucket: str, s3_proxy: FaultProxy, require: bool
+) -> None:
+    with source_repo(tmp_path) as repo:
+        repo.remotes.add("origin", f"s3://{s3_bucket}/run", endpoint=s3_proxy.endpoint)
+        repo.set_config(auto_push="origin")
+    s3_proxy.rules.append(Rule("status", status=403, count=None))  # refused: each attempt fails at once
+    done = _run_unclosed(tmp_path / "src", **({"CKVC_REQUIRE_BACKUP": "1"} if require else {}))
+    last = done.stdout.strip()
+    assert done.returncode == (BackupIncompleteError.exit_code if require else 0), done.stderr
+    assert f"commit(s) not yet backed up to origin: main at {last[:12]}" in done.stderr
+    assert "Traceback" not in done.stderr
+    s3_proxy.rules.clear()
+    with ckvc.Repo.open(tmp_path / "src") as repo:  # the next process resumes the backlog
+        assert repo.wait_for_backup(60)
+        assert repo.ls_remote("origin")["refs/heads/main"] == last
