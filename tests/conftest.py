@@ -3,6 +3,12 @@ CLI runner) live in helpers.py, importable from module-level code as well."""
 
 from __future__ import annotations
 
+import os
+
+# No test reaches a model hub: the whole session, and every child started from it
+# (tests/preloaded.py's server imports transformers with these already set).
+os.environ.update({"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"})
+
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any

@@ -6,17 +6,15 @@ chosen or raced for), calls ``fn(rank, world, *args)``, and writes what it
 returns as JSON. Returns the per-rank results; a rank that died (SIGKILL) gives
 None. Rank functions live in importable modules (imported by name).
 
-Ranks fork from one forkserver per test session that has imported torch, ckvc
-and the rank modules already: a rank starts in a fraction of a second instead of
-importing torch anew (about 3 s each on a loaded 2-core machine). Each rank
-takes the caller's environment and working directory at the moment of the call
-(a forkserver child would otherwise inherit the server's, from its start)."""
+Ranks fork from the test session's preloaded server (tests/preloaded.py: torch,
+ckvc and the rank modules imported once): a rank starts in a fraction of a
+second instead of importing torch anew (about 3 s each on a loaded 2-core
+machine), with the caller's environment and working directory."""
 
 from __future__ import annotations
 
 import datetime
 import json
-import multiprocessing
 import os
 import tempfile
 import traceback
@@ -24,15 +22,10 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from preloaded import CONTEXT, become
+
 # Long enough for torch to import on a loaded 2-core machine; a run past it is a hang.
 JOIN_TIMEOUT_S = 240.0
-
-
-# What every rank imports, loaded once in the forkserver (a module that fails to
-# import there is imported by the rank as usual).
-PRELOAD = ["torch", "torch.distributed", "ckvc", "ckvc.distributed", "ckvc.dcp", "rank_fns", "bucket_fns", "dcp_fns"]
-_CONTEXT = multiprocessing.get_context("forkserver")
-_CONTEXT.set_forkserver_preload(PRELOAD)
 
 
 def _rank_main(
@@ -41,9 +34,7 @@ def _rank_main(
 ) -> None:  # fmt: skip
     import torch.distributed as dist
 
-    os.environ.clear()
-    os.environ.update(env)
-    os.chdir(cwd)
+    become(env, cwd)
 
     os.environ.setdefault("CKVC_AUTHOR", "ranks@test")
     dist.init_process_group(
@@ -64,7 +55,7 @@ def run_world(world: int, fn: Callable[..., Any], args: Sequence[Any] = ()) -> l
         outs = [os.path.join(tmp, f"rank{r}.json") for r in range(world)]
         env, cwd = dict(os.environ), os.getcwd()
         procs = [
-            _CONTEXT.Process(target=_rank_main, args=(fn, r, world, store, outs[r], tuple(args), env, cwd))
+            CONTEXT.Process(target=_rank_main, args=(fn, r, world, store, outs[r], tuple(args), env, cwd))
             for r in range(world)
         ]
         for p in procs:

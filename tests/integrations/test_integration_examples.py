@@ -5,11 +5,10 @@ docs/GUIDE.md states for it."""
 from __future__ import annotations
 
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from preloaded import run_script
 
 import ckvc
 
@@ -38,8 +37,7 @@ def test_each_integration_is_at_most_five_lines_as_the_guide_says(name: str) -> 
 
 def _run(name: str, tmp_path: Path) -> str:
     pytest.importorskip(EXAMPLES[name][0])
-    env_cmd = [sys.executable, str(ROOT / "examples" / name), "--dir", str(tmp_path)]
-    done = subprocess.run(env_cmd, capture_output=True, text=True, check=False, timeout=600)
+    done = run_script(ROOT / "examples" / name, ["--dir", str(tmp_path)])  # a preloaded child (tests/preloaded.py)
     assert done.returncode == 0, done.stderr[-3000:]
     return done.stdout
 

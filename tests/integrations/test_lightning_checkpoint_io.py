@@ -20,12 +20,12 @@ import errno
 import json
 import os
 import signal
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+from preloaded import Completed, run_script
 
 pytest.importorskip("lightning")
 
@@ -116,11 +116,10 @@ def train(root: str, repo: str, mode: str, kill_after: int | None, resume: str |
     report()
 
 
-def _run(tmp: Path, name: str, mode: str, extra: str | None = None) -> subprocess.CompletedProcess[str]:
-    cmd = [sys.executable, __file__, str(tmp / name), str(tmp / f"{name}.repo"), str(tmp / f"{name}.json"), mode]
-    if extra is not None:
-        cmd.append(extra)
-    return subprocess.run(cmd, capture_output=True, text=True, check=False, timeout=600)
+def _run(tmp: Path, name: str, mode: str, extra: str | None = None) -> Completed:
+    """This file as a training script, in a preloaded child (tests/preloaded.py)."""
+    args = [str(tmp / name), str(tmp / f"{name}.repo"), str(tmp / f"{name}.json"), mode]
+    return run_script(__file__, args + ([extra] if extra is not None else []))
 
 
 def _result(tmp: Path, name: str) -> dict[str, Any]:

@@ -12,13 +12,13 @@ optimizer or the data position would show in the losses. Run as a script, this f
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+from preloaded import run_script
 
 pytest.importorskip("transformers")
 pytest.importorskip("accelerate")
@@ -48,11 +48,8 @@ def train(out_dir: str, max_steps: int, save_steps: int, resume: str | None) -> 
 
 def _train_in_subprocess(tmp_path: Path, name: str, resume: Path | None = None) -> dict[str, Any]:
     result = tmp_path / f"{name}.json"
-    cmd = [sys.executable, __file__, str(tmp_path / name), str(MAX_STEPS), str(SAVE_STEPS), str(result)]
-    if resume is not None:
-        cmd.append(str(resume))
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
-    done = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False, timeout=600)
+    args = [str(tmp_path / name), str(MAX_STEPS), str(SAVE_STEPS), str(result)]
+    done = run_script(__file__, args + ([str(resume)] if resume is not None else []))  # preloaded, offline
     assert done.returncode == 0, done.stderr[-3000:]
     out: dict[str, Any] = json.loads(result.read_text())
     return out

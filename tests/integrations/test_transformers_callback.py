@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from preloaded import Completed, run_script
 
 pytest.importorskip("transformers")
 pytest.importorskip("accelerate")
@@ -72,12 +73,10 @@ def train(out_dir: str, repo: str, mode: str, kill_after: int | None, resume: st
     report(trainer)
 
 
-def _run(tmp: Path, name: str, mode: str, extra: str | None = None) -> subprocess.CompletedProcess[str]:
-    cmd = [sys.executable, __file__, str(tmp / name), str(tmp / f"{name}.repo"), str(tmp / f"{name}.json"), mode]
-    if extra is not None:
-        cmd.append(extra)
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
-    return subprocess.run(cmd, capture_output=True, text=True, env=env, check=False, timeout=600)
+def _run(tmp: Path, name: str, mode: str, extra: str | None = None) -> Completed:
+    """This file as a training script, in a preloaded child (tests/preloaded.py; offline)."""
+    args = [str(tmp / name), str(tmp / f"{name}.repo"), str(tmp / f"{name}.json"), mode]
+    return run_script(__file__, args + ([extra] if extra is not None else []))
 
 
 def _result(tmp: Path, name: str) -> dict[str, Any]:

@@ -344,6 +344,8 @@ def test_a_record_claiming_a_huge_size_is_refused_before_allocating(tmp_path: Pa
     report = repo.fsck()
     assert [p.object_id for p in report.problems if p.severity == "error"] == [cid]
     repo.close()
+    if raw_size != 10**13:
+        return  # the same refusal: the CLI's processes are checked on one size
     for args in (["log"], ["show"], ["checkout", "main", "-o", str(tmp_path / "out")]):
         result = run_cli(tmp_path, *args)
         assert result.returncode == CorruptObjectError.exit_code, result.stderr
