@@ -45,6 +45,10 @@ if TYPE_CHECKING:
 LEASE_FOLDER = "locks"
 FIRST_POLL = 0.02  # seconds between looks at a held lock, growing to MAX_POLL
 MAX_POLL = 1.0
+# Taking a lock waits for its holders up to the caller's timeout (120 s for a
+# writer's pin), but not for a store that does not answer: transient failures with
+# no answer in between for this long end the wait (the retries of every other call).
+UNREACHABLE_S = 10.0
 
 
 @dataclass(frozen=True)
@@ -132,12 +136,14 @@ class LeaseLocks:
         deadline = self.monotonic() + timeout
         poll = FIRST_POLL
         renewer: _Renewer | None = None
+        failing_since: float | None = None  # transient failures since then, no answer between
         try:
             while True:
                 try:
                     if renewer is None:
                         renewer = _Renewer(self, key, holder, shared)
                     others = [lease for lease in self.leases(name) if lease.key != key]
+                    failing_since = None
                     exclusive = [lease for lease in others if not lease.shared]
                     if not others or (shared and not exclusive):
                         break
@@ -145,7 +151,9 @@ class LeaseLocks:
                         renewer.stop(delete=True)
                         renewer = None
                 except BackendError as exc:  # a store hiccup: look again, until the deadline
-                    if not exc.transient or self.monotonic() + poll > deadline:
+                    now = self.monotonic()
+                    failing_since = now if failing_since is None else failing_since
+                    if not exc.transient or now + poll > deadline or now - failing_since >= UNREACHABLE_S:
                         raise
                 if self.monotonic() + poll > deadline:
                     waited = f" (waited {timeout:.0f} s)" if timeout else ""

@@ -19,7 +19,7 @@ from ckvc.errors import InvalidInputError, RepositoryLockedError
 from ckvc.ids import Buffer
 from ckvc.storage.backend import BackendError, ForwardingBackend, Version
 from ckvc.storage.cloud import MIN_PART_SIZE, aws_profile_credentials, open_object_store
-from ckvc.storage.leases import LeaseLocks, lease_bytes
+from ckvc.storage.leases import UNREACHABLE_S, LeaseLocks, lease_bytes
 from ckvc.storage.memory import MemoryBackend
 
 
@@ -221,6 +221,28 @@ def test_credentials_from_an_aws_profile_file(
     assert backend.get("config") == b"{}"
     listing = s3_server.request("GET", f"/{s3_bucket}?list-type=2").decode()
     assert "<Key>p/config</Key>" in listing
+
+
+def test_taking_a_lock_gives_up_on_a_store_that_does_not_answer() -> None:
+    """A writer's pin waits up to 120 s for a lock's holders, but a store whose every
+    listing fails is given UNREACHABLE_S (by the lock's clock, here one second a
+    look): the push or commit fails with the store's error instead of hanging."""
+
+    class Unreachable(ForwardingBackend):
+        def list(self, prefix: str = "", *, recursive: bool = True) -> Iterator[str]:
+            raise BackendError("connection reset", key=prefix, transient=True)
+
+    class Ticking(FakeClock):
+        def __call__(self) -> float:
+            self.now += 1.0
+            return self.now
+
+    clock = Ticking()
+    locks = LeaseLocks(Unreachable(MemoryBackend(object_store_semantics=True)), term=60, monotonic=clock)
+    started = clock.now
+    with pytest.raises(BackendError, match="connection reset"), locks.hold("gc.lock", timeout=120):
+        pass
+    assert UNREACHABLE_S <= clock.now - started < 120
 
 
 def test_a_lease_whose_renewals_fail_lapses() -> None:
