@@ -568,29 +568,75 @@ def check_new_branch(core: Repository, name: str) -> str:
     return full
 
 
-def create_branch(core: Repository, name: str, rev: str = "HEAD") -> str:
-    """Create branch ``name`` at ``rev``; RefConflictError if it exists."""
+def create_branch(core: Repository, name: str, rev: str = "HEAD", *, force: bool = False) -> str:
+    """Create branch ``name`` at ``rev``; RefConflictError if it exists. ``force``
+    (git branch -f): an existing branch moves to ``rev`` instead, by
+    compare-and-swap; not the branch HEAD is on (``reset`` moves that)."""
+    full = branch_ref(name)
     with core.store.pin():  # the commit may be one gc is about to collect
         commit_id = resolve(core, rev)
-        full = check_new_branch(core, name)
+        current = core.refs.read(full) if force else None
+        if current is None:
+            check_new_branch(core, name)
+        elif core.refs.head()[0] == full:
+            raise InvalidInputError(f"cannot force-move branch {name!r}: HEAD is on it (use reset {rev})")
+        message = f"branch: reset to {rev}" if current is not None else f"branch: created from {rev}"
         try:
-            core.refs.set_if_equals(full, None, commit_id, f"branch: created from {rev}")
+            core.refs.set_if_equals(full, current, commit_id, message)
         except RefConflictError:
-            raise RefConflictError(f"branch {name!r} already exists") from None  # created meanwhile
+            what = "moved meanwhile" if current is not None else "already exists"
+            raise RefConflictError(f"branch {name!r} {what}") from None
     return commit_id
 
 
-def delete_branch(core: Repository, name: str) -> str:
-    """Delete branch ``name`` (not the one HEAD is on); returns the commit it named."""
+def is_ancestor(core: Repository, ancestor: str, descendant: str) -> bool:
+    """Whether ``ancestor`` is ``descendant`` or one of its ancestors (tags peeled;
+    False when either is not in ``core``)."""
+    try:
+        ancestor = peel(core, ancestor)
+    except ObjectNotFoundError:
+        return False
+    return any(reached.oid == ancestor and reached.commit is not None for reached in walk(core, [descendant]))
+
+
+def delete_branch(core: Repository, name: str, *, unmerged: bool = True) -> str:
+    """Delete branch ``name`` (not the one HEAD is on); returns the commit it named.
+    ``unmerged=False`` (git branch -d): refuse, changing nothing, unless HEAD or a
+    remote-tracking branch of the same name already holds its commits."""
     full = branch_ref(name)
     current = core.refs.read(full)
     if current is None:
         raise RefNotFoundError(f"branch {name!r} not found{ref_hint(core, name, tags=False)}")
-    target, _ = core.refs.head()
+    target, head = core.refs.head()
     if target == full:
         raise InvalidInputError(f"cannot delete branch {name!r}: HEAD is on it")
+    if not unmerged:
+        holders = [head] if head is not None else []
+        holders += [tip for ref, tip in core.refs.list_refs("refs/remotes/").items() if ref.endswith(f"/{name}")]
+        if not any(is_ancestor(core, current, tip) for tip in holders):
+            raise InvalidInputError(
+                f"branch {name!r} is not fully merged: {current[:12]} is on no other branch HEAD or a remote "
+                f"holds; delete it anyway with `ckvc branch -D {name}` (its reflog keeps it until it expires)"
+            )
     core.refs.delete_if_equals(full, current, "branch: deleted")
     return current
+
+
+def reset(core: Repository, rev: str) -> str:
+    """Move the branch HEAD is on to ``rev`` (git reset: HEAD stays on the branch),
+    by compare-and-swap; a detached HEAD moves itself. Returns the commit id."""
+    message = f"reset: moving to {rev}"
+    with core.store.pin():  # the commit may be one gc is about to collect
+        commit_id = resolve(core, rev)
+        target, current = core.refs.head()
+        if target is None:
+            core.refs.set_head(detached=commit_id, message=message)
+        else:
+            try:
+                core.refs.set_if_equals(target, current, commit_id, message)
+            except RefConflictError:
+                raise RefConflictError(f"{target.removeprefix(BRANCH_PREFIX)} moved meanwhile: nothing reset") from None
+    return commit_id
 
 
 def create_tag(core: Repository, name: str, rev: str = "HEAD", message: str | None = None) -> str:

@@ -296,6 +296,12 @@ class Repo:
         self.wait()  # a background commit must land on the branch it was made on
         return graph.switch(self.core, rev, new_branch=new_branch)
 
+    def reset(self, rev: str) -> str:
+        """Move the branch HEAD is on to ``rev``, HEAD staying on it (git reset), once
+        background commits have landed; returns the commit id (``graph.reset``)."""
+        self.wait()  # a background commit must land on the branch it was made on
+        return graph.reset(self.core, rev)
+
     # ---- history ------------------------------------------------------------
     log = OnCore(graph.log)
     best = OnCore(graph.best)

@@ -41,15 +41,22 @@ def switch(obj: Context, name: str, start: str | None, create: bool, as_json: bo
 
 
 @cli.command()
-@click.option("-d", "--delete", is_flag=True, help="Delete the branch NAME.")
+@click.option("-d", "--delete", is_flag=True, help="Delete the branch NAME, if HEAD or a remote holds its commits.")
+@click.option("-D", "force_delete", is_flag=True, help="Delete the branch NAME even if nothing else holds its commits.")
+@click.option("-f", "--force", is_flag=True, help="Move NAME to REV if it exists (not the branch HEAD is on).")
 @click.option("-a", "--all", "all_branches", is_flag=True, help="Also list remote-tracking branches.")
 @click.argument("name", required=False)
 @click.argument("rev", required=False, default="HEAD")
 @json_option
 @click.pass_obj
-def branch(obj: Context, delete: bool, all_branches: bool, name: str | None, rev: str, as_json: bool) -> None:
-    """List branches (with -a remote-tracking ones too), create NAME at REV, or delete NAME with -d."""
+def branch(
+    obj: Context, delete: bool, force_delete: bool, force: bool, all_branches: bool, name: str | None, rev: str,
+    as_json: bool,
+) -> None:  # fmt: skip
+    """List branches (with -a remote-tracking ones too), create NAME at REV (-f: or
+    move it there), or delete NAME with -d (-D: even unmerged), as git branch does."""
     repo = obj.repo
+    delete = delete or force_delete
     if name is None:
         if delete:
             raise InvalidInputError("branch -d needs a NAME")
@@ -65,11 +72,36 @@ def branch(obj: Context, delete: bool, all_branches: bool, name: str | None, rev
                 click.echo(f"  {'remotes/' + n:<20} {oid[:12]}")
         return
     if delete:
-        oid = repo.delete_branch(name)
+        oid = repo.delete_branch(name, unmerged=force_delete)
         _done(as_json, {"deleted": name, "was": oid}, f"Deleted branch {name} (was {oid[:12]})")
+    elif force and name in repo.branches():
+        was = repo.branches()[name]
+        oid = repo.branch(name, rev, force=True)
+        _done(
+            as_json, {"moved": name, "was": was, "commit": oid}, f"Moved branch {name} to {oid[:12]} (was {was[:12]})"
+        )
     else:
         oid = repo.branch(name, rev)
         _done(as_json, {"created": name, "commit": oid}, f"Created branch {name} at {oid[:12]}")
+
+
+@cli.command()
+@click.option("--hard", "mode", flag_value="hard", help="As git's: ckvc has no working tree, so the same as --soft.")
+@click.option("--soft", "mode", flag_value="soft", help="Move the branch only (the default).")
+@click.argument("rev")
+@json_option
+@click.pass_obj
+def reset(obj: Context, mode: str | None, rev: str, as_json: bool) -> None:
+    """Move the branch HEAD is on to REV (HEAD stays on it), as git reset does.
+    The commits it leaves stay reachable through the reflog until it expires."""
+    repo = obj.repo
+    branch_name, was = repo.head()
+    oid = repo.reset(rev)
+    where = f"branch {branch_name}" if branch_name else "HEAD"
+    _done(
+        as_json, {"branch": branch_name, "was": was, "commit": oid},
+        f"{where} is now at {oid[:12]}" + (f" (was {was[:12]})" if was else ""),
+    )  # fmt: skip
 
 
 @cli.command()

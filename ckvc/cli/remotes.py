@@ -13,6 +13,7 @@ import click
 
 from ckvc.cli.main import Context, cli
 from ckvc.cli.output import emit_json, human_bytes, json_option, progress_bar
+from ckvc.errors import InvalidInputError
 
 if TYPE_CHECKING:
     from ckvc.remote.common import FetchResult, PushResult, TransferStats
@@ -102,12 +103,19 @@ def _report(result: PushResult | FetchResult, as_json: bool, verb: str) -> None:
 @click.argument("refs", nargs=-1)
 @click.option("--force", "-f", is_flag=True, help="Move remote refs even where commits would be dropped.")
 @click.option("--tags", is_flag=True, help="Push every tag too.")
+@click.option("--all", "all_branches", is_flag=True, help="Push every local branch.")
 @json_option
 @click.pass_obj
-def push(obj: Context, remote_name: str, refs: tuple[str, ...], force: bool, tags: bool, as_json: bool) -> None:
-    """Send what REMOTE lacks of REF... (default: the current branch), then move its refs."""
+def push(
+    obj: Context, remote_name: str, refs: tuple[str, ...], force: bool, tags: bool, all_branches: bool, as_json: bool
+) -> None:
+    """Send what REMOTE lacks of REF... (default: the current branch; --all: every
+    branch), then move its refs."""
+    if all_branches and refs:
+        raise InvalidInputError("push --all takes no REF: it pushes every branch")
+    wanted = list(obj.repo.branches()) if all_branches else list(refs)
     with progress_bar("push", not as_json) as progress:
-        result = obj.repo.push(remote_name, list(refs) or None, force=force, tags=tags, progress=progress)
+        result = obj.repo.push(remote_name, wanted or None, force=force, tags=tags, progress=progress)
     _report(result, as_json, "To")
     if not as_json and not result.updated:
         click.echo("Everything up-to-date")

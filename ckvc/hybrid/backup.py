@@ -215,8 +215,8 @@ class AutoPush:
                         return
 
     def _on_remote(self, batch: list[Entry]) -> bool:
+        from ckvc.graph import is_ancestor
         from ckvc.remote.clone import ls_remote
-        from ckvc.remote.common import is_ancestor
 
         try:
             refs = ls_remote(self.core, self.remote)

@@ -19,11 +19,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from ckvc import graph
 from ckvc.core import Repository
-from ckvc.errors import (
-    ObjectNotFoundError,
-)
 from ckvc.inspect import fields_json
 from ckvc.refs import check_ref_name
 from ckvc.remote.location import RemoteList, check_remote_name
@@ -177,16 +173,6 @@ class PullResult:
 
 
 # ---- history questions -----------------------------------------------------------
-
-
-def is_ancestor(core: Repository, ancestor: str, descendant: str) -> bool:
-    """Whether ``ancestor`` is ``descendant`` or one of its ancestors (tags peeled;
-    False when either is not in ``core``)."""
-    try:
-        ancestor = graph.peel(core, ancestor)
-    except ObjectNotFoundError:
-        return False
-    return any(reached.oid == ancestor and reached.commit is not None for reached in graph.walk(core, [descendant]))
 
 
 def move_tracking(local: Repository, remote: str, branch: str, new: str, action: str) -> RefUpdate | None:

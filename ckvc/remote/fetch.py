@@ -19,6 +19,7 @@ from ckvc.errors import (
     ObjectNotFoundError,
     RefNotFoundError,
 )
+from ckvc.graph import is_ancestor
 from ckvc.ids import ObjectType
 from ckvc.objects import Commit, Snapshot, Tag
 from ckvc.refs import BRANCH_PREFIX, TAG_PREFIX
@@ -29,7 +30,6 @@ from ckvc.remote.common import (
     RefUpdate,
     TransferStats,
     counted,
-    is_ancestor,
     move_tracking,
     remotes_of,
     tracking_ref,
@@ -370,7 +370,8 @@ def pull(
     if ours is not None and not is_ancestor(local, ours, theirs):
         raise NonFastForwardError(
             f"{branch} ({ours[:12]}) and {remote}/{branch} ({theirs[:12]}) have diverged; ckvc does not merge: "
-            f"move the branch by hand (ckvc branch) or push --force"
+            f"take theirs with `ckvc reset {remote}/{branch}` (yours stay in the reflog; `ckvc branch mine "
+            f"{ours[:12]}` keeps them on a branch), or keep yours with `ckvc push --force {remote}`"
         )
     local.refs.set_if_equals(target, ours, theirs, f"pull: fast-forward to {remote}/{branch}")
     return PullResult(fetched, branch, ours, theirs, fast_forward=True)

@@ -25,9 +25,10 @@ from dataclasses import dataclass
 from ckvc import write
 from ckvc.core import Repository
 from ckvc.errors import CkvcError, CkvcWarning, RefConflictError
+from ckvc.graph import is_ancestor
 from ckvc.objects import Blob
 from ckvc.refs import BRANCH_PREFIX
-from ckvc.remote.common import TransferStats, is_ancestor, move_tracking, remotes_of, tracking_ref
+from ckvc.remote.common import TransferStats, move_tracking, remotes_of, tracking_ref
 from ckvc.remote.push import upload_objects
 from ckvc.remote.repository import Remote, open_remote
 from ckvc.storage.object_writer import ObjectWriter

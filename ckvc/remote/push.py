@@ -16,6 +16,7 @@ from ckvc.errors import (
     NonFastForwardError,
     RefNotFoundError,
 )
+from ckvc.graph import is_ancestor
 from ckvc.refs import BRANCH_PREFIX, TAG_PREFIX, check_ref_name
 from ckvc.remote.common import (
     Progress,
@@ -23,7 +24,6 @@ from ckvc.remote.common import (
     RefUpdate,
     TransferStats,
     counted,
-    is_ancestor,
     move_tracking,
     remotes_of,
 )
