@@ -69,6 +69,9 @@ class GcPlan:
     leftover_bytes: int = 0
     live: set[bytes] = field(default_factory=set, repr=False)
     visited: set[str] = field(default_factory=set, repr=False)
+    # What only reflog entries younger than reflog_expiry keep ("reflog expire" frees it)
+    reflog_commits: int = 0
+    reflog_bytes: int = 0
 
     @property
     def reclaimable_bytes(self) -> int:
@@ -79,6 +82,13 @@ class GcPlan:
             elif p.action == "repack":
                 total += p.size - p.live_bytes
         return total
+
+    @property
+    def grace_bytes(self) -> int:
+        """Dead bytes in packs younger than the grace period (``gc --now`` takes them):
+        a whole pack nothing needs, else its dead records."""
+        young = [p for p in self.packs if p.action == "young"]
+        return sum(p.size if not p.live_bytes else sum(e.record_size for e in p.entries) - p.live_bytes for p in young)
 
     def count(self, action: str) -> int:
         return sum(1 for p in self.packs if p.action == action)
@@ -92,6 +102,9 @@ class GcPlan:
             "packs_to_delete": self.count("delete"),
             "packs_to_repack": self.count("repack"),
             "packs_in_grace_period": self.count("young"),
+            "grace_bytes": self.grace_bytes,
+            "reflog_commits": self.reflog_commits,
+            "reflog_bytes": self.reflog_bytes,
             "leftover_files": len(self.leftovers),
             "grace_s": self.grace_s,
             "repack_threshold": self.repack_threshold,
@@ -129,8 +142,9 @@ def _tips(repo: Repository, reflog_expiry_s: float) -> tuple[list[str], list[str
 
 
 def mark(
-    repo: Repository, live: set[bytes], visited: set[str], *, reflog_expiry_s: float, remote: bool = False
-) -> set[bytes]:
+    repo: Repository, live: set[bytes], visited: set[str], *, reflog_expiry_s: float, remote: bool = False,
+    reflog_only: set[bytes] | None = None,
+) -> set[bytes]:  # fmt: skip
     """Add to ``live`` every object reachable from the refs and recent reflog
     entries: commit and tag objects always, snapshots and chunks of unpruned
     commits, a delta chunk with its whole base chain. Commits in ``visited`` are
@@ -138,7 +152,8 @@ def mark(
     to go on past a missing or corrupt reachable object: its ancestors would look
     dead. ``remote``: a prune record covers only a commit whose snapshot is absent
     (FORMAT 18.2: on a remote, a present snapshot came with a whole push of that
-    commit, after the record)."""
+    commit, after the record). ``reflog_only`` gets the ids only reflog entries
+    keep (what ``reflog expire`` would let gc free)."""
     pruned = repo.pruned()
     store = repo.store
 
@@ -173,6 +188,8 @@ def mark(
         ).ids()
         live |= found
         added |= found
+        if reflog_only is not None and tips is reflog_tips:
+            reflog_only |= found
     return added
 
 
@@ -200,8 +217,14 @@ def plan_gc(repo: Repository, *, grace_s: float, repack_threshold: float, reflog
     store = repo.store
     store.refresh()  # every sealed pack indexed: a live object always has an index entry
     plan = GcPlan(grace_s=grace_s, repack_threshold=repack_threshold)
-    mark(repo, plan.live, plan.visited, reflog_expiry_s=reflog_expiry_s)
+    reflog_only: set[bytes] = set()
+    mark(repo, plan.live, plan.visited, reflog_expiry_s=reflog_expiry_s, reflog_only=reflog_only)
     plan.live_objects = len(plan.live)
+    for oid in reflog_only:
+        entry = store.index.get(oid)
+        if entry is not None:  # absent: a chunk a promisor remote holds, nothing local
+            plan.reflog_commits += entry.kind == ObjectType.COMMIT
+            plan.reflog_bytes += entry.record_size
     now = time.time()
     for name in store.packs():
         try:

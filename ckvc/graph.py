@@ -615,8 +615,8 @@ def delete_branch(core: Repository, name: str, *, unmerged: bool = True) -> str:
         holders += [tip for ref, tip in core.refs.list_refs("refs/remotes/").items() if ref.endswith(f"/{name}")]
         if not any(is_ancestor(core, current, tip) for tip in holders):
             raise InvalidInputError(
-                f"branch {name!r} is not fully merged: {current[:12]} is on no other branch HEAD or a remote "
-                f"holds; delete it anyway with `ckvc branch -D {name}` (its reflog keeps it until it expires)"
+                f"branch {name!r} is not fully merged: neither HEAD nor a remote-tracking branch holds "
+                f"{current[:12]}; delete it anyway with `ckvc branch -D {name}`"
             )
     core.refs.delete_if_equals(full, current, "branch: deleted")
     return current
@@ -689,6 +689,25 @@ def reflog(core: Repository, ref: str = "HEAD") -> list[ReflogEntry]:
     if not entries and full != HEAD and core.refs.read(full) is None:
         raise RefNotFoundError(f"no branch or tag {ref!r}{ref_hint(core, ref)}")
     return entries
+
+
+def expire_reflogs(core: Repository, older_than_s: float | None = None, refs: Sequence[str] | None = None) -> int:
+    """Drop reflog entries older than ``older_than_s`` (default: the config's
+    reflog_expiry; 0: all of them) of ``refs`` (HEAD, branch or tag names; default
+    every reflog), so that gc may free what only they kept. Returns how many went."""
+    core.require_writable("expiring reflogs")
+    age = core.config.reflog_expiry_s if older_than_s is None else older_than_s
+    if age < 0:
+        raise InvalidInputError(f"an expiry age cannot be negative: {age}")
+    names = None
+    if refs is not None:
+        names = [r if r == HEAD or r.startswith("refs/") else branch_named(core, r) or TAG_PREFIX + r for r in refs]
+        for ref, name in zip(refs, names, strict=True):
+            if name != HEAD and core.refs.read(name) is None and not core.refs.reflog(name):
+                raise RefNotFoundError(f"no branch or tag {ref!r}{ref_hint(core, ref)}")
+    before = time.time_ns() - int(age * 1e9) + (1 if age == 0 else 0)  # "now" takes this instant's entries too
+    with storage_errors("expiring reflogs", "each reflog is expired or unchanged, never half"):
+        return core.refs.expire_reflogs(before, names)
 
 
 def move_head(core: Repository, rev: str, commit_id: str) -> None:

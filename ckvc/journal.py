@@ -21,7 +21,7 @@ from __future__ import annotations
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from ckvc.storage.backend import Backend
 
@@ -113,3 +113,22 @@ class Journal:
             except IsADirectoryError:  # the logs of refs below a deleted one: not this log
                 return
             self.backend.prune_folders(key, keep)
+
+    def drop(self, log: str, expired: Callable[[bytes], bool]) -> int:
+        """Remove the lines of ``log`` for which ``expired`` says so; returns how
+        many went. Appended: the key is rewritten whole (the caller holds the lock
+        its appenders take). One key per entry: an entry goes only when all its
+        lines have expired (entries are immutable; new ones never collide)."""
+        if self.appended:
+            lines = self.lines(log)
+            kept = [line for line in lines if not expired(line)]
+            if len(kept) != len(lines):
+                self.backend.replace(log, b"".join(line + b"\n" for line in kept))
+            return len(lines) - len(kept)
+        dropped = 0
+        for key in self.entry_keys(log):
+            lines = split_lines(self.backend.get(key) or b"")
+            if lines and all(expired(line) for line in lines):
+                self.backend.delete(key)
+                dropped += len(lines)
+        return dropped

@@ -32,12 +32,13 @@ entries (``RefStore.repair``).
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import re
 import time
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -127,6 +128,13 @@ class ReflogEntry:
     new: str | None
     time_ns: int
     message: str
+
+
+def _expired(line: bytes, *, before_ns: int, keep: bytes) -> bool:
+    """A reflog line made before ``before_ns`` (not ``keep``; a line that does not
+    parse never: its age is unknown)."""
+    entry = _parse_reflog_line(line)
+    return entry is not None and entry.time_ns < before_ns and line.strip() != keep
 
 
 def _parse_reflog_line(line: bytes) -> ReflogEntry | None:
@@ -541,9 +549,11 @@ class RefStore:
             return None
 
     # ---- reflog -------------------------------------------------------------
-    def _log(self, name: str, old: str | None, new: str | None, message: str) -> None:
-        line = {"old": old, "new": new, "time_ns": time.time_ns(), "message": message}
-        self.journal.add(f"logs/{name}", (json.dumps(line, sort_keys=True) + "\n").encode())
+    def _log(self, name: str, old: str | None, new: str | None, message: str) -> bytes:
+        """Append one entry to ``name``'s reflog; returns its line."""
+        line = json.dumps({"old": old, "new": new, "time_ns": time.time_ns(), "message": message}, sort_keys=True)
+        self.journal.add(f"logs/{name}", (line + "\n").encode())
+        return line.encode()
 
     def reflog(self, name: str, *, damaged: list[str] | None = None) -> list[ReflogEntry]:
         """Moves of ``name``, newest first. A line that cannot be parsed (a torn
@@ -572,6 +582,26 @@ class RefStore:
             elif not looks_torn(line):
                 bad.append((number, line))
         return entries, bad
+
+    def expire_reflogs(self, before_ns: int, names: Iterable[str] | None = None) -> int:
+        """Drop the reflog entries made before ``before_ns`` (git reflog expire): of
+        ``names`` (HEAD or full ref names), default every reflog. A log left empty
+        gets one entry naming the ref's value (and no old value). A line that does
+        not parse stays, its age unknown. Returns how many entries went."""
+        logs = [f"logs/{n}" for n in names] if names is not None else list(self.journal.logs("logs/"))
+        dropped = 0
+        with self._update_lock():  # appenders write under it: no entry is lost to the rewrite
+            for log in logs:
+                name = log.removeprefix("logs/")
+                entries = [e for e in map(_parse_reflog_line, self.journal.lines(log)) if e is not None]
+                current = self.head()[1] if name == HEAD else self.read(name)
+                marker = b""
+                if entries and entries[-1].time_ns < before_ns and current is not None:
+                    # Every entry goes: one new entry records the ref's value (open's repair
+                    # checks the last entry against it), with no old value to keep alive.
+                    marker = self._log(name, None, current, "reflog: older entries expired")
+                dropped += self.journal.drop(log, functools.partial(_expired, before_ns=before_ns, keep=marker))
+        return dropped
 
     def damaged_logs(self) -> list[str]:
         """Every reflog line that does not parse (torn last lines excepted), for fsck."""

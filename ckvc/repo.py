@@ -330,6 +330,7 @@ class Repo:
     tags = OnCore(graph.tags)
     tag_object = OnCore(graph.tag_object)
     reflog = OnCore(graph.reflog)
+    expire_reflogs = OnCore(graph.expire_reflogs)
     resolve = OnCore(graph.resolve)
     ref_tips = OnCore(graph.ref_tips)
     walk = OnCore(graph.walk)

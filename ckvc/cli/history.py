@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from ckvc.cli.main import Context, cli
+from ckvc.cli.main import Context, JsonErrorCommand, cli
 from ckvc.cli.output import echo_codecs, emit_json, human_bytes, json_option, metrics_text, time_text
 from ckvc.errors import InvalidInputError
 
@@ -291,11 +291,52 @@ def _diff_summary(d: StateDiff) -> str:
     return ", ".join(parts)
 
 
-@cli.command()
+class _ShowByDefault(click.Group):
+    """``ckvc reflog [REF]`` shows, as before; ``ckvc reflog expire ...`` expires
+    (git's reflog show / expire): a first word that is no subcommand is a REF."""
+
+    command_class = JsonErrorCommand
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        if not args or (args[0] not in self.commands and args[0] not in ("-h", "--help")):
+            args = ["show", *args]
+        return super().parse_args(ctx, args)
+
+
+@cli.group(cls=_ShowByDefault)
+def reflog() -> None:
+    """Every move of a ref (``reflog [show] [REF]``), or drop old entries (``reflog expire``)."""
+
+
+@reflog.command("expire")
+@click.option("--all", "all_refs", is_flag=True, help="Every reflog (else the REFs given).")
+@click.option(
+    "--expire", "age", default=None, metavar="AGE",
+    help="Drop entries older than AGE: now, 30d, 12h (default: the config's reflog_expiry).",
+)  # fmt: skip
+@click.argument("refs", nargs=-1)
+@json_option
+@click.pass_obj
+def reflog_expire(obj: Context, all_refs: bool, age: str | None, refs: tuple[str, ...], as_json: bool) -> None:
+    """Drop reflog entries older than AGE, so that `ckvc gc` may free the commits
+    only they kept (a deleted branch's, say); git reflog expire."""
+    from ckvc.retention_policy import parse_duration
+
+    if all_refs == bool(refs):
+        raise InvalidInputError("reflog expire needs --all or REF names (not both)")
+    seconds = None if age is None else 0.0 if age == "now" else parse_duration(age)
+    dropped = obj.repo.expire_reflogs(seconds, None if all_refs else list(refs))
+    if as_json:
+        emit_json({"dropped": dropped})
+    else:
+        click.echo(f"dropped {dropped} reflog entr{'y' if dropped == 1 else 'ies'}")
+
+
+@reflog.command("show")
 @click.argument("ref", default="HEAD")
 @json_option
 @click.pass_obj
-def reflog(obj: Context, ref: str, as_json: bool) -> None:
+def reflog_show(obj: Context, ref: str, as_json: bool) -> None:
     """Every move of REF (default HEAD), newest first."""
     entries = obj.repo.reflog(ref)
     if as_json:

@@ -202,7 +202,7 @@ def retain(
 def gc(obj: Context, dry_run: bool, now: bool, grace: str | None, remote: str | None, as_json: bool) -> None:
     """Reclaim space: delete what no ref, recent reflog entry or unpruned commit
     needs, and repack mostly-dead packs."""
-    from ckvc.retention_policy import parse_duration
+    from ckvc.retention_policy import format_duration, parse_duration
 
     if remote is not None:
         done = obj.repo.gc_remote(remote, dry_run=dry_run, now=now, grace_s=parse_duration(grace) if grace else None)
@@ -230,6 +230,19 @@ def gc(obj: Context, dry_run: bool, now: bool, grace: str | None, remote: str | 
         f"({plan.count('delete')} packs to delete, {plan.count('repack')} to repack, "
         f"{plan.count('young')} in the grace period)"
     )
+    if plan.reflog_commits:
+        click.echo(
+            f"kept by reflog entries younger than {format_duration(obj.repo.config.reflog_expiry_s)}: "
+            f"{plan.reflog_commits} commit(s), {human_bytes(plan.reflog_bytes)} "
+            "(`ckvc reflog expire --all --expire=now` lets gc free them)"
+        )
+    if plan.grace_bytes:
+        click.echo(
+            f"in packs younger than the grace period ({format_duration(plan.grace_s)}): "
+            f"{human_bytes(plan.grace_bytes)} (`ckvc gc --now` does not wait for it)"
+        )
+    if not plan.reclaimable_bytes and not plan.reflog_commits and not plan.grace_bytes:
+        click.echo("nothing to reclaim: a branch, tag or HEAD reaches every object")
     if report.executed:
         click.echo(
             f"freed {human_bytes(report.bytes_freed)}: {report.packs_deleted} packs deleted, "
