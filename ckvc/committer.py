@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from ckvc import write
     from ckvc.codecs.policy import DeltaBackoff, LossySpec
     from ckvc.state import PendingBlob
+    from ckvc.write import OnConflict
 
 
 class Committer:
@@ -40,7 +41,7 @@ class Committer:
         self, state: Any, message: str = "", metrics: Mapping[str, Any] | None = None,
         metadata: Mapping[str, Any] | None = None, *, merge: Sequence[str] = (), allow_pickle: bool = False,
         retain: bool | None = None, blocking: bool = True, progress: ProgressCallback | None = None,
-        lossy: LossySpec = None, time_ns: int | None = None,
+        lossy: LossySpec = None, time_ns: int | None = None, on_conflict: OnConflict = "fail",
     ) -> str | PendingCommit:  # fmt: skip
         """``Repo.commit``: a commit id, or with ``blocking=False`` a PendingCommit
         once the state's bytes are copied."""
@@ -61,14 +62,14 @@ class Committer:
             self.core, state, allow_pickle=allow_pickle, pin_memory=not blocking, lossy=lossy, metadata=metadata
         )
         request = dataclasses.replace(request, tree=staged.tree, pickled=staged.pickled)
-        args = (request, tuple(merge), lossy, retain, progress, started)
+        args = (request, tuple(merge), lossy, retain, progress, started, on_conflict)
         if not blocking:
             return background.submit_copy(self.write, staged.pending, *args)
         return self.write(staged.pending, *args)
 
     def write(
         self, pending: list[PendingBlob], request: write.CommitRequest, merge: tuple[str, ...], lossy: LossySpec,
-        retain: bool | None, progress: ProgressCallback | None, started: float,
+        retain: bool | None, progress: ProgressCallback | None, started: float, on_conflict: OnConflict = "fail",
     ) -> str:  # fmt: skip
         """write_blobs then finish, in one batch. The outcome is exact (docs/GUIDE.md,
         "Errors and exit codes"): an error means the branch did not move; once it
@@ -90,7 +91,7 @@ class Committer:
                 request = dataclasses.replace(request, lossy=report.lossy)
                 return write.finish(
                     core, blobs, request, head=head, writer=writer, outcome=outcome, report=report,
-                    started=started, retain=retain,
+                    started=started, retain=retain, on_conflict=on_conflict,
                 )  # fmt: skip
         except BaseException as exc:
             return write.settle(core, outcome, exc)

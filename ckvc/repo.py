@@ -40,7 +40,7 @@ if TYPE_CHECKING:
     from ckvc.state import MapLocation, PendingBlob
     from ckvc.storage.object_store import ObjectStore
     from ckvc.view import CommitView
-    from ckvc.write import CommitStats
+    from ckvc.write import CommitStats, OnConflict
 
 __all__ = [
     "REPO_DIR", "CommitInfo", "ProgressCallback", "Reached", "Repo", "StateDiff",
@@ -152,7 +152,7 @@ class Repo:
         self, state: Any, message: str = "", metrics: Mapping[str, Any] | None = None,
         metadata: Mapping[str, Any] | None = None, *, merge: Sequence[str] = (), allow_pickle: bool = False,
         retain: bool | None = None, blocking: Literal[True] = True, progress: ProgressCallback | None = None,
-        lossy: LossySpec = None, time_ns: int | None = None,
+        lossy: LossySpec = None, time_ns: int | None = None, on_conflict: OnConflict = "fail",
     ) -> str: ...  # fmt: skip
 
     @overload
@@ -160,14 +160,14 @@ class Repo:
         self, state: Any, message: str = "", metrics: Mapping[str, Any] | None = None,
         metadata: Mapping[str, Any] | None = None, *, merge: Sequence[str] = (), allow_pickle: bool = False,
         retain: bool | None = None, blocking: Literal[False], progress: ProgressCallback | None = None,
-        lossy: LossySpec = None, time_ns: int | None = None,
+        lossy: LossySpec = None, time_ns: int | None = None, on_conflict: OnConflict = "fail",
     ) -> PendingCommit: ...  # fmt: skip
 
     def commit(
         self, state: Any, message: str = "", metrics: Mapping[str, Any] | None = None,
         metadata: Mapping[str, Any] | None = None, *, merge: Sequence[str] = (), allow_pickle: bool = False,
         retain: bool | None = None, blocking: bool = True, progress: ProgressCallback | None = None,
-        lossy: LossySpec = None, time_ns: int | None = None,
+        lossy: LossySpec = None, time_ns: int | None = None, on_conflict: OnConflict = "fail",
     ) -> str | PendingCommit:  # fmt: skip
         """Store ``state`` as a new commit on the current branch (or detached HEAD)
         and return its id. Everything is durable before the branch moves.
@@ -186,13 +186,16 @@ class Repo:
         ``time_ns`` sets the commit time (default: now), e.g. a file's mtime
         when importing an existing checkpoint folder (ckvc.importer).
 
+        ``on_conflict="retry"``: when another writer moved the branch forward
+        meanwhile, go on top of it (the CLI's default) instead of RefConflictError.
+
         ``blocking=False`` returns a PendingCommit as soon as the state's bytes
         are copied, so training may change its tensors at once; the commit is
         written in the background, in order with other commits. Its errors
         surface on ``.result()`` and at the next commit, ``wait()`` or close."""
         return self._commits.commit(
             state, message, metrics, metadata, merge=merge, allow_pickle=allow_pickle, retain=retain,
-            blocking=blocking, progress=progress, lossy=lossy, time_ns=time_ns,
+            blocking=blocking, progress=progress, lossy=lossy, time_ns=time_ns, on_conflict=on_conflict,
         )  # fmt: skip
 
     # ---- commit observers: every commit path fires them (ckvc.write.finish) ----

@@ -22,8 +22,9 @@ from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
+from ckvc import graph
 from ckvc.chunking import chunk_spans
 from ckvc.codecs import DELTA, QUANT, DeltaBase, layout_for
 from ckvc.codecs.lossy import MODES as LOSSY_MODES
@@ -38,12 +39,14 @@ from ckvc.errors import (
     InterruptedOperationError,
     InvalidInputError,
     ObjectNotFoundError,
+    RefConflictError,
     StorageError,
     is_storage_exception,
     storage_error,
 )
 from ckvc.ids import ObjectType, object_id
 from ckvc.objects import Blob, Commit, Snapshot, validate_metadata, validate_metrics
+from ckvc.refs import BRANCH_PREFIX
 from ckvc.storage.object_store import ObjectWriter
 
 if TYPE_CHECKING:
@@ -423,6 +426,10 @@ def write_blobs(
 
 # ---- finish ---------------------------------------------------------------------
 
+OnConflict = Literal["fail", "retry"]
+# A commit goes on top of other writers' commits at most this often in a row (a livelock guard).
+MAX_RETRIES_ON_CONFLICT = 100
+
 
 @dataclass(frozen=True)
 class Head:
@@ -497,11 +504,17 @@ def finish(
     report: WriteReport | None = None,
     started: float | None = None,
     retain: bool | None = None,
+    on_conflict: OnConflict = "fail",
 ) -> str:
     """Write the snapshot of ``blobs`` (in the tree's order) and the commit, make
     them durable, then move the branch by compare-and-swap from ``head`` (default:
     where HEAD is now) with its reflog entry. Returns the commit id. Without
     ``writer`` this call uses (and seals) its own batch.
+
+    Another writer may move the branch meanwhile: RefConflictError saying so, the
+    branch unchanged; with ``on_conflict="retry"``, when it moved forward (its
+    new tip descends from ours), the commit goes on top of it instead (a new
+    commit object over the same snapshot; the reflog entry says so).
 
     Once the branch has moved, the repository's commit observers get a
     :class:`Committed` (after the batch's pin is released): ``report`` and
@@ -511,26 +524,52 @@ def finish(
             head = head or read_head(core, outcome)
             return finish(
                 core, blobs, request, head=head, writer=own, outcome=outcome, report=report, started=started,
-                retain=retain,
+                retain=retain, on_conflict=on_conflict,
             )  # fmt: skip
     head = head or read_head(core, outcome)
-    parent = head.parent
-    _, commit_id = put_commit(writer, blobs, request, parent)
-    if outcome is not None:
-        outcome.commit = commit_id
-    writer.commit()
+    snapshot_id, commit_id = put_commit(writer, blobs, request, head.parent)
     reflog_message = commit_reflog_message(request)
-    if head.target is not None:
-        core.refs.set_if_equals(head.target, parent, commit_id, reflog_message)
-    else:
-        assert parent is not None
-        core.refs.set_head_if_equals(parent, commit_id, reflog_message)
+    for attempt in range(MAX_RETRIES_ON_CONFLICT + 1):
+        if outcome is not None:
+            outcome.commit, outcome.head = commit_id, head
+        writer.commit()
+        try:
+            if head.target is not None:
+                core.refs.set_if_equals(head.target, head.parent, commit_id, reflog_message)
+            else:
+                assert head.parent is not None
+                core.refs.set_head_if_equals(head.parent, commit_id, reflog_message)
+            break
+        except RefConflictError:
+            theirs = core.refs.read(head.target) if head.target is not None else core.refs.head()[1]
+            forward = theirs is not None and (head.parent is None or graph.is_ancestor(core, head.parent, theirs))
+            if on_conflict != "retry" or not forward or attempt == MAX_RETRIES_ON_CONFLICT:
+                raise _moved_meanwhile(head, theirs, forward, on_conflict) from None
+            assert theirs is not None
+            head = Head(head.target, theirs)
+            commit_id = writer.put(ObjectType.COMMIT, commit_object(snapshot_id, request, theirs).encode()).hex()
+            reflog_message = f"{commit_reflog_message(request)} (on top of {theirs[:12]}, committed meanwhile)"
     stats = None
     if report is not None:
         seconds = time.perf_counter() - started if started is not None else 0.0
         stats = report.stats(commit_id, writer.bytes_written, seconds)
     announce(core, Committed(commit_id, head, stats, retain))
     return commit_id
+
+
+def _moved_meanwhile(head: Head, theirs: str | None, forward: bool, on_conflict: OnConflict) -> RefConflictError:
+    """The error of a commit whose branch another writer moved: what happened, and what to do."""
+    where = head.where.removeprefix(BRANCH_PREFIX)
+    what = f"another writer moved {where} to {theirs[:12]}" if theirs else f"{where} was deleted"
+    if on_conflict == "retry" and not forward:
+        advice = "not forward, so the commit was not put on top; look at `ckvc reflog` and commit again"
+    elif on_conflict == "retry":
+        advice = f"{MAX_RETRIES_ON_CONFLICT} times in a row; commit again"
+    else:
+        advice = "commit again, or with on_conflict='retry' to go on top of it (the CLI does)"
+    return RefConflictError(
+        f"{what} while this commit was being written: nothing was committed ({head.where} unchanged by it); {advice}"
+    )
 
 
 def commit_reflog_message(request: CommitRequest) -> str:

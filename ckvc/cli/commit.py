@@ -69,8 +69,9 @@ def commit(
         lossy_spec = _parse_pairs(lossy, "--lossy")
     with progress_bar("commit", not as_json) as progress:
         commit_id = repo.commit(
-            state, message=message, metrics=metric_values, metadata=metadata, progress=progress, lossy=lossy_spec
-        )
+            state, message=message, metrics=metric_values, metadata=metadata, progress=progress, lossy=lossy_spec,
+            on_conflict="retry",  # another writer's commit meanwhile: this one goes on top of it
+        )  # fmt: skip
     stats = repo.last_commit_stats
     assert stats is not None
     branch, _ = repo.head()

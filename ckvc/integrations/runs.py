@@ -71,10 +71,13 @@ def commit(
     repo: Repo, state: Any, message: str, metrics: Mapping[str, float], metadata: Mapping[str, Any], *,
     blocking: bool, allow_pickle: bool = False,
 ) -> str | PendingCommit:  # fmt: skip
-    """``repo.commit`` of one save, in the foreground or the background."""
+    """``repo.commit`` of one save, in the foreground or the background; on top of
+    another writer's commit made meanwhile (on_conflict="retry")."""
     if blocking:
-        return repo.commit(state, message, metrics, metadata, allow_pickle=allow_pickle)
-    return repo.commit(state, message, metrics, metadata, allow_pickle=allow_pickle, blocking=False)
+        return repo.commit(state, message, metrics, metadata, allow_pickle=allow_pickle, on_conflict="retry")
+    return repo.commit(
+        state, message, metrics, metadata, allow_pickle=allow_pickle, blocking=False, on_conflict="retry"
+    )
 
 
 @dataclass
