@@ -203,8 +203,9 @@ def _print_version(ctx: click.Context, _param: click.Parameter, value: bool) -> 
     callback=_print_version,
     help="Show the version and whether the native codec loops are built, then exit.",
 )
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output from the command (as its own --json).")
 @click.pass_context
-def cli(ctx: click.Context, directory: str) -> None:
+def cli(ctx: click.Context, directory: str, as_json: bool) -> None:
     """ckvc: version control for deep-learning checkpoints."""
     if not Path(directory).is_dir():
         raise InvalidInputError(f"cannot change to {directory}: not a directory")

@@ -68,7 +68,12 @@ def progress_bar(label: str, enabled: bool) -> Iterator[Callable[[int, int], Non
         bar.close()
 
 
-json_option = click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def _json_anywhere(ctx: click.Context, _param: click.Parameter, value: bool) -> bool:
+    """``ckvc log --json`` or ``ckvc --json log``: the group's flag counts for every command."""
+    return value or bool(ctx.find_root().params.get("as_json"))
+
+
+json_option = click.option("--json", "as_json", is_flag=True, callback=_json_anywhere, help="Machine-readable output.")
 
 
 def echo_codecs(by_codec: Mapping[str, CodecUsage]) -> None:

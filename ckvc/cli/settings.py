@@ -52,16 +52,14 @@ def init(obj: Context, directory: str | None, chunk_size: int | None, default_br
 @json_option
 @click.pass_obj
 def config_cmd(obj: Context, key: str | None, value: str | None, as_json: bool) -> None:
-    """Show the repository config, or set reflog_expiry (e.g. 30d), gc_grace (e.g. 1h),
+    """Show the repository config (KEY: that setting), or set reflog_expiry (e.g. 30d), gc_grace (e.g. 1h),
     repack_threshold (0..1), keyframe_interval (1..255; 1 turns deltas off), codec
     (auto, zstd, raw; zstd:LEVEL), cache_size (e.g. 50GiB, unlimited) or auto_push
     (a remote, none)."""
     from ckvc.retention_policy import parse_duration
 
     repo = obj.repo
-    if key is not None:
-        if value is None:
-            raise InvalidInputError(f"give a value for {key}")
+    if key is not None and value is not None:
         if key in ("reflog_expiry", "gc_grace"):
             repo.set_config(**{f"{key}_s": parse_duration(value)})
         elif key == "repack_threshold":
@@ -96,6 +94,11 @@ def config_cmd(obj: Context, key: str | None, value: str | None, as_json: bool) 
 
     hybrid = HybridSettings.load(repo.core)
     data.update(cache_size=hybrid.cache_size, auto_push=hybrid.auto_push, lazy=hybrid.lazy)
+    if key is not None:  # `config KEY [VALUE]`: that setting alone, as git config KEY prints it
+        stored = f"{key}_s" if key in ("reflog_expiry", "gc_grace") else key
+        if stored not in data:
+            raise InvalidInputError(f"unknown setting {key!r}; known: {', '.join(sorted(data))}")
+        data = {stored: data[stored]}
     if as_json:
         emit_json(data)
     else:

@@ -75,3 +75,15 @@ def test_push_all_sends_every_branch(repo: ckvc.Repo, tmp_path: Path) -> None:
     assert run(repo.path, "push", "--all").exit_code == 0
     remote_refs = repo.ls_remote("origin")
     assert (remote_refs["refs/heads/main"], remote_refs["refs/heads/exp"]) == (c2, c0)
+
+
+def test_json_before_the_command_and_config_of_one_key(repo: ckvc.Repo) -> None:
+    """`ckvc --json log` as `ckvc log --json`; `config KEY` reads one setting and
+    `config KEY VALUE` says only what it set (issue 32's smaller items)."""
+    _history(repo)
+    assert json.loads(run(repo.path, "--json", "log").output) == json.loads(run(repo.path, "log", "--json").output)
+    assert run(repo.path, "config", "gc_grace", "2h").output == "gc_grace_s = 7200.0\n"
+    assert json.loads(run(repo.path, "--json", "config", "gc_grace").output) == {"gc_grace_s": 7200.0}
+    bad = run(repo.path, "--json", "config", "nope")
+    assert bad.exit_code == InvalidInputError.exit_code
+    assert json.loads(bad.stderr)["error"]["type"] == "InvalidInputError"
