@@ -376,6 +376,16 @@ def status(obj: Context, as_json: bool) -> None:
             )
         if state.behind:
             click.echo(f"behind {tracked} by {state.behind} commit(s)")
+    for t in state.tracking:
+        if t.remote == remote:
+            continue  # said above
+        where = f"{t.remote}/{state.branch}"
+        if t.ahead and t.behind:
+            click.echo(f"diverged from {where}: {t.ahead} commit(s) here, {t.behind} there")
+        elif t.ahead or t.behind:
+            click.echo(f"{'ahead of' if t.ahead else 'behind'} {where} by {t.ahead or t.behind} commit(s)")
+        else:
+            click.echo(f"up to date with {where}")
     if backlog is not None and backlog.entries:
         refs = ", ".join(dict.fromkeys(e.ref.removeprefix("refs/heads/") for e in backlog.entries))
         click.echo(f"auto_push to {backlog.remote}: {len(backlog.entries)} commit(s) queued on {refs}")

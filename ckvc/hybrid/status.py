@@ -9,7 +9,7 @@ as not backed up, with the newest such commit named.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ckvc import graph
@@ -40,6 +40,7 @@ class Status:
     backed_up: bool | None = None
     not_backed_up: str | None = None
     backlog: Backlog | None = None
+    tracking: list[Tracking] = field(default_factory=list)  # every remote that has this branch, as last seen
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -54,7 +55,19 @@ class Status:
         }
         if self.backlog is not None:
             out["backup"] = self.backlog.to_json()
+        out["tracking"] = [asdict(t) for t in self.tracking]
         return out
+
+
+@dataclass(frozen=True)
+class Tracking:
+    """HEAD's branch against one remote's copy of it (``refs/remotes/<remote>/<branch>``),
+    as git status says "ahead of 'origin/main' by 2 commits"."""
+
+    remote: str
+    commit: str
+    ahead: int
+    behind: int
 
 
 def _compared_remote(core: Repository, branch: str | None, auto_push: str | None) -> str | None:
@@ -86,6 +99,13 @@ def status(core: Repository, backlog: Backlog | None = None, auto_push: str | No
     branch = target[len(BRANCH_PREFIX) :] if target is not None and target.startswith(BRANCH_PREFIX) else None
     result = Status(branch, commit, backlog=backlog)
     result.remote = _compared_remote(core, branch, auto_push)
+    if branch is not None and commit is not None:
+        for spec in remotes_of(core).list():
+            theirs = core.refs.read(tracking_ref(spec.name, branch))
+            if theirs is not None:
+                ahead = 0 if theirs == commit else _count_only_in(core, commit, theirs)
+                behind = 0 if theirs == commit else _count_only_in(core, theirs, commit)
+                result.tracking.append(Tracking(spec.name, theirs, ahead, behind))
     if result.remote is None or branch is None:
         return result
     there = core.refs.read(tracking_ref(result.remote, branch))

@@ -87,3 +87,23 @@ def test_json_before_the_command_and_config_of_one_key(repo: ckvc.Repo) -> None:
     bad = run(repo.path, "--json", "config", "nope")
     assert bad.exit_code == InvalidInputError.exit_code
     assert json.loads(bad.stderr)["error"]["type"] == "InvalidInputError"
+
+
+def test_status_says_ahead_and_behind_for_every_remote(repo: ckvc.Repo, tmp_path: Path) -> None:
+    c0, c1, c2 = _history(repo)
+    for name in ("origin", "backup"):
+        ckvc.Repo.init(tmp_path / name).close()
+        repo.remotes.add(name, str(tmp_path / name))
+    repo.push("origin")
+    repo.reset(c0)
+    repo.push("backup")
+    repo.reset(c2)  # 2 ahead of backup/main; origin/main holds HEAD
+    state = json.loads(run(repo.path, "status", "--json").output)
+    assert sorted(state["tracking"], key=lambda t: t["remote"]) == [
+        {"remote": "backup", "commit": c0, "ahead": 2, "behind": 0},
+        {"remote": "origin", "commit": c2, "ahead": 0, "behind": 0},
+    ]
+    text = run(repo.path, "status").output
+    assert "backed up to origin" in text and "ahead of backup/main by 2 commit(s)" in text
+    repo.reset(c1)  # origin/main is 1 ahead of HEAD now
+    assert "behind origin/main by 1 commit(s)" in run(repo.path, "status").output
