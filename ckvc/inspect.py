@@ -439,10 +439,15 @@ def diff(core: Repository, a: str, b: str, paths: Sequence[str] = (), *, data: b
             if is_rng_path(path):
                 result.rng_changed.append(path)
                 continue
-            result.changed_bytes += size(lb, sb, path)
             if data:
-                result.changed.append(_tensor_change(core, path, ca, sa, va, cb, sb, vb))
+                change = _tensor_change(core, path, ca, sa, va, cb, sb, vb)
+                if change is None:  # the same bytes, stored another way (a .pt's shared storage, a .safetensors)
+                    result.unchanged += 1
+                    continue
+                result.changed_bytes += size(lb, sb, path)
+                result.changed.append(change)
             else:
+                result.changed_bytes += size(lb, sb, path)
                 before, after = tensor_summary(path, va, sa), tensor_summary(path, vb, sb)
                 result.changed.append(TensorChange(path, before, after, None, None))
         elif isinstance(va, TensorInfo) or isinstance(vb, TensorInfo) or not _same_value(va, vb):
@@ -466,7 +471,9 @@ def load_tensor(core: Repository, commit: Commit, snapshot: Snapshot, info: Tens
 
 def _tensor_change(
     core: Repository, path: str, ca: Commit, sa: Snapshot, va: TensorInfo, cb: Commit, sb: Snapshot, vb: TensorInfo
-) -> TensorChange:
+) -> TensorChange | None:
+    """How the tensor at ``path`` changed; None when its dtype, shape and bytes are
+    the same (stored differently, e.g. once inside a .pt, once in a .safetensors)."""
     import numpy as np
     import torch
 
@@ -477,6 +484,8 @@ def _tensor_change(
     tb = load_tensor(core, cb, sb, vb)
     if isinstance(ta, np.ndarray):
         ta, tb = torch.from_numpy(np.asarray(ta)), torch.from_numpy(np.asarray(tb))
+    if _same_bytes(ta, tb):
+        return None
     if not (
         ta.dtype.is_floating_point
         or ta.dtype.is_complex
@@ -492,6 +501,16 @@ def _tensor_change(
     norm_d = float(torch.linalg.vector_norm(delta)) if delta.numel() else 0.0
     rel = norm_d / norm_a if norm_a else (0.0 if norm_d == 0 else math.inf)
     return TensorChange(path, old, new, rel, float(delta.max()) if delta.numel() else 0.0)
+
+
+def _same_bytes(a: Any, b: Any) -> bool:
+    """Two tensors of one dtype and shape hold the same bytes (NaNs by their bits)."""
+    import torch
+
+    ca, cb = a.detach().contiguous(), b.detach().contiguous()
+    if ca.numel() == 0 or ca.element_size() == 0:
+        return True
+    return torch.equal(ca.reshape(-1).view(torch.uint8), cb.reshape(-1).view(torch.uint8))
 
 
 def _same_value(a: Any, b: Any) -> bool:

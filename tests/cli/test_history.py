@@ -219,3 +219,20 @@ def test_metadata_with_an_unsorted_nested_map_is_refused_on_read() -> None:
            "metadata": {"x": {"b": 1, "a": 2}}, "pickled": False}  # fmt: skip
     with pytest.raises(ckvc.CorruptObjectError, match="bad field types"):
         Commit.decode(pack_canonical(raw))
+
+
+def test_diff_compares_values_whatever_file_format_held_them(repo: ckvc.Repo, tmp_path: Path) -> None:
+    """A .pt whose tensors are views of one storage, then a .safetensors of the same
+    values but one: only that one is changed (the bytes decide, not how the file
+    stored them), in text and in JSON (issue 32)."""
+    big = torch.randn(1100, generator=torch.Generator().manual_seed(0))
+    torch.save({"a": big[:1000], "b": big[1000:].view(10, 10)}, tmp_path / "m.pt")
+    safetensors.torch.save_file(
+        {"a": big[:1000].clone(), "b": big[1000:].view(10, 10) + 1}, str(tmp_path / "m.safetensors")
+    )
+    assert run(repo.path, "commit", str(tmp_path / "m.pt"), "-m", "pt").exit_code == 0
+    assert run(repo.path, "commit", str(tmp_path / "m.safetensors"), "-m", "st").exit_code == 0
+    d = repo.diff("HEAD~1", "HEAD")
+    assert [c.path for c in d.changed] == ["b"] and d.unchanged == 1
+    text = run(repo.path, "diff", "HEAD~1").output
+    assert "~ b " in text and "~ a " not in text and "1 unchanged" in text
