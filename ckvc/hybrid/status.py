@@ -114,9 +114,9 @@ def status(core: Repository, backlog: Backlog | None = None, auto_push: str | No
         return result
     if there is None:
         result.ahead = sum(1 for reached in graph.walk(core, [commit]) if reached.commit is not None)
-    elif there != commit:
-        result.ahead = _count_only_in(core, commit, there)
-        result.behind = _count_only_in(core, there, commit)
+    else:  # counted above, with every remote that has the branch
+        (compared,) = (t for t in result.tracking if t.remote == result.remote)
+        result.ahead, result.behind = compared.ahead, compared.behind
     result.backed_up = result.ahead == 0
     result.not_backed_up = None if result.backed_up else commit
     return result
