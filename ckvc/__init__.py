@@ -24,7 +24,7 @@ _LAZY: dict[str, str] = {
     "Repo": "ckvc.repo",
     **dict.fromkeys(("rng_state", "set_rng_state"), "ckvc.state"),  # these import torch
     "CommitView": "ckvc.view",  # so do these
-    "IncompatibleKeys": "ckvc.restore",
+    **dict.fromkeys(("IncompatibleKeys", "resume"), "ckvc.restore"),
 }
 
 if TYPE_CHECKING:
@@ -59,7 +59,7 @@ if TYPE_CHECKING:
     from ckvc.inspect import CommitInfo, StateDiff, TensorChange, TensorSummary
     from ckvc.objects import Commit, Tag
     from ckvc.repo import Repo
-    from ckvc.restore import IncompatibleKeys
+    from ckvc.restore import IncompatibleKeys, resume
     from ckvc.state import rng_state, set_rng_state
     from ckvc.view import CommitView
     from ckvc.write import CommitStats
@@ -118,6 +118,7 @@ __all__ = [
     "UnsupportedFormatError",
     "UnsupportedTypeError",
     "__version__",
+    "resume",
     "rng_state",
     "set_rng_state",
 ]

@@ -2,11 +2,14 @@
 straight into a model's existing parameters and buffers (through a one-chunk
 scratch buffer where they cannot be: GPU, strided, another dtype), the optimizer
 and scheduler through their ``load_state_dict``. Everything is checked against
-the model before anything changes. The reading is ckvc.read's.
+the model before anything changes. The reading is ckvc.read's. ``resume`` (as
+``ckvc.resume``) adds the RNG and returns the rest of the state: a plain loop's
+restart in one call.
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
@@ -14,8 +17,9 @@ from typing import Any, NamedTuple
 import numpy as np
 import torch
 
-from ckvc import read
+from ckvc import graph, read
 from ckvc import state as state_mod
+from ckvc.core import HasCore
 from ckvc.errors import CorruptObjectError, IncompatibleStateError, ObjectNotFoundError, UnknownKeyError
 from ckvc.objects import Blob, Commit, Snapshot
 from ckvc.read import BlobLoader, ChunkRead, Progress, ProgressCallback, ReadCore, format_names
@@ -259,11 +263,35 @@ def load_into(
     progress: ProgressCallback | None,
 ) -> IncompatibleKeys:
     """See ``Repo.load_into``. ``commit``: resolved and readable, as ``Repo.load_into`` checks."""
+    return restore_state(
+        core, commit, model=model, optimizer=optimizer, scheduler=scheduler, strict=strict, model_key=model_key,
+        optimizer_key=optimizer_key, scheduler_key=scheduler_key, map_location=map_location,
+        allow_pickle=allow_pickle, progress=progress,
+    )[0]  # fmt: skip
+
+
+def restore_state(
+    core: ReadCore, commit: Commit, *, model: torch.nn.Module | None, optimizer: torch.optim.Optimizer | None,
+    scheduler: Any, strict: bool, model_key: str | None, optimizer_key: str | None, scheduler_key: str | None,
+    map_location: MapLocation, allow_pickle: bool, progress: ProgressCallback | None, rng_key: str | None = None,
+    rest: bool = False,
+) -> tuple[IncompatibleKeys, dict[str, Any]]:  # fmt: skip
+    """``load_into``, and with ``rng_key`` the RNG state stored there (if any)
+    restored (ckvc.set_rng_state); with ``rest`` the state's other top-level entries (those
+    not loaded into an object) returned as a dict. Every blob is read once."""
     snapshot = core.read_snapshot(commit)
     root = state_mod.parse_snapshot(snapshot, commit.id, allow_pickle=allow_pickle).build()
     model_node = _subtree(root, model_key, commit) if model is not None else None
     optim_node = _subtree(root, optimizer_key, commit) if optimizer is not None else None
     sched_node = _subtree(root, scheduler_key, commit) if scheduler is not None else None
+    rng_node = None
+    if rng_key is not None:
+        with contextlib.suppress(UnknownKeyError):  # a state saved without RNG: nothing to restore
+            rng_node = _subtree(root, rng_key, commit)
+    loaded_keys = {
+        k for k, obj in ((model_key, model), (optimizer_key, optimizer), (scheduler_key, scheduler)) if obj is not None
+    }
+    rest_nodes = {k: v for k, v in root.items() if k not in loaded_keys} if rest and isinstance(root, dict) else {}
 
     # 1. Check everything before anything changes.
     fills: list[_Fill] = []
@@ -289,7 +317,10 @@ def load_into(
         # 2. Read what is loaded whole (optimizer, scheduler, extra states) before the
         # model changes, so a damaged chunk there leaves the model as it was.
         loader = BlobLoader(core, commit, snapshot, map_location)
-        others = [node for node in (optim_node, sched_node, *(v for _, v in extra)) if node is not None]
+        others = [
+            node for node in (optim_node, sched_node, rng_node, *(v for _, v in extra), *rest_nodes.values())
+            if node is not None
+        ]  # fmt: skip
         other_reads = loader.plan(info for node in others for info in read.infos_in(node))
         total = sum(r.size for r in other_reads)
         total += sum(r.size for entries in passes for r, _ in entries if r is not None)
@@ -321,4 +352,28 @@ def load_into(
             optimizer.load_state_dict(read.fill_tree(optim_node, loader))
         if scheduler is not None:
             scheduler.load_state_dict(read.fill_tree(sched_node, loader))
-    return result
+        if rng_node is not None:
+            state_mod.set_rng_state(read.fill_tree(rng_node, loader))
+        remaining = {k: read.fill_tree(v, loader) for k, v in rest_nodes.items()}
+    return result, remaining
+
+
+def resume(
+    repo: HasCore, rev: str = "HEAD", *, model: torch.nn.Module | None = None,
+    optimizer: torch.optim.Optimizer | None = None, scheduler: Any = None, strict: bool = True,
+    map_location: MapLocation = None, model_key: str = "model", optimizer_key: str = "optimizer",
+    scheduler_key: str = "scheduler", rng_key: str = "rng", progress: ProgressCallback | None = None,
+) -> dict[str, Any]:  # fmt: skip
+    """A plain training loop's restart in one call (``ckvc.resume``): ``rev``'s
+    model, optimizer and scheduler restored in place (as ``Repo.load_into``), the
+    RNG state stored under ``rng_key`` restored (``ckvc.rng_state()`` saved it),
+    and the rest of the state's top-level entries returned (``{"epoch": 3,
+    "step": 1200, "rng": ...}``). Each chunk is read once; a state that does not
+    fit the objects raises IncompatibleStateError before anything changes."""
+    core = repo.core
+    commit = graph.readable_commit(core, rev)
+    return restore_state(
+        core, commit, model=model, optimizer=optimizer, scheduler=scheduler, strict=strict, model_key=model_key,
+        optimizer_key=optimizer_key, scheduler_key=scheduler_key, map_location=map_location, allow_pickle=False,
+        progress=progress, rng_key=rng_key, rest=True,
+    )[1]  # fmt: skip

@@ -15,6 +15,7 @@ import pytest
 import torch
 from click.testing import CliRunner, Result
 
+import ckvc
 from ckvc.cli import cli
 from ckvc.storage.backend import Backend, ForwardingBackend
 from ckvc.storage.object_store import ObjectStore
@@ -64,6 +65,8 @@ def assert_state_equal(a: Any, b: Any, path: str = "") -> None:
     if isinstance(a, torch.Tensor):
         assert (a.dtype, a.shape) == (b.dtype, b.shape), path
         assert tensor_bytes(a) == tensor_bytes(b), path
+    elif type(a).__module__ == "numpy" and hasattr(a, "tobytes"):  # an ndarray (numpy's RNG state)
+        assert (a.dtype, a.shape, a.tobytes()) == (b.dtype, b.shape, b.tobytes()), path
     elif isinstance(a, dict):
         assert list(a) == list(b), path
         for key in a:
@@ -143,3 +146,27 @@ def runs_of(store: ObjectStore, oids: list[bytes]) -> Counter[str]:
                 runs[pack_key(pack)] += 1
             end = offset + size
     return runs
+
+
+def counting_reads(repo: ckvc.Repo) -> list[bytes]:
+    """Every chunk id the store reads from now on (store.read_into,
+    read_many_into and read_located_into wrapped: the read engine hands batches
+    to the last two)."""
+    seen: list[bytes] = []
+    original = repo.store.read_into
+
+    def read_into(oid: bytes, out: memoryview) -> None:
+        seen.append(oid)
+        original(oid, out)
+
+    def read_many_into(items: Sequence[tuple[bytes, memoryview]]) -> None:
+        for oid, out in items:
+            read_into(oid, out)
+
+    def read_located_into(items: Sequence[tuple[bytes, Any, memoryview]]) -> None:
+        read_many_into([(oid, out) for oid, _entry, out in items])
+
+    repo.store.read_into = read_into  # type: ignore[method-assign]
+    repo.store.read_many_into = read_many_into  # type: ignore[method-assign]
+    repo.store.read_located_into = read_located_into  # type: ignore[method-assign]
+    return seen

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import os
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 import pytest
 import torch
-from helpers import tensor_bytes
+from helpers import counting_reads, tensor_bytes
 
 import ckvc
 from ckvc import state as state_mod
@@ -18,30 +18,6 @@ from ckvc.retention import RetentionPolicy
 from ckvc.state import flatten
 
 CHUNK = 4096  # small chunks: every test tensor spans several
-
-
-def counting_reads(repo: ckvc.Repo) -> list[bytes]:
-    """Every chunk id the store reads from now on (store.read_into,
-    read_many_into and read_located_into wrapped: the read engine hands batches
-    to the last two)."""
-    seen: list[bytes] = []
-    original = repo.store.read_into
-
-    def read_into(oid: bytes, out: memoryview) -> None:
-        seen.append(oid)
-        original(oid, out)
-
-    def read_many_into(items: Sequence[tuple[bytes, memoryview]]) -> None:
-        for oid, out in items:
-            read_into(oid, out)
-
-    def read_located_into(items: Sequence[tuple[bytes, Any, memoryview]]) -> None:
-        read_many_into([(oid, out) for oid, _entry, out in items])
-
-    repo.store.read_into = read_into  # type: ignore[method-assign]
-    repo.store.read_many_into = read_many_into  # type: ignore[method-assign]
-    repo.store.read_located_into = read_located_into  # type: ignore[method-assign]
-    return seen
 
 
 def tt(value: torch.Tensor | np.ndarray) -> torch.Tensor:

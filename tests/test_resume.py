@@ -1,0 +1,94 @@
+"""``ckvc.resume`` (issue 32): a plain training loop, stopped after some epochs and
+restarted in a fresh process, continues bit-exact (dropout draws from the RNG, so
+the RNG state must come back too), each chunk read once."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from helpers import assert_state_equal, counting_reads
+from preloaded import run_script
+
+import ckvc
+
+EPOCHS = 6
+STOP_AFTER = 3
+
+# A loop whose every step draws from torch's RNG (dropout, the data): resumed
+# without the RNG it would diverge at once.
+LOOP = """
+import json, random, sys
+import numpy as np
+import torch
+import ckvc
+
+repo_dir, out, stop = sys.argv[1], sys.argv[2], int(sys.argv[3])
+torch.manual_seed(0); random.seed(0); np.random.seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Dropout(0.3), torch.nn.ReLU(), torch.nn.Linear(16, 1))
+opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+sched = torch.optim.lr_scheduler.StepLR(opt, step_size=2, gamma=0.5)
+with ckvc.Repo.open(repo_dir) as repo:
+    start = 0
+    if repo.head()[1] is not None:  # a restart: everything back in one call
+        rest = ckvc.resume(repo, model=model, optimizer=opt, scheduler=sched)
+        start = rest["epoch"] + 1
+    losses = []
+    for epoch in range(start, EPOCHS):
+        x = torch.randn(32, 8)
+        loss = ((model(x) - x.sum(1, keepdim=True)) ** 2).mean()
+        opt.zero_grad(); loss.backward(); opt.step(); sched.step()
+        losses.append(loss.item())
+        repo.commit({"model": model.state_dict(), "optimizer": opt.state_dict(), "scheduler": sched.state_dict(),
+                     "rng": ckvc.rng_state(), "epoch": epoch}, message=f"epoch {epoch}")
+        if epoch + 1 == stop:
+            break
+json.dump({"losses": losses, "weights": [p.detach().double().sum().item() for p in model.parameters()]},
+          open(out, "w"))
+""".replace("EPOCHS", str(EPOCHS))
+
+
+def _run(tmp_path: Path, name: str, stop: int) -> dict[str, list[float]]:
+    script = tmp_path / "loop.py"
+    script.write_text(LOOP)
+    out = tmp_path / f"{name}.json"
+    done = run_script(script, [str(tmp_path / name), str(out), str(stop)])
+    assert done.returncode == 0, done.stderr[-3000:]
+    result: dict[str, list[float]] = json.loads(out.read_text())
+    return result
+
+
+def test_a_fresh_process_resumes_bit_exact_with_one_call(tmp_path: Path) -> None:
+    ckvc.Repo.init(tmp_path / "whole").close()
+    ckvc.Repo.init(tmp_path / "split").close()
+    whole = _run(tmp_path, "whole", EPOCHS)
+    first = _run(tmp_path, "split", STOP_AFTER)
+    second = _run(tmp_path, "split", EPOCHS)  # a new process: ckvc.resume, then the remaining epochs
+    assert first["losses"] + second["losses"] == whole["losses"]  # floats compared exactly
+    assert second["weights"] == whole["weights"]
+    with ckvc.Repo.open(tmp_path / "whole") as a, ckvc.Repo.open(tmp_path / "split") as b:
+        assert_state_equal(a.load("HEAD"), b.load("HEAD"))
+
+
+def test_resume_reads_each_chunk_once_and_returns_the_rest(repo: ckvc.Repo) -> None:
+    torch.manual_seed(1)
+    model = torch.nn.Linear(64, 64)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    model(torch.randn(4, 64)).sum().backward()
+    opt.step()
+    saved_rng = ckvc.rng_state()
+    repo.commit({"model": model.state_dict(), "optimizer": opt.state_dict(), "rng": saved_rng, "epoch": 7})
+    expected = torch.rand(5)  # what the RNG gives right after the save
+    fresh = torch.nn.Linear(64, 64)
+    fresh_opt = torch.optim.SGD(fresh.parameters(), lr=0.1, momentum=0.9)
+    torch.manual_seed(99)
+    reads = counting_reads(repo)
+    rest = ckvc.resume(repo, model=fresh, optimizer=fresh_opt)
+    assert len(reads) == len(set(reads)) > 0  # each chunk once
+    assert torch.equal(torch.rand(5), expected)  # the RNG is back where it was saved
+    assert rest["epoch"] == 7 and set(rest) == {"rng", "epoch"}
+    assert_state_equal(fresh.state_dict(), model.state_dict())
+    assert_state_equal(fresh_opt.state_dict()["state"], opt.state_dict()["state"])
+    no_rng = repo.commit({"model": model.state_dict(), "step": 3})
+    assert ckvc.resume(repo, no_rng, model=fresh) == {"step": 3}  # no RNG saved: nothing to restore
