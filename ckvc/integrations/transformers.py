@@ -17,6 +17,7 @@ import json
 import os
 import re
 import shutil
+import warnings
 from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -24,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
-from ckvc.errors import InvalidInputError
+from ckvc.errors import CkvcWarning, InvalidInputError
 from ckvc.formats import DIRECTORY_SOURCE, export_commit, read_checkpoint
 from ckvc.importer import HF_TRAINER_STATE, trainer_log_metrics
 from ckvc.integrations.runs import Landings, commit, finish_backups, open_repo, use_branch
@@ -91,6 +92,7 @@ class CkvcCallback(TrainerCallback):
         self.commits: dict[str, str] = {}  # folder name -> commit id, for the folders the branch holds
         self._landings = Landings()
         self._last_saved: Path | None = None
+        self._said_released = False
 
     @property
     def repo(self) -> Repo:
@@ -159,7 +161,17 @@ class CkvcCallback(TrainerCallback):
         branch = self.repo.head()[0]
         policy = retention_for(args, branch) if branch in self.repo.branches() else None  # born once a commit landed
         if policy is not None:
-            self.repo.retain(policy)
+            released = self.repo.retain(policy).released
+            if released and not self._said_released:  # once a run: history is not pruned silently
+                self._said_released = True
+                warnings.warn(
+                    CkvcWarning(
+                        f"save_total_limit={args.save_total_limit}: ckvc released {len(released)} older commit(s) of "
+                        f"{branch} (their history and metrics stay; `ckvc gc` frees their data). Unset "
+                        "save_total_limit to keep every checkpoint in the repository."
+                    ),
+                    stacklevel=2,
+                )
         if self.keep_local is None:
             return
         folders = sorted(

@@ -20,6 +20,7 @@ import os
 import signal
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +31,7 @@ pytest.importorskip("transformers")
 pytest.importorskip("accelerate")
 
 import ckvc
-from ckvc.errors import CkvcError, InvalidInputError, PrunedCommitError
+from ckvc.errors import CkvcError, CkvcWarning, InvalidInputError, PrunedCommitError
 
 MAX_STEPS = 8
 SAVE_STEPS = 2
@@ -164,7 +165,11 @@ def test_retention_keeps_last_and_best(tmp_path: Path, blocking: bool) -> None:
     trainer = recording_trainer(
         model=tiny_bert(), args=args, train_dataset=data, eval_dataset=random_tokens(16, seed=2), callbacks=[callback]
     )
-    trainer.train()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        trainer.train()
+    said = [str(w.message) for w in caught if issubclass(w.category, CkvcWarning)]
+    assert len(said) == 1 and said[0].startswith("save_total_limit=1: ckvc released 1 older commit(s) of main")
     repo = callback.repo
     commits = repo.log("main")
     assert [c.metadata["hf.global_step"] for c in commits] == [6, 4, 2]
