@@ -105,6 +105,9 @@ class AutoPush:
         self._stop = False
         self._busy = False
         self._rng = random.Random()
+        # A push of this process has failed: the remote counts as down until one succeeds
+        # (the backlog's failure count may be an earlier process's).
+        self._failing = False
         self._thread = threading.Thread(target=self._run, name="ckvc-auto-push", daemon=True)
         self._thread.start()
         _LIVE.add(self)
@@ -127,7 +130,7 @@ class AutoPush:
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._lock:
             while self.backlog.entries or self._busy:
-                if while_reachable and self.backlog.failures:
+                if while_reachable and self._failing:
                     return False
                 left = None if deadline is None else deadline - time.monotonic()
                 if left is not None and left <= 0:
@@ -170,7 +173,7 @@ class AutoPush:
         """At exit: a progress line while a reachable remote takes the backlog (up to
         ``wait_s``), then what is left, said in a line."""
         with self._lock:
-            pending, reachable = len(self.backlog.entries), self.backlog.failures == 0
+            pending, reachable = len(self.backlog.entries), not self._failing
         if pending and reachable and wait_s > 0:
             print(
                 f"ckvc: pushing {pending} commit(s) to {self.remote} before exit (up to {wait_s:.0f} s)",
@@ -198,6 +201,7 @@ class AutoPush:
             ok = self._push(batch)
             with self._lock:
                 self._busy = False
+                self._failing = not ok
                 if ok:
                     done = {(e.ref, e.commit, e.time_ns) for e in batch}
                     self.backlog.entries = [e for e in self.backlog.entries if (e.ref, e.commit, e.time_ns) not in done]
