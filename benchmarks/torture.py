@@ -930,7 +930,7 @@ class Bases:
         self._commit(ws, "small-7", "doomed 1", keep=False)
         self._commit(ws, "small-8", "doomed 2", keep=False)
         self._must(["-C", "r", "checkout", "main"], ws)
-        self._must(["-C", "r", "branch", "-d", "doomed"], ws)
+        self._must(["-C", "r", "branch", "-D", "doomed"], ws)
 
     def _build_dirs(self, ws: Path) -> None:
         """'two' plus a model folder committed twice (v-dir1, v-dir2), for checkout -o DIR."""
