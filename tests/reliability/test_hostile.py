@@ -469,7 +469,9 @@ def test_a_damaged_index_names_its_repair_and_the_repair_never_opens_it(
 ) -> None:
     root, state = indexed_repo
     damage(root / ".ckvc" / "index" / "data.mdb")
-    for args in (["log"], ["show"], ["fsck"], ["checkout", "main", "-o", str(root.parent / "out")]):
+    commands = [["log"], ["show"], ["fsck"], ["checkout", "main", "-o", str(root.parent / "out")]]
+    # Every command meets the truncated index; the other damages, the first and the last.
+    for args in commands if damage is damage_truncate else commands[::3]:
         result = run_cli(root, *args)  # a crash (SIGBUS) would be a negative return code
         assert result.returncode == DamagedIndexError.exit_code, (args, result.stderr)
         assert result.stderr.count("\n") == 1 and "ckvc fsck --rebuild-index" in result.stderr, result.stderr
