@@ -568,7 +568,7 @@ def _moved_meanwhile(head: Head, theirs: str | None, forward: bool, on_conflict:
     else:
         advice = "commit again, or with on_conflict='retry' to go on top of it (the CLI does)"
     return RefConflictError(
-        f"{what} while this commit was being written: nothing was committed ({head.where} unchanged by it); {advice}"
+        f"{what} while this commit was being written: nothing was committed ({where} unchanged by it); {advice}"
     )
 
 
