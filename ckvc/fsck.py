@@ -6,7 +6,7 @@ from __future__ import annotations
 import functools
 import random
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from ckvc import graph
@@ -29,6 +29,7 @@ UNFINISHED_PACK = "unfinished-pack"
 UNREFERENCED = "unreferenced"
 BAD_PACK = "bad-pack"
 UNINDEXED_PACK = "unindexed-pack"
+MISSING_PACK = "missing-pack"  # indexed, gone from the pack folder (its objects are reported missing)
 BAD_TOC_COPY = "bad-toc-copy"  # a remote pack's TOC copy that is not its TOC
 ORPHAN_TOC_COPY = "orphan-toc-copy"  # the TOC copy of a pack that is gone (gc deletes it)
 # A commit whose state load refuses: its tree or blob table breaks the format's
@@ -43,6 +44,11 @@ class Problem:
     severity: str  # "error" or "warning"
     object_id: str | None
     detail: str
+    # What the damaged object breaks: commit id -> the tensor paths whose bytes
+    # need it (itself or as a delta base; empty: the commit's snapshot or the
+    # commit itself). Filled for what the graph walk reaches.
+    breaks: dict[str, list[str]] = field(default_factory=dict)
+    pack: str | None = None  # the pack a pack-level problem is about
 
 
 @dataclass
@@ -118,6 +124,7 @@ def run_fsck(
     check.graph(data=level != "refs")
     if level != "refs" and check.report.ok:  # only meaningful when the graph walk met no damage
         check.unreferenced()
+    check.name_what_breaks()
     return check.report
 
 
@@ -130,12 +137,35 @@ class _Fsck:
         self.report = FsckReport()
         self.seen: set[tuple[str, str | None]] = set()
         self.reachable: set[bytes] = set()
+        self.damaged: set[bytes] = set()  # objects whose stored copy failed its read
+        # chunk or delta base -> the first damaged or missing object of its delta
+        # chain (itself included); absent when the chain is whole
+        self.culprit: dict[bytes, bytes] = {}
+        self.breaks: dict[str, dict[str, set[str]]] = {}
 
-    def add(self, kind: str, object_id: str | None, detail: str, severity: str = "error") -> None:
+    def add(
+        self, kind: str, object_id: str | None, detail: str, severity: str = "error", pack: str | None = None
+    ) -> None:
         if (kind, object_id) in self.seen and object_id is not None:
             return
         self.seen.add((kind, object_id))
-        self.report.problems.append(Problem(kind, severity, object_id, detail))
+        if object_id is not None and severity == "error" and kind in (BAD_CHECKSUM, MISSING_OBJECT):
+            self.damaged.add(bytes.fromhex(object_id))
+        self.report.problems.append(Problem(kind, severity, object_id, detail, pack=pack))
+
+    def broken(self, culprit: bytes | str, commit: str, path: str | None) -> None:
+        name = culprit if isinstance(culprit, str) else culprit.hex()
+        paths = self.breaks.setdefault(name, {}).setdefault(commit, set())
+        if path is not None:
+            paths.add(path)
+
+    def name_what_breaks(self) -> None:
+        self.report.problems = [
+            replace(p, breaks={c: sorted(paths) for c, paths in sorted(self.breaks[p.object_id].items())})
+            if p.object_id in self.breaks
+            else p
+            for p in self.report.problems
+        ]
 
     def packs(self) -> None:
         """Packs: readable header and table of contents; every pack indexed."""
@@ -147,13 +177,17 @@ class _Fsck:
             try:
                 toc, from_toc = store.pack_entries(name)
                 if not from_toc:
-                    add(BAD_PACK, None, f"pack {name}: table of contents damaged (records recovered by scanning)")
+                    detail = f"pack {name}: table of contents damaged (records recovered by scanning)"
+                    add(BAD_PACK, None, detail, pack=name)
                 elif name in listing.copied:
                     _check_toc_copy(store, name, toc, add)
             except CkvcError as exc:
-                add(BAD_PACK, None, f"pack {name}: {exc}")
+                add(BAD_PACK, None, f"pack {name}: {exc}", pack=name)
             if name not in indexed:
                 add(UNINDEXED_PACK, None, f"pack {name} is not in the index", "warning")
+        for name in sorted(indexed - set(listing.packs)):
+            store.reader.forget(name)  # an open handle would still read a deleted file
+            add(MISSING_PACK, None, f"pack {name} is in the index but gone from the pack folder", pack=name)
         for key in listing.orphan_copies:
             add(
                 ORPHAN_TOC_COPY, None, f"{key}: the TOC copy of a pack that is gone (the next gc deletes it)", "warning"
@@ -201,21 +235,39 @@ class _Fsck:
         self.report.remote_bytes += size[1]
         return True
 
-    def _chain(self, chunk: bytes, where: str) -> None:
-        """A delta (or lossy residual) needs its base: present, and reachable too."""
-        while True:
+    def _chain(self, chunk: bytes, where: str) -> bytes | None:
+        """Walk the delta chain below ``chunk`` (a delta or lossy residual needs its
+        base: present, and reachable too) and return its first damaged or missing
+        object, remembered for each object on the way."""
+        walked = [chunk]
+        culprit: bytes | None = None
+        current = chunk
+        while culprit is None:
+            if current in self.damaged:
+                culprit = current
+                break
             try:
-                base = self.store.base_info(chunk).base
+                base = self.store.base_info(current).base
             except (CorruptObjectError, ObjectNotFoundError) as exc:
-                self.add(BAD_CHECKSUM, chunk.hex(), f"chunk of {where}: {exc}")
-                return
-            if base is None or base in self.reachable:
-                return
+                self.add(BAD_CHECKSUM, current.hex(), f"chunk of {where}: {exc}")
+                culprit = current
+                break
+            if base is None:
+                break
+            if base in self.reachable:
+                culprit = self.culprit.get(base)
+                break
             self.reachable.add(base)
-            if not self.store.has(base) and not self._promised(base):
-                self.add(MISSING_OBJECT, base.hex(), f"delta base of chunk {chunk.hex()} ({where}) is missing")
-                return
-            chunk = base
+            if not self.store.has(base):
+                if not self._promised(base):
+                    self.add(MISSING_OBJECT, base.hex(), f"delta base of chunk {current.hex()} ({where}) is missing")
+                    culprit = base
+                break
+            walked.append(base)
+            current = base
+        if culprit is not None:
+            self.culprit.update(dict.fromkeys(walked, culprit))
+        return culprit
 
     def graph(self, *, data: bool) -> None:
         """Refs and the commit graph; with ``data`` ("metadata" and "full"), each
@@ -240,10 +292,12 @@ class _Fsck:
             oid = reached.oid
             if isinstance(reached.error, ObjectNotFoundError):
                 add(MISSING_OBJECT, oid, f"commit {oid} is missing: {reached.error}")
+                self.broken(oid, oid, None)
                 continue
             self.reachable.add(bytes.fromhex(oid))
             if reached.error is not None:
                 add(BAD_CHECKSUM, oid, str(reached.error))
+                self.broken(oid, oid, None)
                 continue
             commit = reached.commit
             if commit is None:
@@ -259,9 +313,11 @@ class _Fsck:
             snapshot = self.repo.read_snapshot(commit)
         except ObjectNotFoundError:
             add(MISSING_OBJECT, commit.tree, f"snapshot {commit.tree} of commit {oid} is missing")
+            self.broken(commit.tree, oid, None)
             return
         except CorruptObjectError as exc:
             add(BAD_CHECKSUM, commit.tree, str(exc))
+            self.broken(commit.tree, oid, None)
             return
         try:
             # Never unpickles. A commit that does not declare pickles must hold none:
@@ -287,15 +343,16 @@ class _Fsck:
                         oid,
                         f"chunk {chunk.hex()} at bytes {start}-{end} of tensor {blob.path!r} is {what} (commit {oid})",
                     )
-                if chunk in self.reachable:
-                    continue
-                self.reachable.add(chunk)
-                if entry is None and self._promised(chunk):
-                    continue
-                if entry is None:
-                    add(MISSING_OBJECT, chunk.hex(), f"chunk of tensor {blob.path!r} in commit {oid} is missing")
-                    continue
-                self._chain(chunk, f"tensor {blob.path!r} in commit {oid}")
+                if chunk not in self.reachable:
+                    self.reachable.add(chunk)
+                    if entry is None and not self._promised(chunk):
+                        add(MISSING_OBJECT, chunk.hex(), f"chunk of tensor {blob.path!r} in commit {oid} is missing")
+                        self.culprit[chunk] = chunk
+                    elif entry is not None:
+                        self._chain(chunk, f"tensor {blob.path!r} in commit {oid}")
+                culprit = self.culprit.get(chunk)
+                if culprit is not None:
+                    self.broken(culprit, oid, blob.path)
 
     def unreferenced(self) -> None:
         """Objects nothing reaches (released by retention, or left by crashes): gc reclaims them."""

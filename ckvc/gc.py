@@ -314,30 +314,32 @@ def purge_retired(store: ObjectStore) -> None:
     backend.sync(f"{PACK_DIR}/")
 
 
-def _copy_live(repo: Repository, plan: GcPlan) -> tuple[list[tuple[str, list[RecordInfo]]], set[bytes], set[str]]:
-    """Copy the live records of packs to repack into new sealed packs, verifying
-    each. Returns (new packs, copied ids, packs whose copy failed)."""
-    store = repo.store
+def copy_verified(
+    store: ObjectStore, packs: list[tuple[str, list[RecordInfo]]], max_pack_size: int
+) -> tuple[list[tuple[str, list[RecordInfo]]], set[bytes], set[str]]:
+    """Copy the given records of packs into new sealed packs, verifying each
+    (gc's repack, fsck --repair's rewrite of damaged packs). Returns (new packs,
+    copied ids, packs a record of which failed its check)."""
     new_packs: list[tuple[str, list[RecordInfo]]] = []
     copied: set[bytes] = set()
     failed: set[str] = set()
     writer: PackWriter | None = None
     try:
-        for pack in (p for p in plan.packs if p.action == "repack"):
-            for e in pack.live:
+        for name, records in packs:
+            for e in records:
                 try:
-                    record = parse_record(store.reader.read(pack.name, e.offset, e.record_size), e.record_size)
+                    record = parse_record(store.reader.read(name, e.offset, e.record_size), e.record_size)
                     if record.oid != e.oid:
                         raise CorruptObjectError("record holds a different object than the index says")
                     store.verify(e.oid)  # decodes through any delta chain and checks the id
                 except (CkvcError, ValueError):
-                    failed.add(pack.name)  # never drop the only copy of a damaged object
+                    failed.add(name)  # never drop the only copy of a damaged object
                     continue
                 if writer is None:
                     writer = PackWriter(store.backend)
                 writer.append(record.oid, record.kind, record.codec, record.raw_size, record.payload, record.base)
                 copied.add(e.oid)
-                if writer.size >= repo.config.max_pack_size:
+                if writer.size >= max_pack_size:
                     writer.seal()
                     new_packs.append((writer.name, writer.entries))
                     writer = None
@@ -358,7 +360,8 @@ def execute_gc(repo: Repository, plan: GcPlan, *, reflog_expiry_s: float) -> GcR
     report = GcReport(plan)
     before = "gc deleted nothing; the repository is unchanged"
     with storage_errors("running gc", before):
-        new_packs, copied, failed = _copy_live(repo, plan)
+        repacked = [(p.name, p.live) for p in plan.packs if p.action == "repack"]
+        new_packs, copied, failed = copy_verified(store, repacked, repo.config.max_pack_size)
     report.packs_written = len(new_packs)
     report.objects_copied = len(copied)
     doomed = [p for p in plan.packs if p.action in ("delete", "repack") and p.name not in failed]

@@ -357,6 +357,7 @@ class Repo:
     ls_remote = OnCore(remote_api.ls_remote)
     remote_branches = OnCore(remote_api.remote_branches)
     fsck_remote = OnCore(remote_api.fsck_remote)
+    repair = OnCore(remote_api.repair)
     gc_remote = OnCore(remote_api.gc_remote)
 
     push = OnCore(hybrid_api.push)

@@ -5,12 +5,16 @@ from __future__ import annotations
 
 import dataclasses
 import sys
+from typing import TYPE_CHECKING
 
 import click
 
 from ckvc.cli.main import FSCK_DAMAGE_EXIT, Context, cli
 from ckvc.cli.output import echo_codecs, emit_json, human_bytes, json_option, progress_bar
 from ckvc.errors import InvalidInputError
+
+if TYPE_CHECKING:
+    from ckvc.remote.repair import RepairReport
 
 
 def _duration_text(seconds: float) -> str:
@@ -43,7 +47,12 @@ def _parse_fraction(text: str | None) -> float | None:
 )
 @click.option("--full", "full_flag", is_flag=True, help="Same as --level full (the default).")
 @click.option("--sample", default=None, metavar="PCT", help="Re-hash a random sample of objects, e.g. 10%.")
-@click.option("--remote", "remote_name", default=None, metavar="NAME", help="Check remote NAME instead.")
+@click.option(
+    "--remote", "remote_name", default=None, metavar="NAME", help="Check remote NAME (with --repair: repair from it)."
+)
+@click.option(
+    "--repair", is_flag=True, help="Fetch damaged or missing objects again from the remotes, verified; drop the damage."
+)
 @json_option
 @click.pass_obj
 def fsck(
@@ -53,25 +62,36 @@ def fsck(
     full_flag: bool,
     sample: str | None,
     remote_name: str | None,
+    repair: bool,
     as_json: bool,
 ) -> None:
     """Verify the refs, the commit graph and every stored byte against its hash.
-    Exits 1 and names each damaged object when anything is wrong."""
+    Exits 1 and names each damaged object, and the commits and tensors it breaks,
+    when anything is wrong. --repair restores what a remote holds."""
     fraction = _parse_fraction(sample)
     if full_flag:
         level = "full"
     elif fraction is not None and level == "full":
         level = "metadata"  # the sample replaces the full read
-    if remote_name is not None and rebuild_index:
+    if repair and (fraction is not None or level != "full"):
+        raise InvalidInputError("--repair reads every object (level full); it takes no --sample or --level")
+    if remote_name is not None and rebuild_index and not repair:
         raise InvalidInputError("--rebuild-index checks the local index; a remote has none (its catalog is rebuilt)")
+    repaired = None
     with progress_bar("fsck", not as_json) as progress:
-        if remote_name is not None:
+        if repair:
+            sources = None if remote_name is None else [remote_name]
+            repaired = obj.repo.repair(sources, rebuild_index=rebuild_index, progress=progress)
+            report = repaired.after
+        elif remote_name is not None:
             report = obj.repo.fsck_remote(remote_name, level=level, sample=fraction, progress=progress)
         else:
             report = obj.repo.fsck(rebuild_index=rebuild_index, level=level, sample=fraction, progress=progress)
     if as_json:
-        emit_json(report.to_json())
+        emit_json(report.to_json() if repaired is None else repaired.to_json())
     else:
+        if repaired is not None:
+            echo_repair(repaired)
         if report.rebuilt_index:
             click.echo("index rebuilt from packs")
         click.echo(
@@ -80,9 +100,39 @@ def fsck(
         )
         for p in report.problems:
             click.echo(f"{p.severity}: {p.kind}: {p.object_id or '-'}: {p.detail}")
+            echo_breaks(p.object_id, p.breaks)
         click.echo("ok" if report.ok else f"DAMAGED: {len(report.damaged_objects())} objects")
     if not report.ok:
         sys.exit(FSCK_DAMAGE_EXIT)
+
+
+def echo_repair(done: RepairReport) -> None:
+    if not done.damaged:
+        click.echo("repair: nothing damaged or missing")
+        return
+    fetched = sum(done.repaired.values())
+    sources = ", ".join(f"{n} from {name}" for name, n in done.repaired.items()) or "none"
+    click.echo(
+        f"repair: {done.damaged} damaged or missing objects; {fetched} fetched again and verified ({sources}, "
+        f"{human_bytes(done.repaired_bytes)}) into {done.packs_written} new packs; "
+        f"{len(done.packs_dropped)} damaged packs dropped"
+    )
+    if done.dropped_unreferenced:
+        click.echo(f"repair: {done.dropped_unreferenced} damaged objects nothing reaches were dropped with their packs")
+    if done.unrepaired:
+        tried = ", ".join(done.remotes_tried) or "no remote is configured"
+        click.echo(f"repair: {len(done.unrepaired)} objects are still damaged (remotes tried: {tried})")
+
+
+BREAKS_SHOWN = 3  # commits listed per damaged object; --json lists all
+
+
+def echo_breaks(object_id: str | None, breaks: dict[str, list[str]]) -> None:
+    for commit, paths in list(breaks.items())[:BREAKS_SHOWN]:
+        what = ", ".join(paths) if paths else "the commit object" if commit == object_id else "its snapshot"
+        click.echo(f"    breaks commit {commit[:12]}: {what}")
+    if len(breaks) > BREAKS_SHOWN:
+        click.echo(f"    breaks {len(breaks) - BREAKS_SHOWN} more commits (--json lists them)")
 
 
 @cli.command()

@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     from ckvc.remote.common import FetchResult, PullResult, PushResult
     from ckvc.remote.gc import RemoteGcReport
     from ckvc.remote.location import RemoteList
+    from ckvc.remote.repair import RepairReport
 
 
 def remotes(core: Repository) -> RemoteList:
@@ -75,6 +76,18 @@ def fsck_remote(
     from ckvc.remote.clone import fsck_remote
 
     return fsck_remote(core, remote, level=level, sample=sample, progress=progress)
+
+
+def repair(
+    core: Repository, remotes: Sequence[str] | None = None, *, rebuild_index: bool = False,
+    progress: ProgressCallback | None = None,
+) -> RepairReport:  # fmt: skip
+    """fsck, then fetch what it finds damaged or missing again from ``remotes`` (default:
+    every configured one), verified, into new packs, and drop the damaged copies; the
+    report ends with a full fsck of the result."""
+    from ckvc.remote.repair import repair
+
+    return repair(core, remotes, rebuild_index=rebuild_index, progress=progress)
 
 
 def gc_remote(

@@ -19,7 +19,7 @@ from helpers import assert_state_equal
 
 import ckvc
 from ckvc.codecs import BYTEGROUP, RAW
-from ckvc.fsck import BAD_CHECKSUM, BAD_PACK, MISSING_OBJECT
+from ckvc.fsck import BAD_CHECKSUM, BAD_PACK, MISSING_OBJECT, MISSING_PACK
 from ckvc.ids import ObjectType
 from ckvc.storage.durable import list_packs
 from ckvc.storage.local import LocalBackend
@@ -270,7 +270,8 @@ def test_deleted_pack_is_reported_as_missing_only(setup: Setup) -> None:
     setup.a_pack.unlink()
     with ckvc.Repo.open(setup.root) as repo:
         report = repo.fsck()
-        assert {p.kind for p in report.problems} == {MISSING_OBJECT}
+        assert {p.kind for p in report.problems} == {MISSING_OBJECT, MISSING_PACK}
+        assert [p.pack for p in report.problems if p.kind == MISSING_PACK] == [setup.a_pack.name]
 
 
 # ---- the index is a cache ------------------------------------------------------

@@ -320,13 +320,13 @@ def _gc_victim(root: str, phase_path: str, started: Any, aim: str | None) -> Non
         repo = ckvc.Repo.open(root)
         store = repo.store
 
-        copy_live = ckvc_gc._copy_live
+        copy_live = ckvc_gc.copy_verified
 
         def copy_phase(*args: Any) -> Any:
             phase("copy")
             return copy_live(*args)
 
-        ckvc_gc._copy_live = copy_phase  # type: ignore[assignment]
+        ckvc_gc.copy_verified = copy_phase  # type: ignore[assignment]
         exclusive = store.exclusive
 
         @contextlib.contextmanager
