@@ -461,6 +461,37 @@ def fill_tree(node: Any, loader: BlobLoader) -> Any:
 # ---- leaves by path -----------------------------------------------------------
 
 
+def node_at(root: Any, path: str | None, commit: Commit) -> Any:
+    """The node at dotted ``path`` (None: the root). Dict keys may hold dots
+    themselves ("layer.0.weight"), so every split is tried."""
+    if path is None:
+        return root
+
+    def find(node: Any, rest: str) -> Any:
+        if isinstance(node, dict):
+            for key, value in node.items():
+                name = str(key)
+                if rest == name:
+                    return value
+                if rest.startswith(name + "."):
+                    found = find(value, rest[len(name) + 1 :])
+                    if found is not _MISSING:
+                        return found
+        elif isinstance(node, (list, tuple)):
+            head, _, tail = rest.partition(".")
+            if head.isdigit() and int(head) < len(node):
+                return node[int(head)] if not tail else find(node[int(head)], tail)
+        return _MISSING
+
+    found = find(root, path)
+    if found is _MISSING:
+        raise UnknownKeyError(f"commit {commit.id[:12]} holds nothing at {path!r}", (path,))
+    return found
+
+
+_MISSING = object()
+
+
 def unknown_leaves(leaves: Mapping[str, Any], paths: Sequence[str], commit: Commit) -> UnknownKeyError:
     """The error for ``paths`` that are not tensor leaves, saying what they are instead."""
     path = paths[0]
@@ -503,6 +534,10 @@ def select_leaves(
     return selected
 
 
+def _holds(leaves: Mapping[str, Any], path: str) -> bool:
+    return any(p.startswith(path + ".") for p in leaves)
+
+
 def load_leaves(
     core: ReadCore,
     commit: Commit,
@@ -513,13 +548,17 @@ def load_leaves(
     *,
     map_location: MapLocation = None,
     progress: ProgressCallback | None = None,
+    subtrees: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The selected leaves (:func:`select_leaves`) as a flat dict by path, tensors
-    read together, each blob once; nothing is read when the selection is refused."""
-    selected = {p: leaves[p] for p in select_leaves(leaves, commit, keys, prefix)}
-    infos = [leaf for leaf in selected.values() if isinstance(leaf, TensorInfo)]
-    loaded = load_tensors(core, commit, snapshot, infos, map_location=map_location, progress=progress)
-    return {p: loaded[leaf] if isinstance(leaf, TensorInfo) else leaf for p, leaf in selected.items()}
+    read together, each blob once; nothing is read when the selection is refused.
+    ``subtrees`` (path -> node of the built state): loaded whole, nested, beside them."""
+    selected: dict[str, Any] = {p: leaves[p] for p in select_leaves(leaves, commit, keys, prefix)}
+    selected.update(subtrees or {})
+    loader = BlobLoader(core, commit, snapshot, map_location)
+    reads = loader.plan(info for node in selected.values() for info in infos_in(node))
+    run_reads(core, commit, reads, Progress(progress, sum(r.size for r in reads)))
+    return {p: fill_tree(node, loader) for p, node in selected.items()}
 
 
 # ---- whole states -------------------------------------------------------------
@@ -535,15 +574,43 @@ def load_state(
     keys: Iterable[str] | None = None,
     prefix: str | None = None,
     files: bool = False,
+    subtree: str | None = None,
 ) -> Any:
     """The state ``commit`` stores (``Repo.load``); with ``keys``/``prefix`` a flat
-    dict of those leaves (:func:`load_leaves`). ``files``: file nodes come back as
-    StoredFile (content and layout), for ckvc.formats to write them back."""
+    dict of those leaves (:func:`load_leaves`), a key naming a subtree ("rng")
+    giving its nested value; with ``subtree`` only the value at that path.
+    ``files``: file nodes come back as StoredFile (content and layout), for
+    ckvc.formats to write them back."""
     snapshot = core.read_snapshot(commit)
     # fsck's structure checks, before anything is allocated or read.
     parsed = state_mod.parse_snapshot(snapshot, commit.id, allow_pickle=allow_pickle, files=files)
+    if subtree is not None:
+        if keys is not None or prefix is not None:
+            raise InvalidInputError("subtree= loads one nested value; it takes no keys or prefix")
+        if not isinstance(subtree, str):
+            raise InvalidInputError("subtree must be a str path such as 'rng' or 'model.encoder'")
+        only = {subtree: node_at(parsed.build(), subtree, commit)}
+        loaded = load_leaves(
+            core, commit, snapshot, {}, [], None, map_location=map_location, progress=progress, subtrees=only
+        )
+        return loaded[subtree]
     if keys is not None or prefix is not None:
-        leaves = state_mod.flatten(parsed.build())
-        return load_leaves(core, commit, snapshot, leaves, keys, prefix, map_location=map_location, progress=progress)
+        root = parsed.build()
+        leaves = state_mod.flatten(root)
+        if keys is not None and not isinstance(keys, str):
+            keys = list(keys)
+            # a key that is no leaf but holds some (a dict or list): its nested value
+            nested = {
+                k: node_at(root, k, commit)
+                for k in keys
+                if isinstance(k, str) and k not in leaves and _holds(leaves, k)
+            }
+            keys = [k for k in keys if k not in nested]
+        else:
+            nested = {}
+        return load_leaves(
+            core, commit, snapshot, leaves, keys, prefix, map_location=map_location, progress=progress,
+            subtrees=nested,
+        )  # fmt: skip
     bases = read_blobs(core, commit, snapshot.blobs, progress)
     return state_mod.build_state(parsed, bases.__getitem__, map_location=map_location)

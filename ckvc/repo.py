@@ -217,19 +217,21 @@ class Repo:
     def load(
         self, rev: str = "HEAD", map_location: MapLocation = None, *, allow_pickle: bool = False,
         progress: ProgressCallback | None = None, keys: Iterable[str] | None = None, prefix: str | None = None,
+        subtree: str | None = None,
     ) -> Any:  # fmt: skip
         """The state stored in ``rev``; HEAD does not move. Every byte is verified.
 
-        With ``keys`` (leaf paths as ``show`` lists them, "model.layer.0.weight")
-        and/or ``prefix`` ("model."): only those leaves, as a flat dict by path,
-        reading only the chunks they cover. UnknownKeyError (a KeyError) for a
-        key the commit does not hold."""
+        With ``keys`` (leaf paths as ``show`` lists them, "model.layer.0.weight",
+        or a subtree's, "rng": its nested value) and/or ``prefix`` ("model."): only
+        those, as a flat dict by path, reading only the chunks they cover;
+        ``subtree="rng"``: only the nested value there. UnknownKeyError (a KeyError)
+        for a path the commit does not hold."""
         from ckvc import read
 
         commit = self.readable_commit(rev, allow_pickle=allow_pickle)
         return read.load_state(
             self.core, commit, map_location=map_location, allow_pickle=allow_pickle, progress=progress, keys=keys,
-            prefix=prefix,
+            prefix=prefix, subtree=subtree,
         )  # fmt: skip
 
     def view(
@@ -250,7 +252,7 @@ class Repo:
         optimizer: torch.optim.Optimizer | None = None, scheduler: Any = None, strict: bool = True,
         model_key: str | None = "model", optimizer_key: str | None = "optimizer",
         scheduler_key: str | None = "scheduler", map_location: MapLocation = None, allow_pickle: bool = False,
-        progress: ProgressCallback | None = None,
+        progress: ProgressCallback | None = None, rng: bool | str = False,
     ) -> IncompatibleKeys:  # fmt: skip
         """Restore ``rev`` into live objects, for a state committed as ``{"model":
         model.state_dict(), "optimizer": ..., "scheduler": ...}`` (``*_key``: where each
@@ -262,15 +264,16 @@ class Repo:
         changes; ``strict=False`` returns the missing and unexpected keys (like
         ``load_state_dict``) and casts dtypes; shapes must match. The optimizer and
         scheduler get their ``load_state_dict`` (``map_location``: where their tensors
-        load first). Verified as ``load`` is; a chunk found damaged while the model is
-        being written leaves it partly written (CorruptObjectError)."""
+        load first). ``rng``: also restore the RNG state ``ckvc.rng_state()`` saved under
+        "rng" (or the path given; UnknownKeyError if absent). Verified as ``load`` is; a
+        chunk found damaged while the model is being written leaves it partly written."""
         from ckvc.restore import load_into
 
         return load_into(
             self.core, self.readable_commit(rev, allow_pickle=allow_pickle), model=model, optimizer=optimizer,
             scheduler=scheduler, strict=strict, model_key=model_key,
             optimizer_key=optimizer_key, scheduler_key=scheduler_key, map_location=map_location,
-            allow_pickle=allow_pickle, progress=progress,
+            allow_pickle=allow_pickle, progress=progress, rng_key=("rng" if rng is True else rng or None),
         )  # fmt: skip
 
     def checkout(
@@ -343,7 +346,6 @@ class Repo:
     pruned = OnCore(Repository.pruned)
     retention_policy = OnCore(retention.stored_policy)
     set_retention = OnCore(retention.store_policy)
-
     set_config = OnCore(hybrid_api.set_config)
 
     # ---- remotes ------------------------------------------------------------
@@ -359,7 +361,6 @@ class Repo:
     fsck_remote = OnCore(remote_api.fsck_remote)
     repair = OnCore(remote_api.repair)
     gc_remote = OnCore(remote_api.gc_remote)
-
     push = OnCore(hybrid_api.push)
 
     @classmethod
@@ -385,9 +386,7 @@ class Repo:
         return hybrid_api.cache(self.core)
 
     retain = OnCore(retention.retain)
-
     gc = OnCore(collect_garbage)
-
     fsck = OnCore(run_fsck)
     du = OnCore(inspect.disk_usage)
 

@@ -9,7 +9,6 @@ restart in one call.
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
@@ -32,37 +31,6 @@ class IncompatibleKeys(NamedTuple):
 
     missing_keys: list[str]
     unexpected_keys: list[str]
-
-
-def _subtree(root: Any, path: str | None, commit: Commit) -> Any:
-    """The node at dotted ``path`` (None: the root). Dict keys may hold dots
-    themselves ("layer.0.weight"), so every split is tried."""
-    if path is None:
-        return root
-
-    def find(node: Any, rest: str) -> Any:
-        if isinstance(node, dict):
-            for key, value in node.items():
-                name = str(key)
-                if rest == name:
-                    return value
-                if rest.startswith(name + "."):
-                    found = find(value, rest[len(name) + 1 :])
-                    if found is not _MISSING:
-                        return found
-        elif isinstance(node, (list, tuple)):
-            head, _, tail = rest.partition(".")
-            if head.isdigit() and int(head) < len(node):
-                return node[int(head)] if not tail else find(node[int(head)], tail)
-        return _MISSING
-
-    found = find(root, path)
-    if found is _MISSING:
-        raise UnknownKeyError(f"commit {commit.id[:12]} holds nothing at {path!r}", (path,))
-    return found
-
-
-_MISSING = object()
 
 
 def _contiguous(shape: tuple[int, ...], stride: tuple[int, ...]) -> bool:
@@ -261,12 +229,13 @@ def load_into(
     map_location: MapLocation,
     allow_pickle: bool,
     progress: ProgressCallback | None,
+    rng_key: str | None = None,
 ) -> IncompatibleKeys:
     """See ``Repo.load_into``. ``commit``: resolved and readable, as ``Repo.load_into`` checks."""
     return restore_state(
         core, commit, model=model, optimizer=optimizer, scheduler=scheduler, strict=strict, model_key=model_key,
         optimizer_key=optimizer_key, scheduler_key=scheduler_key, map_location=map_location,
-        allow_pickle=allow_pickle, progress=progress,
+        allow_pickle=allow_pickle, progress=progress, rng_key=rng_key, rng_optional=False,
     )[0]  # fmt: skip
 
 
@@ -274,20 +243,25 @@ def restore_state(
     core: ReadCore, commit: Commit, *, model: torch.nn.Module | None, optimizer: torch.optim.Optimizer | None,
     scheduler: Any, strict: bool, model_key: str | None, optimizer_key: str | None, scheduler_key: str | None,
     map_location: MapLocation, allow_pickle: bool, progress: ProgressCallback | None, rng_key: str | None = None,
-    rest: bool = False,
+    rng_optional: bool = True, rest: bool = False,
 ) -> tuple[IncompatibleKeys, dict[str, Any]]:  # fmt: skip
-    """``load_into``, and with ``rng_key`` the RNG state stored there (if any)
-    restored (ckvc.set_rng_state); with ``rest`` the state's other top-level entries (those
-    not loaded into an object) returned as a dict. Every blob is read once."""
+    """``load_into``, and with ``rng_key`` the RNG state stored there restored
+    (ckvc.set_rng_state; ``rng_optional``: a state saved without one restores none);
+    with ``rest`` the state's other top-level entries (those not loaded into an
+    object) returned as a dict. Every blob is read once."""
     snapshot = core.read_snapshot(commit)
     root = state_mod.parse_snapshot(snapshot, commit.id, allow_pickle=allow_pickle).build()
-    model_node = _subtree(root, model_key, commit) if model is not None else None
-    optim_node = _subtree(root, optimizer_key, commit) if optimizer is not None else None
-    sched_node = _subtree(root, scheduler_key, commit) if scheduler is not None else None
+    model_node = read.node_at(root, model_key, commit) if model is not None else None
+    optim_node = read.node_at(root, optimizer_key, commit) if optimizer is not None else None
+    sched_node = read.node_at(root, scheduler_key, commit) if scheduler is not None else None
     rng_node = None
     if rng_key is not None:
-        with contextlib.suppress(UnknownKeyError):  # a state saved without RNG: nothing to restore
-            rng_node = _subtree(root, rng_key, commit)
+        try:
+            rng_node = read.node_at(root, rng_key, commit)
+        except UnknownKeyError:
+            if not rng_optional:
+                raise
+            # a state saved without RNG: nothing to restore
     loaded_keys = {
         k for k, obj in ((model_key, model), (optimizer_key, optimizer), (scheduler_key, scheduler)) if obj is not None
     }

@@ -4,9 +4,11 @@ the RNG state must come back too), each chunk read once."""
 
 from __future__ import annotations
 
+import collections
 import json
 from pathlib import Path
 
+import pytest
 import torch
 from helpers import assert_state_equal, counting_reads
 from preloaded import run_script
@@ -92,3 +94,67 @@ def test_resume_reads_each_chunk_once_and_returns_the_rest(repo: ckvc.Repo) -> N
     assert_state_equal(fresh_opt.state_dict()["state"], opt.state_dict()["state"])
     no_rng = repo.commit({"model": model.state_dict(), "step": 3})
     assert ckvc.resume(repo, no_rng, model=fresh) == {"step": 3}  # no RNG saved: nothing to restore
+
+
+def test_load_into_with_rng_restores_it_reading_each_chunk_once(repo: ckvc.Repo) -> None:
+    torch.manual_seed(2)
+    model = torch.nn.Linear(32, 32)
+    saved_rng = ckvc.rng_state()
+    repo.commit({"model": model.state_dict(), "rng": saved_rng, "epoch": 1})
+    expected = torch.rand(4)
+    fresh = torch.nn.Linear(32, 32)
+    torch.manual_seed(123)
+    reads = counting_reads(repo)
+    repo.load_into(model=fresh, rng=True)
+    assert len(reads) == len(set(reads)) > 0
+    assert torch.equal(torch.rand(4), expected)
+    assert_state_equal(fresh.state_dict(), model.state_dict())
+
+    # without rng=True the RNG is left alone
+    torch.manual_seed(123)
+    after_seed = torch.rand(4)
+    torch.manual_seed(123)
+    repo.load_into(model=fresh)
+    assert torch.equal(torch.rand(4), after_seed)
+
+    # asked for explicitly, a missing RNG is an error before anything changes
+    bare = repo.commit({"model": {k: v + 1 for k, v in model.state_dict().items()}})
+    before = collections.OrderedDict((k, v.clone()) for k, v in fresh.state_dict().items())
+    with pytest.raises(ckvc.UnknownKeyError, match="'rng'"):
+        repo.load_into(bare, model=fresh, rng=True)
+    assert_state_equal(fresh.state_dict(), before)
+
+
+def test_subtree_and_subtree_keys_return_nested_values(repo: ckvc.Repo) -> None:
+    rng = ckvc.rng_state()
+    state = {
+        "model": {"enc": {"w": torch.randn(8, 8), "b": torch.randn(8)}, "head": torch.randn(3, 8)},
+        "rng": rng,
+        "epoch": 4,
+    }
+    commit = repo.commit(state)
+    reads = counting_reads(repo)
+    assert_state_equal(repo.load(commit, subtree="rng"), rng)
+    assert_state_equal(repo.load(commit, subtree="model.enc"), state["model"]["enc"])
+    assert repo.load(commit, subtree="epoch") == 4
+    got = repo.load(commit, keys=["rng", "model.head"])
+    assert set(got) == {"rng", "model.head"}
+    assert_state_equal(got["rng"], rng)
+    assert torch.equal(got["model.head"], state["model"]["head"])
+    # set_rng_state takes the nested value as it is
+    ckvc.set_rng_state(repo.load(commit, subtree="rng"))
+    assert len(reads) > 0
+    enc_reads = counting_reads(repo)
+    repo.load(commit, subtree="model.enc")
+    head = {
+        c
+        for blob in repo.read_snapshot(repo.read_commit(commit)).blobs
+        if blob.path == "model.head"
+        for c in blob.chunks
+    }
+    assert enc_reads and not set(enc_reads) & head  # only the subtree's chunks are read
+    for bad in ("nope", "model.enc.x"):
+        with pytest.raises(ckvc.UnknownKeyError):
+            repo.load(commit, subtree=bad)
+    with pytest.raises(ckvc.InvalidInputError):
+        repo.load(commit, subtree="rng", keys=["epoch"])

@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from helpers import counting_reads, tensor_bytes
+from helpers import assert_state_equal, counting_reads, tensor_bytes
 
 import ckvc
 from ckvc import state as state_mod
@@ -212,7 +212,7 @@ def test_load_unknown_key_is_a_typed_keyerror_and_changes_nothing(repo: ckvc.Rep
     repo.commit(rich_state())
     head = repo.head()
     packs = sorted(os.listdir(repo.dir / "packs"))
-    for kwargs in ({"keys": ["model.emb.weight", "model.nope"]}, {"prefix": "modle."}, {"keys": ["model"]}):
+    for kwargs in ({"keys": ["model.emb.weight", "model.nope"]}, {"prefix": "modle."}, {"keys": ["mod"]}):
         with pytest.raises(KeyError) as info:
             repo.load(**kwargs)
         err = info.value
@@ -225,3 +225,5 @@ def test_load_unknown_key_is_a_typed_keyerror_and_changes_nothing(repo: ckvc.Rep
         repo.load(keys="epoch")
     assert repo.head() == head and sorted(os.listdir(repo.dir / "packs")) == packs
     assert repo.load(keys=[]) == {}
+    # a key naming a subtree (no leaf itself) gives its nested value
+    assert_state_equal(repo.load(keys=["model"])["model"], repo.load()["model"])
