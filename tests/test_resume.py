@@ -127,20 +127,18 @@ def test_load_into_with_rng_restores_it_reading_each_chunk_once(repo: ckvc.Repo)
 
 def test_subtree_and_subtree_keys_return_nested_values(repo: ckvc.Repo) -> None:
     rng = ckvc.rng_state()
-    state = {
-        "model": {"enc": {"w": torch.randn(8, 8), "b": torch.randn(8)}, "head": torch.randn(3, 8)},
-        "rng": rng,
-        "epoch": 4,
-    }
+    enc = {"w": torch.randn(8, 8), "b": torch.randn(8)}
+    head_weight = torch.randn(3, 8)
+    state = {"model": {"enc": enc, "head": head_weight}, "rng": rng, "epoch": 4}
     commit = repo.commit(state)
     reads = counting_reads(repo)
     assert_state_equal(repo.load(commit, subtree="rng"), rng)
-    assert_state_equal(repo.load(commit, subtree="model.enc"), state["model"]["enc"])
+    assert_state_equal(repo.load(commit, subtree="model.enc"), enc)
     assert repo.load(commit, subtree="epoch") == 4
     got = repo.load(commit, keys=["rng", "model.head"])
     assert set(got) == {"rng", "model.head"}
     assert_state_equal(got["rng"], rng)
-    assert torch.equal(got["model.head"], state["model"]["head"])
+    assert torch.equal(got["model.head"], head_weight)
     # set_rng_state takes the nested value as it is
     ckvc.set_rng_state(repo.load(commit, subtree="rng"))
     assert len(reads) > 0
