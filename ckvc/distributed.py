@@ -58,8 +58,8 @@ from ckvc.errors import (
     InvalidInputError,
     UnsupportedTypeError,
 )
-from ckvc.ids import ObjectType, object_id
-from ckvc.objects import Blob, Commit, Snapshot
+from ckvc.objects import Blob, Commit
+from ckvc.write import OnConflict
 
 if TYPE_CHECKING:
     from ckvc.codecs.policy import LossySpec
@@ -234,7 +234,7 @@ def commit(
     metadata: Mapping[str, Any] | None = None, *, group: dist.ProcessGroup | None = None, coordinator: int = 0,
     timeout: float = DEFAULT_TIMEOUT_S, blocking: Literal[True] = True, consistency_key: str | None = None,
     allow_pickle: bool = False, lossy: LossySpec = None, time_ns: int | None = None,
-    progress: ProgressCallback | None = None, remote: str | None = None,
+    progress: ProgressCallback | None = None, remote: str | None = None, on_conflict: OnConflict = "fail",
 ) -> str: ...  # fmt: skip
 
 
@@ -244,7 +244,7 @@ def commit(
     metadata: Mapping[str, Any] | None = None, *, group: dist.ProcessGroup | None = None, coordinator: int = 0,
     timeout: float = DEFAULT_TIMEOUT_S, blocking: Literal[False], consistency_key: str | None = None,
     allow_pickle: bool = False, lossy: LossySpec = None, time_ns: int | None = None,
-    progress: ProgressCallback | None = None, remote: str | None = None,
+    progress: ProgressCallback | None = None, remote: str | None = None, on_conflict: OnConflict = "fail",
 ) -> PendingCommit: ...  # fmt: skip
 
 
@@ -265,6 +265,7 @@ def commit(
     time_ns: int | None = None,
     progress: ProgressCallback | None = None,
     remote: str | None = None,
+    on_conflict: OnConflict = "fail",
 ) -> str | PendingCommit:
     """Commit every rank's ``state`` as one commit; call it on every rank of
     ``group`` (default: a gloo group over the world with ``timeout`` seconds, made
@@ -287,7 +288,11 @@ def commit(
     moves the remote's branch (HEAD's branch name) by compare-and-swap; then each
     node records the commit locally (remote-tracking ref and branch, no download).
     With ``blocking=False`` the PendingCommit's ``local()`` says when this rank's
-    part is durable on its node, ``result()`` when the commit is on the remote."""
+    part is durable on its node, ``result()`` when the commit is on the remote.
+
+    ``on_conflict="retry"``: when another writer moved the branch forward while
+    the ranks wrote, the coordinator puts the commit on top of theirs (as
+    ``Repo.commit`` does); the default is DistributedCommitError saying so."""
     repo.core.require_writable("committing")
     if metadata is not None and METADATA_KEY in metadata:
         raise InvalidInputError(f"metadata key {METADATA_KEY!r} is ckvc's, for the world size")
@@ -310,13 +315,24 @@ def commit(
     if remote is not None:
         hold_parts_on(repo, remote)
         local_stage: Future[None] = Future()
-        bucket_args = (repo, group, coordinator, staged.tree, request, lossy, consistency, progress, remote)
+        bucket_args = (
+            repo,
+            group,
+            coordinator,
+            staged.tree,
+            request,
+            lossy,
+            consistency,
+            progress,
+            on_conflict,
+            remote,
+        )
         if not blocking:
             handle = repo.run_in_background(_run_remote, pending, *bucket_args, local_stage)
             handle.local_stage = local_stage
             return handle
         return _run_remote(pending, *bucket_args, local_stage)
-    args = (repo, group, coordinator, staged.tree, request, lossy, consistency, progress)
+    args = (repo, group, coordinator, staged.tree, request, lossy, consistency, progress, on_conflict)
     if not blocking:
         return repo.run_in_background(_run, pending, *args)
     return _run(pending, *args)
@@ -341,6 +357,7 @@ def _run(
     lossy: LossySpec,
     consistency: bytes | None,
     progress: ProgressCallback | None,
+    on_conflict: OnConflict,
 ) -> str:
     core = repo.core
     rank, world = dist.get_rank(group), dist.get_world_size(group)
@@ -382,12 +399,13 @@ def _run(
                 raise DistributedCommitError(message, failures=failures) from local_error
             # 3. The one commit: every rank computes its id, the coordinator writes it.
             blobs, request = _combined(entries, request)
-            expected = _expected_id(blobs, request, head.parent)
+            expected = write.commit_id_of(blobs, request, head.parent)
+            snapshot = write.snapshot_id_of(blobs, request)
             outcome: bytes | None = None
             if rank == coordinator:
                 try:
-                    landed = write.finish(core, blobs, request, head=head, writer=writer)
-                    assert landed == expected, (landed, expected)
+                    landed = write.finish(core, blobs, request, head=head, writer=writer, on_conflict=on_conflict)
+                    assert landed == expected or on_conflict == "retry", (landed, expected)
                     outcome = trees.pack([landed, None])
                 except Exception as exc:
                     outcome = trees.pack([None, _describe(exc)])
@@ -398,13 +416,15 @@ def _run(
                 failures = {coordinator: error}
                 raise DistributedCommitError(_failed_message(failures, start.target), failures=failures)
     except _PeerLost as exc:
-        if expected is not None and write.landed(core, head, expected):
-            # The coordinator moved the branch, then was lost before saying so.
+        # The coordinator moved the branch, then was lost before saying so (on top of
+        # another writer's commit, with retry: the same snapshot under another id).
+        found = None if expected is None else write.landed_with(core, head, snapshot)
+        if found is not None:
             warnings.warn(
-                DurabilityWarning(f"commit {expected[:12]} landed, but a rank was lost after it did: {exc}"),
+                DurabilityWarning(f"commit {found[:12]} landed, but a rank was lost after it did: {exc}"),
                 stacklevel=2,
             )
-            return expected
+            return found
         where = head.where if head is not None else "the branch"
         raise DistributedCommitError(
             f"rank {rank} of {world} lost contact with the other ranks ({exc}): nothing was committed; "
@@ -432,6 +452,7 @@ def _run_remote(
     lossy: LossySpec,
     consistency: bytes | None,
     progress: ProgressCallback | None,
+    on_conflict: OnConflict,
     remote: str,
     local_stage: Future[None],
 ) -> str:
@@ -518,28 +539,34 @@ def _run_remote(
                 ) from local_error
             # 3. The one commit: every rank computes its id, the coordinator publishes it.
             blobs, request = _combined(entries, request)
-            expected = _expected_id(blobs, request, head.parent)
+            expected = write.commit_id_of(blobs, request, head.parent)
             outcome: bytes | None = None
             if rank == coordinator:
                 assert handle is not None
                 try:
                     step = publish.StepCommit(blobs, request, head.parent, start.target)
-                    landed = publish.publish(core, handle, writer, step)
-                    assert landed == expected, (landed, expected)
-                    outcome = trees.pack([landed, None])
+                    step, landed = publish.publish(core, handle, writer, step, on_conflict)
+                    outcome = trees.pack([landed, None, step.parent])
                 except Exception as exc:
-                    outcome = trees.pack([None, _describe(exc)])
+                    outcome = trees.pack([None, _describe(exc), None])
                     if publish.landed_on_remote(handle, start.target, expected):
-                        outcome = trees.pack([expected, None])
-            commit_id, error = msgpack.unpackb(_broadcast_bytes(group, coordinator, outcome), raw=False)
+                        outcome = trees.pack([expected, None, head.parent])
+            commit_id, error, parent = msgpack.unpackb(_broadcast_bytes(group, coordinator, outcome), raw=False)
+            head = write.Head(head.target, parent)  # what it went on top of, with retry
             if error is not None:
                 failures = {coordinator: error}
                 raise DistributedCommitError(
                     _failed_message(failures, f"{remote}/{start.target.removeprefix('refs/heads/')}"),
                     failures=failures,
                 )
-            # 4. Each node learns the commit; no rank returns before its node knows it.
+            # 4. Each node learns the commit; no rank returns before its node knows it
+            #    (and the other writer's history first, when it went on top of theirs).
             if leader:
+                fetch_error = None
+                if head.parent is not None and head.parent != start.parent:
+                    fetch_error = _fetch_history(core, remote, [head.parent])
+                if fetch_error is not None:
+                    warnings.warn(DurabilityWarning(f"commit {commit_id[:12]} landed; {fetch_error}"), stacklevel=2)
                 _record(core, remote, writer, blobs, request, head, commit_id)
             _all_gather_bytes(group, b"")
     except _PeerLost as exc:
@@ -604,12 +631,16 @@ def _settle_stage(stage: Future[None], error: str | None) -> None:
         stage.set_exception(DistributedCommitError(error))
 
 
-def _fetch_history(core: Any, remote: str) -> str | None:
-    """Fetch the remote's commits and snapshots (no chunks); the error, if any."""
-    from ckvc.remote.fetch import fetch
+def _fetch_history(core: Any, remote: str, tips: Sequence[str] | None = None) -> str | None:
+    """Fetch the remote's commits and snapshots (no chunks), or those ``tips`` reach
+    (no ref moved); the error, if any."""
+    from ckvc.remote.fetch import fetch, fetch_history
 
     try:
-        fetch(core, remote, chunks=False)
+        if tips is None:
+            fetch(core, remote, chunks=False)
+        else:
+            fetch_history(core, remote, tips)
     except (CkvcError, OSError) as exc:
         return f"fetching the history of {remote}: {_describe(exc)}"
     return None
@@ -649,11 +680,6 @@ def _combined(entries: Sequence[_Entry], request: write.CommitRequest) -> tuple[
         lossy={k: v for e in entries for k, v in e.lossy.items()},
     )
     return blobs, request
-
-
-def _expected_id(blobs: Sequence[Blob], request: write.CommitRequest, parent: str | None) -> str:
-    snapshot_id = object_id(ObjectType.SNAPSHOT, Snapshot(tuple(blobs), request.tree).encode())
-    return object_id(ObjectType.COMMIT, write.commit_object(snapshot_id, request, parent).encode()).hex()
 
 
 def _write_part(

@@ -544,7 +544,7 @@ def finish(
             theirs = core.refs.read(head.target) if head.target is not None else core.refs.head()[1]
             forward = theirs is not None and (head.parent is None or graph.is_ancestor(core, head.parent, theirs))
             if on_conflict != "retry" or not forward or attempt == MAX_RETRIES_ON_CONFLICT:
-                raise _moved_meanwhile(head, theirs, forward, on_conflict) from None
+                raise moved_meanwhile(head, theirs, forward, on_conflict) from None
             assert theirs is not None
             head = Head(head.target, theirs)
             commit_id = writer.put(ObjectType.COMMIT, commit_object(snapshot_id, request, theirs).encode()).hex()
@@ -557,7 +557,7 @@ def finish(
     return commit_id
 
 
-def _moved_meanwhile(head: Head, theirs: str | None, forward: bool, on_conflict: OnConflict) -> RefConflictError:
+def moved_meanwhile(head: Head, theirs: str | None, forward: bool, on_conflict: OnConflict) -> RefConflictError:
     """The error of a commit whose branch another writer moved: what happened, and what to do."""
     where = head.where.removeprefix(BRANCH_PREFIX)
     what = f"another writer moved {where} to {theirs[:12]}" if theirs else f"{where} was deleted"
@@ -584,6 +584,30 @@ def put_commit(
     (unsealed); returns the snapshot's id and the commit's (hex)."""
     snapshot_id = writer.put(ObjectType.SNAPSHOT, Snapshot(tuple(blobs), request.tree).encode())
     return snapshot_id, writer.put(ObjectType.COMMIT, commit_object(snapshot_id, request, parent).encode()).hex()
+
+
+def snapshot_id_of(blobs: Sequence[Blob], request: CommitRequest) -> bytes:
+    """The id :func:`put_commit` gives the snapshot of ``blobs``, without writing it."""
+    return object_id(ObjectType.SNAPSHOT, Snapshot(tuple(blobs), request.tree).encode())
+
+
+def commit_id_of(blobs: Sequence[Blob], request: CommitRequest, parent: str | None) -> str:
+    """The id :func:`put_commit` gives the commit, without writing it."""
+    return object_id(ObjectType.COMMIT, commit_object(snapshot_id_of(blobs, request), request, parent).encode()).hex()
+
+
+def landed_with(core: Repository, head: Head | None, snapshot_id: bytes) -> str | None:
+    """The commit the branch (or detached HEAD) names now, if it holds ``snapshot_id``:
+    a commit that went on top of another writer's (``on_conflict="retry"``) has
+    another id than the one first computed, and the same snapshot."""
+    try:
+        target = head.target if head is not None else None
+        current = core.refs.read(target) if target is not None else core.refs.head()[1]
+        if current is not None and core.read_commit(current).tree == snapshot_id.hex():
+            return current
+    except (OSError, CkvcError):
+        pass
+    return None
 
 
 # ---- commit observers -----------------------------------------------------------

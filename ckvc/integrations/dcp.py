@@ -162,7 +162,9 @@ class Writer(StorageWriter):
     the commit; ``branch``: the branch it lands on (made by the first save if it
     does not exist, as a commit without parent; default where HEAD is). After a
     save the coordinator's ``commit_id`` holds the id, and on every rank the
-    Metadata ``dcp.save`` returns has it as ``storage_meta.checkpoint_id``."""
+    Metadata ``dcp.save`` returns has it as ``storage_meta.checkpoint_id``.
+    ``on_conflict="retry"``: a branch another writer moved forward during the
+    save gets the commit on top (default: RefConflictError, nothing committed)."""
 
     def __init__(
         self,
@@ -173,6 +175,7 @@ class Writer(StorageWriter):
         metadata: Mapping[str, Any] | None = None,
         branch: str | None = None,
         remote: str | None = None,
+        on_conflict: write.OnConflict = "fail",
     ) -> None:
         super().__init__()
         if metadata is not None and METADATA_KEY in metadata:
@@ -181,6 +184,7 @@ class Writer(StorageWriter):
         self.branch = branch_ref(branch) if branch is not None else None  # a bad name fails here
         self.repo = _RepoHandle(repo)
         self.remote = remote
+        self.on_conflict = on_conflict
         if remote is not None:
             from ckvc.distributed import hold_parts_on
 
@@ -376,7 +380,7 @@ class Writer(StorageWriter):
                     f"{len(missing)} chunks the ranks wrote are gone (a gc with --now?): nothing was committed",
                     object_id=missing[0].hex(),
                 )
-            self.commit_id = write.finish(core, blobs, request, head=head, writer=writer)
+            self.commit_id = write.finish(core, blobs, request, head=head, writer=writer, on_conflict=self.on_conflict)
         metadata.storage_meta = StorageMeta(checkpoint_id=self.commit_id, save_id=self.save_id)
 
     def _publish(self, blobs: list[Blob], request: write.CommitRequest, head: write.Head) -> str:
@@ -395,7 +399,7 @@ class Writer(StorageWriter):
                     object_id=missing[0].hex(),
                 )
             step = publish.StepCommit(blobs, request, head.parent, head.target)
-            commit_id = publish.publish(core, handle, writer, step)
+            step, commit_id = publish.publish(core, handle, writer, step, self.on_conflict)
             publish.record(core, self.remote, writer, step)
         return commit_id
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import contextlib
 import time
 import warnings
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from ckvc import graph
@@ -344,6 +344,21 @@ def fetch(
                     kept = f"kept local {full} ({mine[:12]}); {spec.name} has {new[:12]}"
                     warnings.warn(CkvcWarning(kept), stacklevel=2)
     return result
+
+
+def fetch_history(local: Repository, remote: str, tips: Sequence[str]) -> TransferStats:
+    """The commits, snapshots and tags ``tips`` reach on ``remote`` that this
+    repository lacks, verified (no chunks; no ref moves): what a commit made on top
+    of another writer's needs for its history to be walked here."""
+    started = time.monotonic()
+    stats = TransferStats()
+    handle = open_remote(local, remotes_of(local).get(remote))
+    with counted(handle, stats, started):
+        job = Fetch(local, handle, stats, None)
+        with local.store.pin():
+            job.walk(list(tips))
+            job.write_metadata()
+    return stats
 
 
 def pull(

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ckvc import write
 from ckvc.core import Repository
@@ -63,17 +63,34 @@ class StepCommit:
         return snapshot_id, commit_id
 
 
-def publish(local: Repository, handle: Remote, writer: ObjectWriter, step: StepCommit) -> str:
+def publish(
+    local: Repository, handle: Remote, writer: ObjectWriter, step: StepCommit, on_conflict: write.OnConflict = "fail"
+) -> tuple[StepCommit, str]:
     """The coordinator's step once every part is on the remote: the snapshot and
     commit written locally and uploaded, then ``ref`` on the remote moved from
-    the step's parent by compare-and-swap (RefConflictError if another writer moved it:
-    nothing is committed). Returns the commit id."""
-    snapshot_id, commit_id = step.write_to(writer)
-    upload_objects(local, handle, metadata=[[snapshot_id, bytes.fromhex(commit_id)]])
-    # a pin whose lease lapsed no longer holds a remote gc off what the ref will name
-    handle.backend.check_locks_held()
-    handle.core.refs.set_if_equals(step.ref, step.parent, commit_id, write.commit_reflog_message(step.request))
-    return commit_id
+    the step's parent by compare-and-swap. Another writer moved it meanwhile:
+    RefConflictError (nothing is committed) or, with ``on_conflict="retry"`` and
+    a forward move, the commit goes on top of theirs. Returns the step as it
+    landed (its parent the one it went on top of) and the commit's id."""
+    for attempt in range(write.MAX_RETRIES_ON_CONFLICT + 1):
+        snapshot_id, commit_id = step.write_to(writer)
+        upload_objects(local, handle, metadata=[[snapshot_id, bytes.fromhex(commit_id)]])
+        # a pin whose lease lapsed no longer holds a remote gc off what the ref will name
+        handle.backend.check_locks_held()
+        message = write.commit_reflog_message(step.request)
+        if attempt:
+            message += f" (on top of {step.parent and step.parent[:12]}, committed meanwhile)"
+        try:
+            handle.core.refs.set_if_equals(step.ref, step.parent, commit_id, message)
+            return step, commit_id
+        except RefConflictError:
+            theirs = handle.core.refs.read(step.ref)
+            handle.core.store.refresh()  # their commit's pack, for the ancestry walk
+            forward = theirs is not None and (step.parent is None or is_ancestor(handle.core, step.parent, theirs))
+            if on_conflict != "retry" or not forward or attempt == write.MAX_RETRIES_ON_CONFLICT:
+                raise write.moved_meanwhile(write.Head(step.ref, step.parent), theirs, forward, on_conflict) from None
+            step = replace(step, parent=theirs)
+    raise AssertionError("unreachable")
 
 
 def landed_on_remote(handle: Remote, ref: str, commit_id: str) -> bool:

@@ -6,14 +6,17 @@ from __future__ import annotations
 
 import os
 import signal
+import warnings
 from pathlib import Path
 from typing import Any
 
+import torch
 from rank_fns import TIME_NS, describe, make_state
 
 import ckvc
 import ckvc.distributed
 from ckvc.errors import DistributedCommitError
+from ckvc.write import OnConflict
 
 RANKS_PER_NODE = 2
 # Rows of each rank's weight x 48: parts of about 4.3 MB (over the S3 reader's 1 MiB
@@ -95,7 +98,7 @@ def kill_after_publish() -> None:
 
     original = publish.publish
 
-    def then_die(*args: Any, **kwargs: Any) -> str:
+    def then_die(*args: Any, **kwargs: Any) -> tuple[publish.StepCommit, str]:
         original(*args, **kwargs)
         os.kill(os.getpid(), signal.SIGKILL)
         raise AssertionError("unreachable")
@@ -144,3 +147,46 @@ def dcp_load_fresh(rank: int, world: int, url: str, endpoint: str, fresh: str, r
     path = Path(fresh) / f"rank{rank}"
     ckvc.Repo.clone(url, path, endpoint=endpoint, lazy=True).close()
     return load_dtensors(rank, world, str(path), rev, seed)
+
+
+def commit_with_a_writer_meanwhile(
+    rank: int, world: int, nodes: str, scratch: str, on_conflict: OnConflict
+) -> dict[str, Any]:
+    """Step 1, then step 2 during which another writer (a clone of the bucket of its
+    own) pushes a commit onto the bucket's branch: right before the coordinator
+    publishes, so the branch has moved forward when it swaps."""
+    from ckvc.remote import publish
+
+    with ckvc.Repo.open(node_dir(nodes, rank)) as repo:
+        first = ckvc.distributed.commit(repo, make_state(1, rank, rich=False), "step 1", remote="origin", timeout=60)
+        interloper: list[str] = []
+        if rank == 0:
+            original = publish.publish
+            spec = repo.remotes.get("origin")
+
+            def publish_after_another_writer(*args: Any, **kwargs: Any) -> tuple[publish.StepCommit, str]:
+                with ckvc.Repo.clone(spec.url, scratch, endpoint=spec.endpoint, lazy=True) as other:
+                    interloper.append(other.commit({"other": torch.ones(3)}, message="another writer"))
+                    other.push("origin")
+                return original(*args, **kwargs)
+
+            publish.publish = publish_after_another_writer
+        try:
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                commit_id = ckvc.distributed.commit(
+                    repo, make_state(2, rank, rich=False), "step 2", remote="origin", timeout=60,
+                    on_conflict=on_conflict,
+                )  # fmt: skip
+        except DistributedCommitError as exc:
+            return {"first": first, "error": type(exc).__name__, "message": str(exc), "interloper": interloper}
+        loaded = ckvc.distributed.load(repo, commit_id)
+        return {
+            "first": first,
+            "id": commit_id,
+            "interloper": interloper,
+            "head": repo.head()[1],
+            "loaded": describe(loaded),
+            "expected": describe(make_state(2, rank, rich=False)),
+            "warnings": [str(w.message) for w in caught],
+        }

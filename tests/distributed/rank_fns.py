@@ -16,6 +16,7 @@ from helpers import describe_state
 import ckvc
 import ckvc.distributed
 from ckvc.errors import DistributedCommitError
+from ckvc.write import OnConflict
 
 TIME_NS = 1_700_000_000_000_000_000
 
@@ -126,3 +127,34 @@ def distributed_commit_and_wait_backup(rank: int, world: int, repo_dir: str, blo
             commit_id = ckvc.distributed.commit(repo, state, "step 5", time_ns=TIME_NS, blocking=False).result()
         backed_up = repo.wait_for_backup(120) and repo.status().backed_up
         return {"id": commit_id, "backed_up": backed_up}
+
+
+def commit_with_a_writer_meanwhile(rank: int, world: int, repo_dir: str, on_conflict: OnConflict) -> dict[str, Any]:
+    """A distributed commit during which another writer commits to the branch: the
+    coordinator's finish first makes that commit (another handle, as another process
+    would), so the branch has moved forward when the coordinator swaps it."""
+    from ckvc import write
+
+    with ckvc.Repo.open(repo_dir) as repo:
+        interloper: list[str] = []
+        if rank == 0:
+            original = write.finish
+
+            def finish_after_another_writer(*args: Any, **kwargs: Any) -> str:
+                write.finish = original  # once: the other writer's own commit goes through it too
+                with ckvc.Repo.open(repo_dir) as other:
+                    interloper.append(other.commit({"other": torch.ones(3)}, message="another writer"))
+                return original(*args, **kwargs)
+
+            write.finish = finish_after_another_writer
+        try:
+            commit_id = ckvc.distributed.commit(
+                repo,
+                make_state(2, rank, False),
+                "step 2",
+                timeout=30,
+                on_conflict=on_conflict,
+            )
+        except DistributedCommitError as exc:
+            return {"error": type(exc).__name__, "message": str(exc), "interloper": interloper}
+        return {"id": commit_id, "interloper": interloper}

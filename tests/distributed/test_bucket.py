@@ -247,3 +247,39 @@ def test_dcp_saved_at_4_through_the_bucket_loads_at_2_and_1_on_fresh_nodes(
         fresh = tmp_path / f"fresh{world}"
         results = run_world(world, bucket_fns.dcp_load_fresh, (url, s3_server.endpoint, str(fresh), saved, 7))
         assert all(r["model"] == expected and r["step"] == 41 for r in results), world
+
+
+@pytest.mark.parametrize("on_conflict", ["retry", "fail"])
+def test_another_writer_moving_the_bucket_branch_meanwhile(
+    tmp_path: Path, s3_bucket: str, s3_server: Any, on_conflict: str
+) -> None:
+    """retry: the step commit lands on top of the other writer's, one id on every rank,
+    every node's branch there; fail: DistributedCommitError with advice, the bucket's
+    branch naming the other writer's commit."""
+    url = f"s3://{s3_bucket}/run"
+    nodes = _nodes(tmp_path, url, s3_server.endpoint)
+    scratch = tmp_path / "other-writer"
+    results = run_world(WORLD, bucket_fns.commit_with_a_writer_meanwhile, (str(nodes), str(scratch), on_conflict))
+    assert len(results[0]["interloper"]) == 1, results
+    (interloper,) = results[0]["interloper"]
+    first = results[0]["first"]
+    with ckvc.Repo.open(nodes / "node1") as node:
+        remote = _remote(node)
+        try:
+            tip = remote.core.refs.read("refs/heads/main")
+            if on_conflict == "retry":
+                landed = results[0]["id"]
+                assert all(r["id"] == landed for r in results), results
+                assert tip == landed and remote.core.read_commit(landed).parents == (interloper,)
+                assert remote.core.read_commit(interloper).parents == (first,)
+                for rank, r in enumerate(results):
+                    assert r["loaded"] == r["expected"], rank
+                    assert r["head"] == landed, (rank, r["warnings"], interloper, first)
+                    assert r["warnings"] == [], rank
+            else:
+                assert {r["error"] for r in results} == {"DistributedCommitError"}
+                assert "another writer moved main" in results[0]["message"]
+                assert "on_conflict='retry'" in results[0]["message"]
+                assert tip == interloper
+        finally:
+            remote.close()

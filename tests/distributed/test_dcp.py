@@ -193,3 +193,34 @@ def test_export_writes_a_plain_dcp_directory(tmp_path: Path) -> None:
         loaded = _state(9)
         dcp.load(loaded, storage_reader=dcp.FileSystemReader(str(cli_out)), no_dist=True)
         assert_state_equal(loaded, _state(8))
+
+
+@pytest.mark.parametrize("on_conflict", ["retry", "fail"])
+def test_another_writer_moving_the_branch_during_a_save(tmp_path: Path, on_conflict: str) -> None:
+    """The branch moves forward between planning (where the save reads it) and the
+    commit: retry goes on top, fail is a RefConflictError with advice, nothing committed."""
+    with ckvc.Repo.init(tmp_path / "r") as repo:
+        first = repo.commit({"start": torch.zeros(2)}, message="start")
+        writer = ckvc.dcp.Writer(repo, message="dcp", on_conflict="retry" if on_conflict == "retry" else "fail")
+        original = writer.finish
+
+        def finish_after_another_writer(*args: Any, **kwargs: Any) -> None:
+            with ckvc.Repo.open(tmp_path / "r") as other:
+                interloper.append(other.commit({"other": torch.ones(3)}, message="another writer"))
+            original(*args, **kwargs)
+
+        interloper: list[str] = []
+        writer.finish = finish_after_another_writer  # type: ignore[method-assign]
+        if on_conflict == "retry":
+            metadata = dcp.save(_state(5), storage_writer=writer, no_dist=True)
+            assert metadata.storage_meta is not None
+            landed = metadata.storage_meta.checkpoint_id
+            assert [c.id for c in repo.log("main")] == [landed, interloper[0], first]
+            loaded = _state(0)
+            dcp.load(loaded, storage_reader=ckvc.dcp.Reader(repo, str(landed)), no_dist=True)
+            assert_state_equal(loaded, _state(5))
+        else:
+            with pytest.raises(CheckpointException, match="RefConflictError: another writer moved main") as info:
+                dcp.save(_state(5), storage_writer=writer, no_dist=True)
+            assert "on_conflict='retry'" in str(info.value)
+            assert [c.id for c in repo.log("main")] == [interloper[0], first]

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import rank_fns
 import torch
-from helpers import describe_state
+from helpers import assert_state_equal, describe_state
 from ranks import run_world
 
 import ckvc
@@ -202,3 +202,29 @@ def test_a_distributed_commit_is_pushed_by_auto_push(tmp_path: Path, blocking: b
     assert results[0]["backed_up"] is True
     with ckvc.Repo.open(tmp_path / "src") as repo:
         assert repo.ls_remote("origin")["refs/heads/main"] == commit_id
+
+
+@pytest.mark.parametrize("on_conflict", ["retry", "fail"])
+def test_another_writer_moving_the_branch_meanwhile(tmp_path: Path, on_conflict: str) -> None:
+    """retry: the commit goes on top of the other writer's, the same id on every
+    rank, every part bit-exact; fail: a typed error on every rank naming what
+    happened and what to do, and only the other writer's commit on the branch."""
+    repo_dir = _init(tmp_path)
+    with ckvc.Repo.open(repo_dir) as repo:
+        first = repo.commit({"start": torch.zeros(2)}, message="start")
+    results = run_world(2, rank_fns.commit_with_a_writer_meanwhile, (str(repo_dir), on_conflict))
+    assert len(results[0]["interloper"]) == 1, results
+    (interloper,) = results[0]["interloper"]
+    with ckvc.Repo.open(repo_dir) as repo:
+        if on_conflict == "retry":
+            assert results[0]["id"] == results[1]["id"]
+            landed = results[0]["id"]
+            assert [c.id for c in repo.log("main")] == [landed, interloper, first]
+            assert "committed meanwhile" in repo.reflog("main")[0].message
+            for rank in range(2):
+                assert_state_equal(ckvc.distributed.load(repo, landed, rank=rank), rank_fns.make_state(2, rank, False))
+        else:
+            assert [r["error"] for r in results] == ["DistributedCommitError"] * 2
+            assert "another writer moved main" in results[0]["message"]
+            assert "on_conflict='retry'" in results[0]["message"]
+            assert [c.id for c in repo.log("main")] == [interloper, first]
