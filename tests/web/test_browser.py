@@ -227,3 +227,60 @@ def test_history_updates_when_a_commit_lands(browser: Any, server: WebServer, bu
     wait_for(browser, lambda b: len(attrs(b, "#dag circle.node", "data-id")) == before + 1, timeout=30)
     assert attrs(browser, "#dag circle.node", "data-id")[0] == new
     assert [e for e in browser.get_log("browser") if e["level"] == "SEVERE"] == []
+
+
+# Everything a card holds fits inside it: no text or chart runs past its right edge.
+OVERFLOWING = """
+const out = [];
+for (const card of document.querySelectorAll('.card')) {
+  const box = card.getBoundingClientRect();
+  if (card.scrollWidth > card.clientWidth + 1) out.push(`card ${card.className} scrolls: ${card.scrollWidth}`);
+  for (const el of card.querySelectorAll('text, h2, .stat, td, th')) {
+    const r = el.getBoundingClientRect();
+    const past = r.right > box.right + 1 || r.left < box.left - 1;
+    if (r.width && past) out.push(`${el.tagName} "${el.textContent.slice(0, 40)}" past its card`);
+  }
+}
+return out;
+"""
+
+
+@pytest.mark.parametrize("width", [1280, 1440, 1920])
+def test_nothing_is_clipped_at_common_widths(browser: Any, server: WebServer, shots: Path, width: int) -> None:
+    browser.set_window_size(width, 1000)
+    try:
+        for page, kind in PAGES:
+            open_page(browser, server, page, kind)
+            overflowing = browser.execute_script(OVERFLOWING)
+            shot = browser.execute_cdp_cmd("Page.captureScreenshot", {"format": "png"})
+            (shots / f"web-{kind}-{width}.png").write_bytes(base64.b64decode(shot["data"]))
+            assert overflowing == [], (page, width, overflowing[:5])
+    finally:
+        browser.set_window_size(1300, 900)
+
+
+def test_metric_charts_have_axis_labels_whole_number_ticks_and_a_log_scale(
+    browser: Any, server: WebServer, built: Built
+) -> None:
+    open_page(browser, server, "metrics", "metrics")
+    labels = browser.execute_script("return [...document.querySelectorAll('.chart .xlabel')].map((e) => e.textContent)")
+    assert labels and set(labels) <= {"step", "index"}
+    assert browser.execute_script(
+        "return [...document.querySelectorAll('.chart .ylabel')].map((e) => e.textContent)"
+    ) == [
+        "acc",
+        "val_loss",
+    ]
+    ticks = browser.execute_script("return [...document.querySelectorAll('.chart .xtick')].map((e) => e.textContent)")
+    assert ticks and all(t.lstrip("-").isdigit() for t in ticks), ticks  # step and index are whole numbers
+    assert attrs(browser, ".chart svg", "data-scale") == ["linear", "linear"]
+    browser.find_element(By.ID, "logy").click()
+    wait_for(browser, lambda b: attrs(b, ".chart svg", "data-scale") == ["log", "log"])
+    assert browser.execute_script(
+        "return [...document.querySelectorAll('.chart .ylabel')].map((e) => e.textContent)"
+    ) == [
+        "acc (log)",
+        "val_loss (log)",
+    ]
+    browser.find_element(By.ID, "logy").click()
+    wait_for(browser, lambda b: attrs(b, ".chart svg", "data-scale") == ["linear", "linear"])

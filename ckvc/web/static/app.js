@@ -112,16 +112,21 @@ function table(container, columns, rows, opts = {}) {
   return el;
 }
 // Horizontal bars: items [{name, value, text}], one row each, scaled to the largest.
+// The svg scales to its container (viewBox), so no width clips it; a name longer
+// than its column keeps its end (the most specific part), the whole on hover.
 function bars(container, items, opts = {}) {
   const width = opts.width || 640;
   const labelW = opts.labelWidth || 220;
   const rowH = 20;
-  const s = svg("svg", { width, height: items.length * rowH + 4, class: "bars" }, container);
+  const height = items.length * rowH + 4;
+  const s = svg("svg", { width: "100%", viewBox: `0 0 ${width} ${height}`, class: "bars",
+    style: `max-width:${width}px`, preserveAspectRatio: "xMinYMin meet" }, container);
   if (opts.id) s.id = opts.id;
   const max = Math.max(...items.map((i) => (Number.isFinite(i.value) ? i.value : 0)), 1e-300);
+  const fits = Math.max(8, Math.floor(labelW / 6.6) - 1);
   items.forEach((item, i) => {
     const g = svg("g", { class: "bar", transform: `translate(0,${i * rowH})`, "data-name": item.name }, s);
-    svg("text", { x: 0, y: 14 }, g).textContent = item.name.length > 34 ? `…${item.name.slice(-33)}` : item.name;
+    svg("text", { x: 0, y: 14 }, g).textContent = item.name.length > fits ? `…${item.name.slice(1 - fits)}` : item.name;
     const w = width - labelW - 230;
     svg("rect", { class: "bar-bg", x: labelW, y: 3, width: w, height: 14 }, g);
     const frac = Number.isFinite(item.value) ? item.value / max : 1;
@@ -225,8 +230,16 @@ function pointText(branch, q, metric, axis) {
   return `${branch} ${short(q.p.commit)} ${q.p.message}\n${metric}=${num(q.y)}  ${axis}=${num(q.x)}${q.p.pruned ? "\npruned" : ""}`;
 }
 
-function lineChart(container, metric, series, axis, colors) {
-  const W = 460, H = 260, L = 52, R = 12, T = 14, B = 30;
+// Tick values: 5 evenly spaced, or on an axis of whole numbers (step, epoch,
+// index) only whole numbers, each once.
+function ticks(lo, hi, integers) {
+  const even = [0, 1, 2, 3, 4].map((i) => lo + ((hi - lo) * i) / 4);
+  if (!integers) return even;
+  return [...new Set(even.map(Math.round))].filter((v) => v >= lo - 1e-9 && v <= hi + 1e-9);
+}
+
+function lineChart(container, metric, series, axis, colors, logY = false) {
+  const W = 460, H = 270, L = 62, R = 12, T = 14, B = 42;
   const card = document.createElement("div");
   card.className = "card chart";
   card.dataset.metric = metric;
@@ -237,26 +250,37 @@ function lineChart(container, metric, series, axis, colors) {
     pts: s.points.filter((p) => typeof p.metrics[metric] === "number").map((p) => ({ x: xValue(p, axis), y: p.metrics[metric], p })),
   })).filter((l) => l.pts.length);
   const all = lines.flatMap((l) => l.pts);
-  const s = svg("svg", { width: "100%", viewBox: `0 0 ${W} ${H}`, style: `max-width:${W * 1.4}px` }, card);
+  // log scale only where every value is positive; the chart says which it drew
+  const log = logY && all.length > 0 && all.every((q) => q.y > 0);
+  const s = svg("svg", { width: "100%", viewBox: `0 0 ${W} ${H}`, style: `max-width:${W * 1.4}px`,
+    "data-scale": log ? "log" : "linear" }, card);
+  if (logY && !log) card.insertAdjacentHTML("beforeend", `<div class="muted">log scale needs positive values: linear</div>`);
   if (!all.length) return;
+  const fy = log ? Math.log10 : (v) => v;
   let [x0, x1] = [Math.min(...all.map((q) => q.x)), Math.max(...all.map((q) => q.x))];
-  let [y0, y1] = [Math.min(...all.map((q) => q.y)), Math.max(...all.map((q) => q.y))];
+  let [y0, y1] = [Math.min(...all.map((q) => fy(q.y))), Math.max(...all.map((q) => fy(q.y)))];
   if (x0 === x1) { x0 -= 1; x1 += 1; }
   if (y0 === y1) { y0 -= 1; y1 += 1; }
   const pad = (y1 - y0) * 0.05;
   y0 -= pad; y1 += pad;
   const sx = (v) => L + ((v - x0) / (x1 - x0)) * (W - L - R);
-  const sy = (v) => T + (1 - (v - y0) / (y1 - y0)) * (H - T - B);
+  const sy = (v) => T + (1 - (fy(v) - y0) / (y1 - y0)) * (H - T - B);
   const grid = svg("g", { class: "grid" }, s);
   const axisG = svg("g", { class: "axis" }, s);
-  for (let i = 0; i <= 4; i += 1) {
-    const yv = y0 + ((y1 - y0) * i) / 4;
+  for (const yt of ticks(y0, y1, false)) {
+    const yv = log ? 10 ** yt : yt;
     svg("line", { x1: L, x2: W - R, y1: sy(yv), y2: sy(yv) }, grid);
-    svg("text", { x: L - 6, y: sy(yv) + 4, "text-anchor": "end" }, axisG).textContent = num(Number(yv.toPrecision(3)));
-    const xv = x0 + ((x1 - x0) * i) / 4;
-    const label = axis === "time" ? new Date(xv * 1000).toISOString().slice(11, 19) : num(Number(xv.toPrecision(4)));
-    svg("text", { x: sx(xv), y: H - 10, "text-anchor": "middle" }, axisG).textContent = label;
+    svg("text", { class: "ytick", x: L - 6, y: sy(yv) + 4, "text-anchor": "end" }, axisG).textContent = num(Number(yv.toPrecision(3)));
   }
+  const wholeX = axis !== "time" && all.every((q) => Number.isInteger(q.x));
+  for (const xv of ticks(x0, x1, wholeX)) {
+    const label = axis === "time" ? new Date(xv * 1000).toISOString().slice(11, 19) : num(Number(xv.toPrecision(4)));
+    svg("text", { class: "xtick", x: sx(xv), y: H - 24, "text-anchor": "middle" }, axisG).textContent = label;
+  }
+  svg("text", { class: "xlabel", x: L + (W - L - R) / 2, y: H - 6, "text-anchor": "middle" }, axisG).textContent =
+    axis === "time" ? "time (UTC)" : axis;
+  svg("text", { class: "ylabel", x: -(T + (H - T - B) / 2), y: 12, transform: "rotate(-90)", "text-anchor": "middle" },
+    axisG).textContent = log ? `${metric} (log)` : metric;
   svg("line", { x1: L, x2: L, y1: T, y2: H - B }, axisG);
   svg("line", { x1: L, x2: W - R, y1: H - B, y2: H - B }, axisG);
   const higher = HIGHER_IS_BETTER.test(metric);
@@ -316,16 +340,18 @@ async function pageMetrics(main, state) {
     ${["index", "step", "epoch", "time"].map((a) => `<option ${a === state.axis ? "selected" : ""}>${a}</option>`).join("")}
     </select></label><span id="metric-choice">${data.metrics.map((m) => `<label><input type="checkbox" class="metric-toggle"
     value="${esc(m)}" ${state.chosen.includes(m) ? "checked" : ""}>${esc(m)}</label>`).join(" ")}</span>
+    <label><input type="checkbox" id="logy" ${state.logY ? "checked" : ""}>log scale</label>
     <span class="legend">${data.series.map((s) => `<span><i style="background:${colors.get(s.branch)}"></i>${esc(s.branch)}</span>`).join("")}</span>
     </div><div id="charts" class="grid"></div><h2>All commits</h2><div id="metrics-table-box" class="card"></div>`;
   if (!data.metrics.length) main.querySelector("#charts").innerHTML = `<p class="muted">no commit has metrics yet</p>`;
   main.querySelector("#xaxis").addEventListener("change", (ev) => { state.axis = ev.target.value; pageMetrics(main, state); });
+  main.querySelector("#logy").addEventListener("change", (ev) => { state.logY = ev.target.checked; pageMetrics(main, state); });
   main.querySelectorAll(".metric-toggle").forEach((box) => box.addEventListener("change", () => {
     state.chosen = [...main.querySelectorAll(".metric-toggle:checked")].map((b) => b.value);
     pageMetrics(main, state);
   }));
   const charts = main.querySelector("#charts");
-  for (const m of state.chosen.filter((x) => data.metrics.includes(x))) lineChart(charts, m, data.series, state.axis, colors);
+  for (const m of state.chosen.filter((x) => data.metrics.includes(x))) lineChart(charts, m, data.series, state.axis, colors, state.logY);
   const rows = new Map();
   for (const s of data.series) {
     for (const p of s.points) {
@@ -510,12 +536,16 @@ async function pageStorage(main) {
   // per-commit unique bytes: one column per commit, oldest left
   const when = new Map(log.map((c) => [c.id, c.time_ns]));
   const per = du.per_commit.slice().sort((x, y) => (when.get(x.commit) || 0) - (when.get(y.commit) || 0));
-  const W = Math.max(600, Math.min(1400, per.length * 14)), H = 180, L = 60, B = 20;
-  const chart = svg("svg", { id: "unique-chart", width: W, height: H }, main.querySelector("#unique-box"));
+  const W = Math.max(600, Math.min(1400, per.length * 14)), H = 196, L = 78, B = 34;
+  const chart = svg("svg", { id: "unique-chart", width: "100%", viewBox: `0 0 ${W} ${H}`, style: `max-width:${W}px`,
+    preserveAspectRatio: "xMinYMin meet" }, main.querySelector("#unique-box"));
   const max = Math.max(1, ...per.map((c) => c.unique_stored_bytes));
   const bw = Math.min(40, (W - L - 10) / Math.max(1, per.length));
   svg("text", { x: L - 6, y: 14, "text-anchor": "end" }, chart).textContent = bytes(max);
   svg("text", { x: L - 6, y: H - B, "text-anchor": "end" }, chart).textContent = "0";
+  svg("text", { class: "xlabel", x: L, y: H - 10 }, chart).textContent = "commits, oldest left (click one to open it)";
+  svg("text", { class: "ylabel", x: -((H - B) / 2), y: 12, transform: "rotate(-90)", "text-anchor": "middle" }, chart)
+    .textContent = "unique stored bytes";
   svg("line", { x1: L, x2: W - 10, y1: H - B, y2: H - B, stroke: "#b8bfcc" }, chart);
   per.forEach((c, i) => {
     const h = ((H - B - 10) * c.unique_stored_bytes) / max;
