@@ -400,7 +400,6 @@ def _run(
             # 3. The one commit: every rank computes its id, the coordinator writes it.
             blobs, request = _combined(entries, request)
             expected = write.commit_id_of(blobs, request, head.parent)
-            snapshot = write.snapshot_id_of(blobs, request)
             outcome: bytes | None = None
             if rank == coordinator:
                 try:
@@ -418,7 +417,7 @@ def _run(
     except _PeerLost as exc:
         # The coordinator moved the branch, then was lost before saying so (on top of
         # another writer's commit, with retry: the same snapshot under another id).
-        found = None if expected is None else write.landed_with(core, head, snapshot)
+        found = None if expected is None else write.landed_with(core, head, blobs, request)
         if found is not None:
             warnings.warn(
                 DurabilityWarning(f"commit {found[:12]} landed, but a rank was lost after it did: {exc}"),

@@ -596,14 +596,18 @@ def commit_id_of(blobs: Sequence[Blob], request: CommitRequest, parent: str | No
     return object_id(ObjectType.COMMIT, commit_object(snapshot_id_of(blobs, request), request, parent).encode()).hex()
 
 
-def landed_with(core: Repository, head: Head | None, snapshot_id: bytes) -> str | None:
-    """The commit the branch (or detached HEAD) names now, if it holds ``snapshot_id``:
-    a commit that went on top of another writer's (``on_conflict="retry"``) has
-    another id than the one first computed, and the same snapshot."""
+def landed_with(core: Repository, head: Head | None, blobs: Sequence[Blob], request: CommitRequest) -> str | None:
+    """The commit the branch (or detached HEAD) names now, if it is this one: the
+    commit of ``blobs`` and ``request`` on whatever parent it has (a commit that
+    went on top of another writer's with ``on_conflict="retry"`` has another id
+    than the one first computed)."""
     try:
         target = head.target if head is not None else None
         current = core.refs.read(target) if target is not None else core.refs.head()[1]
-        if current is not None and core.read_commit(current).tree == snapshot_id.hex():
+        if current is None:
+            return None
+        parents = core.read_commit(current).parents
+        if commit_id_of(blobs, request, parents[0] if parents else None) == current:
             return current
     except (OSError, CkvcError):
         pass
