@@ -4,6 +4,7 @@ CLI runner) live in helpers.py, importable from module-level code as well."""
 from __future__ import annotations
 
 import os
+import uuid
 
 # No test reaches a model hub: the whole session, and every child started from it
 # (tests/preloaded.py's server imports transformers with these already set).
@@ -20,6 +21,7 @@ from helpers import SOAK, STRESS
 from s3server import s3_bucket, s3_server  # noqa: F401 (fixtures: the S3 test server on loopback)
 
 import ckvc
+from ckvc.remote.location import forget_memory_remote
 
 
 @pytest.fixture
@@ -76,3 +78,14 @@ def restore_torch_switches() -> Iterator[None]:
     yield
     torch.use_deterministic_algorithms(deterministic, warn_only=warn_only)
     torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = cudnn
+
+
+@pytest.fixture(params=["dir", "memory"])
+def url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """A remote's URL: a directory, or a bucket-like memory remote (no rename, appends or locks)."""
+    if request.param == "dir":
+        yield str(tmp_path / "remote")
+        return
+    name = f"memory://t{uuid.uuid4().hex[:12]}"
+    yield name
+    forget_memory_remote(name)

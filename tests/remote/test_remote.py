@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -33,16 +32,6 @@ from ckvc.storage.backend import Backend
 from ckvc.storage.packs import RECORD_HEADER_SIZE, read_toc
 
 CHUNK = 16 << 10
-
-
-@pytest.fixture(params=["dir", "memory"])
-def url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
-    if request.param == "dir":
-        yield str(tmp_path / "remote")
-        return
-    name = f"memory://t{uuid.uuid4().hex[:12]}"
-    yield name
-    forget_memory_remote(name)
 
 
 def state(step: int, base: int = 0) -> dict[str, Any]:

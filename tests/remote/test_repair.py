@@ -4,8 +4,6 @@ damage no remote holds stays named and its only copy stays on disk."""
 from __future__ import annotations
 
 import json
-import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +14,6 @@ from s3server import S3Server
 
 import ckvc
 from ckvc.fsck import BAD_CHECKSUM, MISSING_OBJECT
-from ckvc.remote.location import forget_memory_remote
 from ckvc.storage.durable import list_packs
 from ckvc.storage.local import LocalBackend
 from ckvc.storage.packs import RECORD_HEADER_SIZE, RecordInfo, read_toc
@@ -76,16 +73,6 @@ def delete_pack_of(repo: ckvc.Repo, commit: str) -> str:
 def damage(repo: ckvc.Repo, ids: list[str]) -> tuple[bytes, str]:
     """A flipped byte in a chunk of the first commit, the pack of the last deleted."""
     return flip_chunk(repo, ids[0]), delete_pack_of(repo, ids[-1])
-
-
-@pytest.fixture(params=["dir", "memory"])
-def url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
-    if request.param == "dir":
-        yield str(tmp_path / "remote")
-        return
-    name = f"memory://t{uuid.uuid4().hex[:12]}"
-    yield name
-    forget_memory_remote(name)
 
 
 def pushed_history(root: Path, url: str, n: int = 4) -> list[str]:
