@@ -115,10 +115,7 @@ class _Repair:
         only (damaged) copy of something a ref reaches (``needed``)."""
         store = self.store
         listed = set(store.packs())
-        canonical: dict[str, list[RecordInfo]] = {name: [] for name in packs}
-        for oid, e in store.index.iter_entries():
-            if e.pack in canonical:
-                canonical[e.pack].append(RecordInfo(oid, e.kind, e.codec, e.offset, e.record_size, e.raw_size))
+        canonical = store.indexed_records(packs)
         doomed: list[tuple[str, list[RecordInfo]]] = []
         for name in sorted(packs):
             still_damaged = [e for e in canonical[name] if e.oid in needed]

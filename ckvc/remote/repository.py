@@ -217,13 +217,9 @@ def forget_packs(store: ObjectStore, names: set[str]) -> None:
     the catalog said (the next refresh reads their TOCs again)."""
     if not names:
         return
-    index = store.index
-    removed: dict[str, list[RecordInfo]] = {name: [] for name in names & index.indexed_packs()}
-    for oid, e in index.iter_entries():
-        if e.pack in removed:
-            removed[e.pack].append(RecordInfo(oid, e.kind, e.codec, e.offset, e.record_size, e.raw_size))
+    removed = store.indexed_records(names & store.index.indexed_packs())
     if removed:
-        index.swap_packs([], list(removed.items()))
+        store.index.swap_packs([], list(removed.items()))
 
 
 class CatalogStore(ObjectStore):

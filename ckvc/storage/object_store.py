@@ -9,7 +9,7 @@ import collections
 import contextlib
 import os
 import threading
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
@@ -374,6 +374,15 @@ class ObjectStore:
             if data is not None:
                 names.update(n for n in data.decode(errors="replace").split("\n") if is_pack_name(n))
         return names
+
+    def indexed_records(self, names: Iterable[str]) -> dict[str, list[RecordInfo]]:
+        """Per pack of ``names``, the records the index names it for (the canonical
+        copies it holds): what forgetting the pack takes out of the index."""
+        found: dict[str, list[RecordInfo]] = {name: [] for name in names}
+        for oid, e in self.index.iter_entries():
+            if e.pack in found:
+                found[e.pack].append(RecordInfo(oid, e.kind, e.codec, e.offset, e.record_size, e.raw_size))
+        return found
 
     def pack_entries(self, name: str, *, header: bool = True) -> tuple[list[RecordInfo], bool]:
         """(entries, from_toc) of pack ``name``: its TOC, or what a scan recovers
