@@ -303,6 +303,153 @@ def show(core: Repository, commit_id: str, *, tensors: bool = True) -> CommitInf
     return CommitInfo(commit, summaries, values, logical, stored, by_codec, len(snapshot.blobs))
 
 
+# ---- optimizer state under parameter names ------------------------------------------
+
+# Tie-break when several sibling state dicts align with one optimizer (an EMA copy has
+# the model's shapes): the conventional names of the trained model.
+MODEL_KEYS = ("model", "state_dict", "module", "model_state_dict", "net")
+
+Shape = tuple[int, ...]
+Wanted = list[tuple[Any, Shape | None]]  # (optimizer state id, the shape its state requires)
+
+
+def parameter_names(state: Any, snapshot: Snapshot) -> dict[str, str]:
+    """``{"optimizer.state.3": "model.fc.weight", ...}``: for each torch optimizer state
+    dict in ``state`` (a skeleton, TensorInfo for tensors), the path of the parameter
+    behind each numeric state id.
+
+    torch numbers parameters in ``param_groups`` order, which is the model's
+    ``parameters()`` order: the floating tensors of a state dict in order, minus the
+    buffers between them. So the ids are matched against the nearest sibling dict's
+    floating tensors as an ordered subsequence, each id with saved state needing the
+    parameter's shape. A mapping is given only when exactly one such subsequence exists
+    (the leftmost and the rightmost matches agree) in exactly one sibling (or one named
+    like a model, MODEL_KEYS); anything else keeps its plain path. Files inside a
+    committed folder are not searched: a .safetensors file does not keep that order."""
+    from ckvc.state import TORCH_DTYPES, TensorInfo
+    from ckvc.state.encode import join_path
+
+    def is_float(info: TensorInfo) -> bool:
+        dtype = TORCH_DTYPES.get(snapshot.blobs[info.blob].dtype)
+        return dtype is not None and (dtype.is_floating_point or dtype.is_complex)
+
+    def floating_tensors(value: Any, path: str) -> list[tuple[str, Shape]]:
+        out: list[tuple[str, Shape]] = []
+
+        def walk(v: Any, p: str) -> None:
+            if isinstance(v, dict):
+                for k, x in v.items():
+                    walk(x, join_path(p, k))
+            elif isinstance(v, (list, tuple)):
+                for i, x in enumerate(v):
+                    walk(x, join_path(p, i))
+            elif isinstance(v, TensorInfo) and is_float(v):
+                out.append((p, v.shape))
+
+        walk(value, path)
+        return out
+
+    def wanted_shapes(optimizer: dict[Any, Any]) -> Wanted | None:
+        """(state id, shape its saved tensors require) in parameter order; None when
+        this is not a well-formed optimizer state dict."""
+        groups = optimizer["param_groups"]
+        if not all(isinstance(g, dict) and isinstance(g.get("params"), list) for g in groups):
+            return None
+        ids = [p for g in groups for p in g["params"]]
+        saved = optimizer["state"]
+        if not ids or not all(isinstance(p, int) for p in ids) or len(set(ids)) != len(ids):
+            return None
+        if not isinstance(saved, dict) or not set(saved) <= set(ids):
+            return None
+        if not all(isinstance(v, dict) for v in saved.values()):
+            return None
+        out: Wanted = []
+        for p in ids:
+            shapes = {v.shape for v in saved.get(p, {}).values() if isinstance(v, TensorInfo) and v.shape}
+            if len(shapes) > 1:
+                return None
+            out.append((p, shapes.pop() if shapes else None))
+        return out
+
+    def align(wanted: Wanted, tensors: list[tuple[str, Shape]]) -> list[str] | None:
+        def fits(w: Shape | None, shape: Shape) -> bool:
+            return w is None or w == shape
+
+        def greedy(ws: list[Shape | None], ts: list[Shape]) -> list[int] | None:
+            picks, j = [], 0
+            for w in ws:
+                while j < len(ts) and not fits(w, ts[j]):
+                    j += 1
+                if j == len(ts):
+                    return None
+                picks.append(j)
+                j += 1
+            return picks
+
+        shapes = [w for _, w in wanted]
+        left = greedy(shapes, [s for _, s in tensors])
+        right = greedy(shapes[::-1], [s for _, s in tensors][::-1])
+        if left is None or right is None:
+            return None
+        if left == [len(tensors) - 1 - j for j in reversed(right)]:
+            return [tensors[j][0] for j in left]  # the only way to match
+        # Buffers with a parameter's shape (BatchNorm's running stats) make several
+        # matches possible. The leftmost is torch's order when every tensor it skips sits
+        # where state_dict puts buffers, after a matched parameter of its own module, or
+        # fits no parameter; otherwise (a frozen layer shaped like a trained one) say
+        # nothing rather than guess.
+        matched = set(left)
+        modules_seen: set[str] = set()
+        wanted_shapes_set = {w for w in shapes if w is not None}
+        for j, (name, shape) in enumerate(tensors):
+            module = name.rpartition(".")[0]
+            if j in matched:
+                modules_seen.add(module)
+            elif module not in modules_seen and (shape in wanted_shapes_set or None in shapes):
+                return None
+        return [tensors[j][0] for j in left]
+
+    found: dict[str, str] = {}
+
+    def visit(value: Any, path: str, ancestors: list[tuple[str, Any]]) -> None:
+        is_optimizer = isinstance(value, dict) and {"state", "param_groups"} <= set(value)
+        if is_optimizer and isinstance(value["param_groups"], list):
+            wanted = wanted_shapes(value)
+            if wanted is not None:
+                name_map = nearest_model(wanted, path, ancestors)
+                if name_map is not None:
+                    for (state_id, _), param in zip(wanted, name_map, strict=True):
+                        found[join_path(join_path(path, "state"), state_id)] = param
+            return
+        children = (
+            value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list | tuple) else ()
+        )
+        for k, x in children:
+            visit(x, join_path(path, k), [*ancestors, (path, value)])
+
+    def nearest_model(wanted: Wanted, path: str, ancestors: list[tuple[str, Any]]) -> list[str] | None:
+        for anc_path, anc in reversed(ancestors):
+            matches: dict[str, list[str]] = {}
+            if not isinstance(anc, dict):
+                continue
+            for k, sibling in anc.items():
+                sib_path = join_path(anc_path, k)
+                if path == sib_path or path.startswith(sib_path + ".") or not isinstance(sibling, dict):
+                    continue
+                names = align(wanted, floating_tensors(sibling, sib_path))
+                if names is not None:
+                    matches[str(k)] = names
+            if len(matches) > 1:
+                preferred = [k for k in MODEL_KEYS if k in matches]
+                return matches[preferred[0]] if len(preferred) == 1 else None
+            if matches:
+                return next(iter(matches.values()))
+        return None
+
+    visit(state, "", [])
+    return found
+
+
 # ---- diff -----------------------------------------------------------------------
 
 

@@ -70,6 +70,12 @@ def count(value: str | None, what: str) -> int | None:
     return int(value)
 
 
+def _prefixes(path: str) -> list[str]:
+    """ "a.b.c" -> ["a.b", "a"]: the containers a leaf's path lies in, nearest first."""
+    parts = path.split(".")
+    return [".".join(parts[:i]) for i in range(len(parts) - 1, 0, -1)]
+
+
 def _first_number(c: Commit, keys: tuple[str, ...]) -> float | None:
     for key in keys:
         for source in (c.metrics, c.metadata):
@@ -225,7 +231,8 @@ class WebApi:
 
     def tensors(self, rev: str) -> dict[str, Any]:
         """Per tensor: stored bytes of its buffer's distinct chunks, the codecs they use,
-        and the lossy report, for the commit page's table (reads no tensor data)."""
+        the lossy report and, for optimizer state, the parameter it belongs to
+        (``param``: its path, and the state entry's own), for the commit page's table (reads no tensor data)."""
         rev = check_rev(rev)
 
         def build(repo: Repo) -> dict[str, Any]:
@@ -235,7 +242,9 @@ class WebApi:
             commit = repo.read_commit(repo.resolve(rev))
             graph.check_not_pruned(repo.core, commit.id)
             snapshot = repo.read_snapshot(commit)
-            leaves = state_mod.flatten(state_mod.parse_snapshot(snapshot, commit.id, allow_pickle=None).build())
+            skeleton = state_mod.parse_snapshot(snapshot, commit.id, allow_pickle=None).build()
+            leaves = state_mod.flatten(skeleton)
+            params = inspect.parameter_names(skeleton, snapshot)
             per_blob: dict[int, tuple[int, list[str]]] = {}
             out = []
             for path, leaf in leaves.items():
@@ -258,6 +267,8 @@ class WebApi:
                         "stored_bytes": stored,
                         "codecs": codecs,
                         "lossy": dict(report) if report is not None else None,
+                        # optimizer state: the parameter it belongs to, when the state says
+                        "param": next(({"path": params[p], "state": p} for p in _prefixes(path) if p in params), None),
                     }
                 )
             return {"commit": commit.id, "tensors": out}

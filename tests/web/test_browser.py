@@ -9,6 +9,7 @@ Without the browser the module is skipped, except under CI=true, where that fail
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import os
 import shutil
@@ -284,3 +285,27 @@ def test_metric_charts_have_axis_labels_whole_number_ticks_and_a_log_scale(
     ]
     browser.find_element(By.ID, "logy").click()
     wait_for(browser, lambda b: attrs(b, ".chart svg", "data-scale") == ["linear", "linear"])
+
+
+def test_optimizer_state_is_shown_under_its_parameters_name(browser: Any, tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.BatchNorm1d(3), torch.nn.Linear(3, 2))
+    optimizer = torch.optim.Adam(model.parameters())
+    model(torch.randn(5, 4)).sum().backward()
+    optimizer.step()
+    with ckvc.Repo.init(tmp_path / "repo") as repo:
+        repo.commit({"model": model.state_dict(), "optimizer": optimizer.state_dict()}, message="adam")
+    with contextlib.contextmanager(serving)(tmp_path / "repo") as server:
+        open_page(browser, server, "commit/main", "commit")
+        row = browser.find_element(By.CSS_SELECTOR, '#tensor-table tr[data-path="optimizer.state.3.exp_avg"]')
+        assert row.find_element(By.CSS_SELECTOR, "td").text == "optimizer.state[model.1.bias].exp_avg"
+        assert row.get_attribute("title") == "stored as optimizer.state.3.exp_avg"
+        layers = attrs(browser, "#by-layer g.bar", "data-name")
+        assert "optimizer.state[model.1]" in layers and "model.1" in layers
+        browser.find_element(By.ID, "tensor-filter").send_keys("[model.2.weight]")
+        wait_for(browser, lambda b: len(b.find_elements(By.CSS_SELECTOR, "#tensor-table tbody tr")) == 3)
+        assert sorted(attrs(browser, "#tensor-table tbody tr", "data-path")) == [
+            "optimizer.state.4.exp_avg",
+            "optimizer.state.4.exp_avg_sq",
+            "optimizer.state.4.step",
+        ]

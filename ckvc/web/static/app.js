@@ -375,10 +375,17 @@ function layerOf(path) {
   for (let i = parts.length - 1; i >= 0; i -= 1) if (/^\d+$/.test(parts[i])) return parts.slice(0, i + 1).join(".");
   return parts.length > 1 ? parts.slice(0, -1).join(".") : path;
 }
+// optimizer state under its parameter's name: "optimizer.state[model.fc.weight].exp_avg"
+function displayPath(t) {
+  return t.param ? `${t.param.state.replace(/\.[^.]*$/, "")}[${t.param.path}]${t.path.slice(t.param.state.length)}` : t.path;
+}
+function layerOfTensor(t) {
+  return t.param ? `${t.param.state.replace(/\.[^.]*$/, "")}[${layerOf(t.param.path)}]` : layerOf(t.path);
+}
 function groupSizes(tensors, keyFn) {
   const groups = new Map();
   for (const t of tensors) {
-    const k = keyFn(t.path);
+    const k = keyFn(t);
     const g = groups.get(k) || { name: k, tensors: 0, logical: 0, stored: 0, blobs: new Set() };
     g.tensors += 1;
     g.logical += t.nbytes;
@@ -418,22 +425,22 @@ async function pageCommit(main, rev) {
     <div class="card"><h2>Tensors</h2><div class="controls"><input type="text" id="tensor-filter" placeholder="filter by path (substring)" size="40">
     <span class="muted" id="tensor-count"></span></div><div id="tensor-table-box"></div></div>
     <div class="card"><h2>Values</h2><pre class="mono">${esc(JSON.stringify(show.values, null, 2))}</pre></div>`;
-  for (const [id, fn] of [["by-key", (p) => p.split(".")[0]], ["by-layer", layerOf]]) {
+  for (const [id, fn] of [["by-key", (t) => t.path.split(".")[0]], ["by-layer", layerOfTensor]]) {
     const groups = groupSizes(tensors, fn).slice(0, 40);
     bars(body.querySelector(`#${id}`), groups.map((g) => ({ name: g.name, value: g.logical, text: `${bytes(g.logical)} / ${bytes(g.stored)} stored`,
       tip: `${g.name}: ${g.tensors} tensors, ${bytes(g.logical)} logical, ${bytes(g.stored)} stored` })), { width: 560, labelWidth: 200 });
   }
-  const rows = tensors.map((t) => ({ ...t, shape: `[${t.shape.join(", ")}]`, codec: t.codecs.join(", "),
+  const rows = tensors.map((t) => ({ ...t, shown: displayPath(t), shape: `[${t.shape.join(", ")}]`, codec: t.codecs.join(", "),
     lossy: t.lossy ? `${t.lossy.codec} (max err ${num(t.lossy.max_abs_error)})` : "" }));
-  const cols = [{ key: "path", label: "path", fmt: (v) => `<span class="mono">${esc(v)}</span>` }, { key: "dtype", label: "dtype" },
+  const cols = [{ key: "shown", label: "path", fmt: (v) => `<span class="mono">${esc(v)}</span>` }, { key: "dtype", label: "dtype" },
     { key: "shape", label: "shape" }, { key: "nbytes", label: "logical", num: true, fmt: bytes },
     { key: "stored_bytes", label: "stored", num: true, fmt: bytes }, { key: "codec", label: "codec" }, { key: "lossy", label: "lossy" }];
   const box = body.querySelector("#tensor-table-box");
   const draw = (q) => {
     box.innerHTML = "";
-    const shown = rows.filter((r) => r.path.includes(q));
+    const shown = rows.filter((r) => r.path.includes(q) || r.shown.includes(q));
     body.querySelector("#tensor-count").textContent = `${shown.length} of ${rows.length}`;
-    table(box, cols, shown, { id: "tensor-table", rowAttrs: (r) => ` data-path="${esc(r.path)}"` });
+    table(box, cols, shown, { id: "tensor-table", rowAttrs: (r) => ` data-path="${esc(r.path)}"${r.param ? ` title="stored as ${esc(r.path)}"` : ""}` });
   };
   draw("");
   body.querySelector("#tensor-filter").addEventListener("input", (ev) => draw(ev.target.value));
