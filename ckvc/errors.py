@@ -71,12 +71,17 @@ class CorruptObjectError(CkvcError):
 
     def with_context(self, *, commit: str | None = None, tensor: str | None = None) -> CorruptObjectError:
         """A copy that also names the commit and tensor, as known higher up."""
-        return CorruptObjectError(
+        return type(self)(
             self.reason,
             object_id=self.object_id,
             commit=commit or self.commit,
             tensor=tensor or self.tensor,
         )
+
+
+class MalformedObjectError(CorruptObjectError):
+    """An object whose bytes match its id but do not parse as its type says (a buggy or
+    hostile writer made it): refetching the same id cannot repair it."""
 
 
 class InvalidRefNameError(CkvcError, ValueError):

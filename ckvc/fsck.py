@@ -12,7 +12,14 @@ from typing import Any
 from ckvc import graph
 from ckvc.chunking import chunk_spans
 from ckvc.core import ProgressCallback, Repository
-from ckvc.errors import CkvcError, CorruptObjectError, InvalidInputError, ObjectNotFoundError, UnsafeContentError
+from ckvc.errors import (
+    CkvcError,
+    CorruptObjectError,
+    InvalidInputError,
+    MalformedObjectError,
+    ObjectNotFoundError,
+    UnsafeContentError,
+)
 from ckvc.ids import ObjectType
 from ckvc.objects import Commit
 from ckvc.storage.object_store import ObjectStore, StoredObject
@@ -80,6 +87,12 @@ class FsckReport:
 
 
 LEVELS = ("refs", "metadata", "full")
+
+
+def _corruption_kind(exc: CorruptObjectError) -> str:
+    """Bytes that match their id but do not parse are what load refuses (bad-state);
+    a refetch of the same id cannot repair them, as it can a bad checksum."""
+    return BAD_STATE if isinstance(exc, MalformedObjectError) else BAD_CHECKSUM
 
 
 def _check_toc_copy(store: ObjectStore, name: str, entries: list[RecordInfo], add: Callable[..., None]) -> None:
@@ -204,21 +217,21 @@ class _Fsck:
         total = sum(e.stored_size for e in entries)
         done = 0
 
-        def check(oid: bytes) -> str | None:
+        def check(oid: bytes) -> CorruptObjectError | ObjectNotFoundError | None:
             try:
                 store.verify(oid)
             except (CorruptObjectError, ObjectNotFoundError) as exc:
-                return str(exc)
+                return exc
             return None
 
-        def record(stored: StoredObject, err: str | None) -> None:
+        def record(stored: StoredObject, err: CorruptObjectError | ObjectNotFoundError | None) -> None:
             nonlocal done
             report.objects_checked += 1
             report.bytes_checked += stored.stored_size
             done += stored.stored_size
             if err is not None:
-                kind = MISSING_OBJECT if "missing" in err or "not found" in err else BAD_CHECKSUM
-                self.add(kind, stored.oid.hex(), err)
+                kind = MISSING_OBJECT if isinstance(err, ObjectNotFoundError) else _corruption_kind(err)
+                self.add(kind, stored.oid.hex(), str(err))
             if progress is not None:
                 progress(done, total)
 
@@ -296,7 +309,7 @@ class _Fsck:
                 continue
             self.reachable.add(bytes.fromhex(oid))
             if reached.error is not None:
-                add(BAD_CHECKSUM, oid, str(reached.error))
+                add(_corruption_kind(reached.error), oid, str(reached.error))
                 self.broken(oid, oid, None)
                 continue
             commit = reached.commit
@@ -316,7 +329,7 @@ class _Fsck:
             self.broken(commit.tree, oid, None)
             return
         except CorruptObjectError as exc:
-            add(BAD_CHECKSUM, commit.tree, str(exc))
+            add(_corruption_kind(exc), commit.tree, str(exc))
             self.broken(commit.tree, oid, None)
             return
         try:

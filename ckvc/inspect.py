@@ -32,8 +32,20 @@ def time_text(ns: int) -> str:
     return dt.datetime.fromtimestamp(ns / 1e9, tz=dt.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
+# An int past this many bits is shown by its size: Python refuses to print one of
+# more than 4,300 digits (CVE-2020-10735), and nobody reads one of 300.
+INT_BITS_SHOWN = 1000
+TEXT_SHOWN = 1000  # characters of a string, items of a list or map, before "…"
+
+
+def big_int_text(v: int) -> str:
+    return f"<int of {v.bit_length():,} bits>"
+
+
 def jsonable(v: Any) -> Any:
     """Non-tensor state values for JSON output."""
+    if isinstance(v, int) and not isinstance(v, bool) and v.bit_length() > INT_BITS_SHOWN:
+        return big_int_text(v)
     if v is None or isinstance(v, (bool, int, str)):
         return v
     if isinstance(v, float):
@@ -47,6 +59,41 @@ def jsonable(v: Any) -> Any:
     if isinstance(v, dict):
         return {str(k): jsonable(x) for k, x in v.items()}
     return str(v)
+
+
+def value_text(v: Any, width: int = 100) -> str:
+    """A non-tensor value as one line of at most about ``width`` characters, whatever
+    its size: a big int by its bits, bytes by their length, a long string or
+    container cut with "…" and what was left out; never builds the whole repr."""
+
+    def text(x: Any, budget: int) -> str:
+        if isinstance(x, int) and not isinstance(x, bool) and x.bit_length() > INT_BITS_SHOWN:
+            return big_int_text(x)
+        if isinstance(x, str) and len(x) > budget:
+            return f"{x[: max(budget - 24, 8)]!r}… ({len(x):,} chars)"
+        if isinstance(x, bytes | bytearray | memoryview):
+            return f"<{len(x):,} bytes>" if len(x) > budget // 4 else repr(bytes(x))
+        if isinstance(x, list | tuple | dict):
+            items = list(x.items()) if isinstance(x, dict) else list(x)
+            parts: list[str] = []
+            used = 0
+            for item in items:
+                if used > budget:
+                    parts.append(f"… {len(items) - len(parts)} more")
+                    break
+                part = (
+                    f"{text(item[0], budget)}: {text(item[1], budget)}" if isinstance(x, dict) else text(item, budget)
+                )
+                parts.append(part)
+                used += len(part) + 2
+            inner = ", ".join(parts)
+            if isinstance(x, dict):
+                return "{" + inner + "}"
+            return f"({inner}{',' if len(items) == 1 else ''})" if isinstance(x, tuple) else f"[{inner}]"
+        return repr(x)
+
+    out = text(v, width)
+    return out if len(out) <= width else out[: width - 1] + "…"
 
 
 def fields_json(report: Any, *, skip: tuple[str, ...] = ()) -> dict[str, Any]:

@@ -14,7 +14,7 @@ from typing import Any
 import msgpack
 
 from ckvc.chunking import chunk_count
-from ckvc.errors import CorruptObjectError
+from ckvc.errors import MalformedObjectError
 from ckvc.ids import ID_SIZE
 
 OBJECT_VERSION = 1
@@ -29,12 +29,12 @@ def _unpack(data: bytes | bytearray | memoryview, what: str) -> Any:
     try:
         return msgpack.unpackb(data, raw=False, strict_map_key=False, use_list=True)
     except Exception as exc:
-        raise CorruptObjectError(f"malformed {what} object: {exc}") from None
+        raise MalformedObjectError(f"malformed {what} object: {exc}") from None
 
 
 def _require(cond: bool, what: str, detail: str) -> None:
     if not cond:
-        raise CorruptObjectError(f"malformed {what} object: {detail}")
+        raise MalformedObjectError(f"malformed {what} object: {detail}")
 
 
 def _check_fields(obj: Any, what: str, keys: tuple[str, ...]) -> None:
@@ -100,6 +100,24 @@ class Snapshot:
         return cls(tuple(Blob.from_wire(b) for b in obj["blobs"]), obj["tree"])
 
 
+LOSSY_REPORT_FIELDS = {"codec": str, "max_abs_error": float, "rel_rms_error": float, "rms_error": float}
+
+
+def lossy_report_problem(report: Any) -> str | None:
+    """What is wrong with one tensor's lossy report (docs/FORMAT.md 9.3), or None:
+    show and fsck format its numbers, so a missing or mistyped field is a malformed
+    commit, refused where commits are decoded."""
+    if not isinstance(report, dict):
+        return "not a map"
+    for name, kind in LOSSY_REPORT_FIELDS.items():
+        if name not in report:
+            return f"{name} is missing"
+        if type(report[name]) is not kind:
+            return f"{name} is {type(report[name]).__name__}, not {kind.__name__}"
+    extra = sorted(str(k) for k in report if k not in LOSSY_REPORT_FIELDS)
+    return f"unknown field {extra[0]!r:.100}" if extra else None
+
+
 @dataclass(frozen=True)
 class Commit:
     tree: str  # snapshot id (hex)
@@ -146,15 +164,10 @@ class Commit:
         fields = ("v", "tree", "parents", "author", "time", "message", "metrics", "metadata", "pickled")
         _check_fields(obj, "commit", (*fields, "lossy") if isinstance(obj, dict) and "lossy" in obj else fields)
         lossy = obj.get("lossy", {})
-        _require(
-            isinstance(lossy, dict)
-            and all(
-                isinstance(k, str) and isinstance(v, dict) and isinstance(v.get("codec"), str) for k, v in lossy.items()
-            )
-            and (lossy != {} or "lossy" not in obj),
-            "commit",
-            "bad lossy field",
-        )
+        _require(isinstance(lossy, dict) and (lossy != {} or "lossy" not in obj), "commit", "bad lossy field")
+        for path, report in lossy.items():
+            problem = "path is not a string" if not isinstance(path, str) else lossy_report_problem(report)
+            _require(problem is None, "commit", f"lossy report for {str(path)!r:.200}: {problem}")
         ok = (
             _is_id(obj["tree"])
             and isinstance(obj["parents"], list)

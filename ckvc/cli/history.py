@@ -183,6 +183,8 @@ def _annotated_tag(repo: Repo, rev: str) -> Tag | None:
 def show(obj: Context, rev: str, no_data: bool, as_json: bool) -> None:
     """Show a commit: message, metrics, and its tensors with dtype, shape and size.
     For an annotated tag, its tagger, date and message first."""
+    from ckvc.inspect import value_text
+
     repo = obj.repo
     info = repo.show(rev, tensors=not no_data)
     tag = _annotated_tag(repo, rev)
@@ -217,7 +219,7 @@ def show(obj: Context, rev: str, no_data: bool, as_json: bool) -> None:
     if info.values:
         click.echo("values:")
         for path, value in info.values.items():
-            click.echo(f"  {path or '<root>'} = {value!r:.100}")
+            click.echo(f"  {path or '<root>'} = {value_text(value)}")
 
 
 def _meta_text(v: Any) -> str:
@@ -245,6 +247,8 @@ def diff(obj: Context, a: str, b: str | None, paths: tuple[str, ...], stat: bool
     and non-tensor values. PATHs (after B: ckvc diff A HEAD model) limit it to leaves equal to,
     under ("model", "optimizer.state") or matching a glob ("*.bias"). RNG states
     (which change every step) are one line."""
+    from ckvc.inspect import value_text
+
     d = obj.repo.diff(a, "HEAD" if b is None else b, paths, data=not stat)  # "" is no revision
     if as_json:
         emit_json(d.to_json())
@@ -264,7 +268,7 @@ def diff(obj: Context, a: str, b: str | None, paths: tuple[str, ...], stat: bool
             f"~ {c.path}" if stat and c.rel_l2 is None and c.old.shape == c.new.shape else f"~ {c.path}  {_rel(c)}"
         )
     for path, old, new in d.values_changed:
-        click.echo(f"~ {path}  {old!r:.60} -> {new!r:.60}")
+        click.echo(f"~ {path}  {value_text(old, 60)} -> {value_text(new, 60)}")
 
 
 def _count(n: int, word: str) -> str:

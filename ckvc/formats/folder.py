@@ -46,6 +46,7 @@ def read_checkpoint(
         raise InvalidInputError(f"no such file or directory: {path}") from None
     except OSError as exc:
         raise UnsupportedFileError(f"cannot read {path}: {exc.strerror}") from None
+    _refuse_repository_internals(path)
     if stat.S_ISDIR(st.st_mode):
         try:
             entries = _walk(Path(os.path.realpath(path)), follow_links)
@@ -100,6 +101,18 @@ def _kind_name(mode: int) -> str:
         if test(mode):
             return name
     return "not a regular file"
+
+
+def _refuse_repository_internals(path: Path) -> None:
+    """A ckvc repository's own folder (or anything in it: packs, the open LMDB index,
+    lock files) is never a checkpoint, as git refuses to add .git."""
+    real = Path(os.path.realpath(path))
+    for folder in (real, *real.parents):
+        if folder.name == REPOSITORY_DIR and (folder / "config.json").is_file():
+            where = "is" if folder == real else "is inside"
+            raise InvalidInputError(
+                f"{path} {where} the ckvc repository folder {folder}: its internals are not a checkpoint"
+            )
 
 
 def _walk(root: Path, follow_links: bool) -> dict[str, _Entry]:
