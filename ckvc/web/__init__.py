@@ -7,14 +7,23 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import re
+import secrets
 import socket
 from collections.abc import Callable
 
+from ckvc.errors import InvalidInputError
 from ckvc.repo import Repo
 from ckvc.web.routes import WebApi
 from ckvc.web.server import WebServer
 
 DEFAULT_HOST = "127.0.0.1"
+# What may stand in a URL, a header and a cookie unquoted; long enough not to be guessed.
+TOKEN_FORM = re.compile(r"[A-Za-z0-9._~-]{16,}")
+
+
+def new_token() -> str:
+    return secrets.token_urlsafe(32)
 
 
 class WebServer6(WebServer):
@@ -36,16 +45,20 @@ def make_server(
     port: int = 0,
     *,
     verbose: bool = False,
+    token: str | None = None,
 ) -> WebServer:
     """A server bound to ``host:port`` (0: any free port) over the repository at
-    ``directory`` (or the Repo ``directory()`` opens); ``serve_forever()`` runs it."""
+    ``directory`` (or the Repo ``directory()`` opens); ``serve_forever()`` runs it.
+    With ``token`` every request must carry it (ckvc.web.server)."""
+    if token is not None and not TOKEN_FORM.fullmatch(token):
+        raise InvalidInputError("a serve token is at least 16 of the characters A-Z a-z 0-9 . _ ~ -")
     opener = directory if callable(directory) else (lambda: Repo.open(directory))
     api = WebApi(opener)
     try:
-        return (WebServer6 if ":" in host else WebServer)((host, port), api, verbose=verbose)
+        return (WebServer6 if ":" in host else WebServer)((host, port), api, verbose=verbose, token=token)
     except BaseException:
         api.close()
         raise
 
 
-__all__ = ["DEFAULT_HOST", "WebApi", "WebServer", "is_loopback", "make_server"]
+__all__ = ["DEFAULT_HOST", "WebApi", "WebServer", "is_loopback", "make_server", "new_token"]

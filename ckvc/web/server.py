@@ -6,20 +6,27 @@ Nothing here builds a filesystem path from a request: static files are looked up
 by name in a fixed table, revisions go through the repository's own resolve().
 Every failure is a JSON object ``{"error", "type", "status"}`` with a 4xx/5xx status
 from the error's class; an unexpected exception is a 500 of that shape, never a
-traceback page, and the server keeps serving."""
+traceback page, and the server keeps serving.
+
+With a token (``ckvc serve`` off loopback) every page, file and API route needs it,
+as Jupyter's do: an ``Authorization: token T`` header, or ``?token=T`` once, which
+sets an HttpOnly cookie and redirects to the same URL without it (so the token
+leaves the address bar and the history). None: 401; a wrong one: 403."""
 
 from __future__ import annotations
 
+import hmac
 import json
 import re
 import sys
 import traceback
 from collections.abc import Callable
 from http import HTTPStatus
+from http.cookies import CookieError, SimpleCookie
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from importlib import resources
 from typing import Any
-from urllib.parse import parse_qs, unquote, urlsplit
+from urllib.parse import parse_qs, unquote, urlencode, urlsplit
 
 from ckvc import errors
 from ckvc.web.routes import WebApi, count, flag
@@ -127,6 +134,8 @@ class Handler(BaseHTTPRequestHandler):
                 raise HttpError(HTTPStatus.REQUEST_URI_TOO_LONG, "URL too long")
             if int(self.headers.get("Content-Length") or 0) > 0:
                 raise HttpError(HTTPStatus.BAD_REQUEST, "a GET carries no body")
+            if self.server.token is not None and not self._authorized():
+                return
             self._route()
         except HttpError as exc:
             self._error(exc.status, str(exc), "HttpError")
@@ -141,6 +150,47 @@ class Handler(BaseHTTPRequestHandler):
                 traceback.print_exc(file=sys.stderr)
             first = (str(exc).splitlines() or [""])[0]
             self._error(HTTPStatus.INTERNAL_SERVER_ERROR, f"{type(exc).__name__}: {first}", "UnexpectedError")
+
+    # ---- the token --------------------------------------------------------------------
+
+    def _authorized(self) -> bool:
+        """True when the request carries the server's token; otherwise it has been
+        answered (401 without one, 403 with a wrong one, a redirect setting the cookie
+        for ``?token=``)."""
+        token = self.server.token
+        assert token is not None
+        url = urlsplit(self.path)
+        query = parse_qs(url.query, keep_blank_values=True, errors="strict")
+        offered: list[str] = []
+        header = self.headers.get("Authorization") or ""
+        if header[:6].lower() == "token ":
+            offered.append(header[6:].strip())
+        try:
+            cookie = SimpleCookie(self.headers.get("Cookie") or "").get(self.server.cookie_name)
+        except CookieError:
+            cookie = None
+        if cookie is not None:
+            offered.append(cookie.value)
+        from_query = query.pop("token", [])
+        offered += from_query
+        if not offered:
+            self._error(
+                HTTPStatus.UNAUTHORIZED,
+                "this server needs its token: open the URL ckvc serve printed, or send 'Authorization: token T'",
+                "Unauthorized",
+                {"WWW-Authenticate": "Token"},
+            )
+            return False
+        if not any(hmac.compare_digest(o.encode(), token.encode()) for o in offered):
+            self._error(HTTPStatus.FORBIDDEN, "wrong token", "Forbidden")
+            return False
+        if from_query:
+            rest = urlencode([(k, v) for k, vs in query.items() for v in vs])
+            cookie_header = f"{self.server.cookie_name}={token}; Path=/; HttpOnly; SameSite=Strict"
+            location = url.path + (f"?{rest}" if rest else "")
+            self._send(HTTPStatus.SEE_OTHER, b"", "text/plain", {"Location": location, "Set-Cookie": cookie_header})
+            return False
+        return True
 
     # ---- routes ---------------------------------------------------------------------
 
@@ -192,10 +242,15 @@ class WebServer(ThreadingHTTPServer):
     daemon_threads = True  # Ctrl-C does not wait for a browser's keep-alive connections
     allow_reuse_address = True
 
-    def __init__(self, address: tuple[str, int], api: WebApi, *, verbose: bool = False) -> None:
+    def __init__(
+        self, address: tuple[str, int], api: WebApi, *, verbose: bool = False, token: str | None = None
+    ) -> None:
         self.api = api
         self.verbose = verbose
+        self.token = token  # None: no token asked (loopback, or --no-auth)
         super().__init__(address, Handler)
+        # Cookies are not kept apart by port: two servers on one host need two names.
+        self.cookie_name = f"ckvc_token_{self.server_address[1]}"
 
     @property
     def url(self) -> str:

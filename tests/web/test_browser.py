@@ -309,3 +309,15 @@ def test_optimizer_state_is_shown_under_its_parameters_name(browser: Any, tmp_pa
             "optimizer.state.4.exp_avg_sq",
             "optimizer.state.4.step",
         ]
+
+
+def test_a_token_server_opens_from_its_printed_url_and_keeps_the_token_out_of_sight(browser: Any, built: Built) -> None:
+    token = "browser-test-token-0123456789"
+    with contextlib.contextmanager(serving)(built.path, token) as server:
+        browser.get(server.url + "history")
+        assert "Unauthorized" in browser.page_source  # no token: the page is not served
+        open_page(browser, server, f"commit/v2?token={token}", "commit")
+        assert browser.current_url == server.url + "commit/v2"  # the token left the address bar
+        assert browser.execute_script("return document.cookie") == ""  # HttpOnly: no script reads it
+        assert attrs(browser, "#tensor-table tbody tr", "data-path")  # the API answered through the cookie
+        browser.delete_all_cookies()

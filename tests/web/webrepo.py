@@ -67,9 +67,9 @@ def build_repo(path: Path) -> Built:
     return Built(path, main, side, main[0], main[3])
 
 
-def serving(path: Path) -> Iterator[WebServer]:
+def serving(path: Path, token: str | None = None) -> Iterator[WebServer]:
     """A server over ``path`` on a free loopback port, in a thread, for a fixture to yield."""
-    srv = make_server(path, "127.0.0.1", 0)
+    srv = make_server(path, "127.0.0.1", 0, token=token)
     thread = threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
     thread.start()
     try:
