@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from ckvc.errors import CorruptObjectError, ObjectNotFoundError
 from ckvc.executor import Executor
-from ckvc.storage.backend import Backend
+from ckvc.storage.backend import Backend, BackendError
 from ckvc.storage.object_store import ObjectStore
 from ckvc.storage.packs import PACK_DIR, PackWriter, RecordInfo, pack_key, toc_copy_name
 from ckvc.storage.records import Located, Record, Verifier, records_in
@@ -27,6 +27,12 @@ class UploadedPack:
     entries: list[RecordInfo]
     size: int  # bytes of the pack: header, records, TOC, footer
     copy_size: int = 0  # bytes of its TOC copy
+
+
+# A pack bigger than its sink's replay limit cannot repeat a failed start or end of
+# its multipart upload (its parts have left); its records are still here, so the
+# whole pack is written again, under a new name, on a transient failure.
+PACK_ATTEMPTS = 3
 
 
 def upload_packs(
@@ -46,16 +52,22 @@ def upload_packs(
     and is harmless: the next push finds it in the catalog and does not send it again)."""
 
     def write(group: list[Located]) -> UploadedPack:
-        pack = PackWriter(target)
-        try:
-            for item, record in records_in(source, group, lambda key: f"local {key}"):
-                if verifier is not None:
-                    _verify_outgoing(verifier, item, record)
-                pack.append(item.oid, record.kind, record.codec, record.raw_size, record.payload, record.base)
-            pack.seal()
-        except BaseException:
-            pack.abort()
-            raise
+        for attempt in range(1, PACK_ATTEMPTS + 1):
+            pack = PackWriter(target)
+            try:
+                for item, record in records_in(source, group, lambda key: f"local {key}"):
+                    if verifier is not None:
+                        _verify_outgoing(verifier, item, record)
+                    pack.append(item.oid, record.kind, record.codec, record.raw_size, record.payload, record.base)
+                pack.seal()
+                break
+            except BackendError as exc:
+                pack.abort()
+                if not exc.transient or attempt == PACK_ATTEMPTS:
+                    raise
+            except BaseException:
+                pack.abort()
+                raise
         # After the pack: a copy never names a pack that is not there (a reader
         # without one reads the pack's own TOC, so a push killed here loses nothing).
         target.put(pack_key(toc_copy_name(pack.name)), pack.tail)

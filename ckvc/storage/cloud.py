@@ -165,7 +165,28 @@ class ObjectStoreSink(Sink):
     def _failure(self) -> BaseException:
         err = self._error
         assert err is not None
-        return err if isinstance(err, CkvcError) else self._backend.map_error(err, "upload", self.key)
+        if isinstance(err, CkvcError):
+            return err
+        mapped = self._backend.map_error(err, "upload", self.key)
+        if isinstance(mapped, ObjectNotFoundError):
+            # NoSuchUpload: the store no longer knows the upload (completed while its
+            # answer was lost, then aborted; or expired by a lifecycle rule).
+            return BackendError(
+                f"{self._backend.url}: upload {self.key} failed: the store lost the multipart upload (NoSuchUpload)",
+                key=self.key,
+                transient=True,
+            )
+        return mapped
+
+    def _landed(self) -> bool:
+        """Whether the key holds an object of this sink's size: a completion whose
+        answer was lost (obstore then aborts the finished upload, which fails) still
+        published it. Pack keys are unique to their writer, so that object is ours."""
+        try:
+            info = self._backend.stat(self.key)
+        except CkvcError:
+            return False
+        return info is not None and info.size == self._size
 
     def write(self, data: Buffer) -> None:
         self._check_open("write to")
@@ -222,7 +243,7 @@ class ObjectStoreSink(Sink):
             self._buf = bytearray()
         self._send(self._END)
         self._worker.join()
-        if self._error is not None:
+        if self._error is not None and not self._landed():
             raise self._failure()
 
     def abort(self) -> None:
