@@ -59,7 +59,7 @@ GUIDE = REPO_ROOT / "docs" / "GUIDE.md"
 
 HANDLED, FAILED, INTEGRITY, CRASH = "handled", "failed", "integrity", "crash"
 VERDICTS = (HANDLED, FAILED, INTEGRITY, CRASH)
-CATEGORIES = ("cli", "crafted", "faults", "diskfull", "readonly", "signals", "writers", "deep")
+CATEGORIES = ("cli", "crafted", "faults", "diskfull", "readonly", "signals", "writers", "deep", "remote")
 
 DEFAULT_SEED = 12
 CASE_TIMEOUT_S = 30.0
@@ -385,7 +385,12 @@ def serve() -> None:
     import numpy  # noqa: F401
     import torch  # noqa: F401
 
-    import ckvc.cli  # noqa: F401 - preloaded, so children start in milliseconds
+    import ckvc.cli
+
+    with contextlib.suppress(ImportError):  # the remote extra: its client library too (no runtime starts)
+        import ckvc.remote.repository
+        import ckvc.storage.cloud
+        import ckvc.storage.retry  # noqa: F401
 
     ckvc_dir()
     requests, replies = os.dup(0), os.dup(1)
@@ -1901,6 +1906,528 @@ def _deep_case(ctx: Ctx, *, spec: str, step: str) -> Verdict:
     return v
 
 
+# ---- category: the bucket side (S3 server behind the fault proxy) ---------
+
+# Each request may take this long in the children (CKVC_REMOTE_TIMEOUT), so that a
+# request made to hang (the "hang" fault) times out within a case.
+REMOTE_TIMEOUT_S = 2.0
+# A dead endpoint fails an operation within a minute (docs/GUIDE.md, Remotes): an
+# op still running after this long hangs.
+REMOTE_OP_TIMEOUT_S = 90.0
+# Fault kinds an object store produces: Rule arguments of tests/fault_proxy.py.
+REMOTE_FAULTS: dict[str, dict[str, Any]] = {
+    "500": {"fault": "status", "status": 500},
+    "503-slowdown": {"fault": "status", "status": 503},
+    "reset": {"fault": "reset"},
+    "reset-after": {"fault": "reset", "after": True},  # the request landed, its answer is lost
+    "truncated": {"fault": "truncate"},
+    "hang": {"fault": "slow", "delay": REMOTE_TIMEOUT_S + 1.5},
+    "403": {"fault": "status", "status": 403},
+    "404-listed": {"fault": "status", "status": 404, "method": "GET"},  # an object that was listed
+}
+TRANSIENT_FAULTS = {"500", "503-slowdown", "reset", "reset-after", "truncated", "hang"}
+REMOTE_OPS = ("push", "fetch", "clone", "lazy-read", "fsck-remote", "gc-remote")
+# Damage a shared bucket can suffer between operations, and what fsck --remote must say.
+REMOTE_DAMAGE: dict[str, frozenset[str]] = {  # name -> fsck error kinds, one of which it must report
+    "deleted-pack": frozenset({"missing-object", "missing-pack"}),
+    "truncated-pack": frozenset({"bad-pack", "missing-object", "bad-checksum"}),
+    "swapped-toc-copies": frozenset({"bad-toc-copy"}),
+    "ref-to-missing-commit": frozenset({"dangling-ref"}),
+    "ref-rolled-back": frozenset(),  # no damage: another writer's force push
+    "foreign-repository-pack": frozenset(),  # valid objects nothing here names
+    "partial-listing": frozenset(),  # a fault, not damage
+}
+DAMAGE_FOLLOW_UPS = ("fetch", "clone", "lazy-read", "fsck-remote", "gc-remote")
+
+
+class RemoteRig:
+    """The S3 test server (moto, 127.0.0.1) and the fault proxy in front of it,
+    started once per run; each case gets a fresh prefix of one bucket."""
+
+    def __init__(self) -> None:
+        sys.path.insert(0, str(REPO_ROOT / "tests"))
+        from fault_proxy import FaultProxy, Rule
+        from s3server import FAKE_CREDENTIALS, S3Server
+
+        self.Rule = Rule
+        self.server = S3Server.start()
+        self.proxy = FaultProxy(self.server.endpoint).__enter__()
+        self.bucket = self.server.create_bucket()
+        os.environ.update(FAKE_CREDENTIALS)  # this process's own client (damage, reads)
+        self.env = {**FAKE_CREDENTIALS, "CKVC_REMOTE_TIMEOUT": str(REMOTE_TIMEOUT_S), "CKVC_THREADS": "1"}
+        self.cases = 0
+
+    def url(self) -> str:
+        self.cases += 1
+        return f"s3://{self.bucket}/case{self.cases}"
+
+    def direct(self, url: str) -> Any:
+        """The bucket prefix's backend, straight to the server (no faults)."""
+        from ckvc.storage.cloud import open_object_store
+
+        return open_object_store(url, endpoint=self.server.endpoint)
+
+    def remote_tip(self, url: str, branch: str = "main") -> str | None:
+        data = self.direct(url).get(f"refs/heads/{branch}")
+        return None if data is None else data.decode().strip()
+
+    def close(self) -> None:
+        self.proxy.__exit__(None, None, None)
+        self.server.stop()
+
+
+_rig: RemoteRig | None = None
+
+
+def remote_rig() -> RemoteRig:
+    global _rig
+    if _rig is None:
+        _rig = RemoteRig()
+        atexit.register(_rig.close)
+    return _rig
+
+
+def _remote_available() -> str | None:
+    try:
+        import moto  # noqa: F401
+        import obstore  # noqa: F401
+    except ImportError as exc:
+        return f"the remote extra and moto[server] are needed: {exc}"
+    return None
+
+
+@dataclasses.dataclass
+class RemoteWs:
+    """A prepared workspace: r/ pushed to ``url`` (the base history), and what the op needs."""
+
+    ws: Path
+    url: str
+    expected: dict[str, str]  # commit -> digest, every acknowledged commit
+    old_tip: str  # the remote's main before the op
+    new_tip: str | None = None  # a commit the op should carry (push, fetch)
+
+
+def _rcli(ctx: Ctx, argv: list[str], ws: Path, **kw: Any) -> Proc:
+    return ctx.cli(argv, ws, env=remote_rig().env, **kw)
+
+
+def _must_r(ctx: Ctx, argv: list[str], ws: Path) -> Proc:
+    proc = _rcli(ctx, argv, ws)
+    if proc.rc != 0:
+        raise RuntimeError(f"remote setup {argv} failed: {_last_error_line(proc.stderr)}")
+    return proc
+
+
+_remote_templates: dict[str, RemoteWs] = {}
+
+
+def _remote_prepare(ctx: Ctx, op: str) -> RemoteWs:
+    """The state just before ``op``: a copy of a template made once per op (its
+    workspace, and its bucket prefix copied object by object to a fresh one)."""
+    rig = remote_rig()
+    if op not in _remote_templates:
+        _remote_templates[op] = _remote_build(ctx, op, f"s3://{rig.bucket}/template-{op}")
+        ctx.keep.add(_remote_templates[op].ws)
+    template = _remote_templates[op]
+    ws, url = Path(tempfile.mkdtemp(dir=ctx.work)), rig.url()
+    shutil.copytree(template.ws, ws, dirs_exist_ok=True, symlinks=True)
+    source, target = rig.direct(template.url), rig.direct(url)
+    for key in source.list(""):
+        target.put(key, source.get(key))
+    for settings in ws.glob("*/.ckvc/*.json"):  # the remote's URL, in r and its clones
+        text = settings.read_text()
+        if template.url in text:
+            settings.write_text(text.replace(template.url, url))
+    return dataclasses.replace(template, ws=ws, url=url, expected=dict(template.expected))
+
+
+def _remote_build(ctx: Ctx, op: str, url: str) -> RemoteWs:
+    """The state just before ``op``, with no faults: the base history pushed to
+    ``url``, plus what the op works on (a new commit to push or fetch, a clone to
+    fetch into, a lazy clone to read through, garbage for gc)."""
+    rig = remote_rig()
+    ws = ctx.fresh("two")
+    _must_r(ctx, ["-C", "r", "remote", "add", "origin", url, "--endpoint", rig.proxy.endpoint], ws)
+    _must_r(ctx, ["-C", "r", "push", "origin"], ws)
+    expected = dict(ctx.bases.digests)
+    prep = RemoteWs(ws, url, expected, str(_read_tip(ws)))
+    if op in ("push", "fetch", "gc-remote"):
+        if op == "fetch":
+            _must_r(ctx, ["clone", url, "c", "--endpoint", rig.proxy.endpoint], ws)
+        made = _must_r(ctx, ["-C", "r", "commit", "../s3.pt", "-m", "new", "--json"], ws).json()["commit"]
+        prep.new_tip = made
+        expected[made] = ctx.bases.digests_of_file(ws / "s3.pt")
+        if op in ("fetch", "gc-remote"):
+            _must_r(ctx, ["-C", "r", "push", "origin"], ws)
+        if op == "gc-remote":  # the new commit becomes the bucket's garbage
+            _must_r(ctx, ["-C", "r", "reset", "--hard", prep.old_tip], ws)
+            _must_r(ctx, ["-C", "r", "push", "-f", "origin"], ws)
+            del expected[made]
+            prep.new_tip = None
+        if op == "fetch":
+            prep.old_tip = made  # on the remote before the fetch; c has the base only
+    elif op == "lazy-read":
+        _must_r(ctx, ["clone", "--lazy", url, "c3", "--endpoint", rig.proxy.endpoint], ws)
+    return prep
+
+
+def _remote_op(ctx: Ctx, op: str, prep: RemoteWs, **kw: Any) -> Proc:
+    """Run ``op`` (faults as the proxy's rules are now)."""
+    _, finish = _remote_op_start(ctx, op, prep)
+    return finish(REMOTE_OP_TIMEOUT_S)
+
+
+def _remote_op_start(ctx: Ctx, op: str, prep: RemoteWs) -> tuple[int, Callable[[float | None], Proc]]:
+    rig = remote_rig()
+    if op == "lazy-read":
+        return ctx.runner.start(
+            "verify", str(prep.ws / "c3"), dict(ctx.bases.digests), "main", cwd=prep.ws, env=rig.env
+        )
+    argv = _remote_op_argv(op, prep)
+    return ctx.runner.start("cli", argv, cwd=prep.ws, env=rig.env)
+
+
+def _remote_op_argv(op: str, prep: RemoteWs) -> list[str]:
+    rig = remote_rig()
+    return {
+        "push": ["-C", "r", "push", "origin"],
+        "fetch": ["-C", "c", "fetch", "origin"],
+        "clone": ["clone", prep.url, "c2", "--endpoint", rig.proxy.endpoint],
+        "fsck-remote": ["-C", "r", "fsck", "--remote", "origin"],
+        "gc-remote": ["-C", "r", "gc", "--remote", "origin", "--now"],
+    }[op]
+
+
+_CKVC_ERRORS: frozenset[str] = frozenset()
+
+
+def _ckvc_error_names() -> frozenset[str]:
+    global _CKVC_ERRORS
+    if not _CKVC_ERRORS:
+        import ckvc.errors
+
+        _CKVC_ERRORS = frozenset(
+            n for n, v in vars(ckvc.errors).items() if isinstance(v, type) and issubclass(v, ckvc.errors.CkvcError)
+        ) | {"BackendError"}
+    return _CKVC_ERRORS
+
+
+def _judge_reads(proc: Proc) -> Verdict:
+    """A verify child's report: a wrong byte is an integrity failure, an untyped error a failure."""
+    v = judge(proc, "ok")
+    if v.verdict != HANDLED:
+        return v
+    report = proc.json() or {}
+    for commit, outcome in report.get("commits", {}).items():
+        if outcome == "mismatch":
+            return Verdict(INTEGRITY, f"commit {commit[:12]} read back with wrong bytes")
+        if outcome.startswith("error: ") and outcome[7:].split(":")[0] not in _ckvc_error_names():
+            return Verdict(FAILED, f"commit {commit[:12]}: untyped {outcome[:160]}")
+    return Verdict(HANDLED)
+
+
+def _judge_remote_refusal(proc: Proc, prep: RemoteWs) -> Verdict | None:
+    """A refused remote operation must say which remote (its URL or name)."""
+    if proc.rc not in (None, 0, 1) and prep.url not in proc.stderr and "origin" not in proc.stderr:
+        return Verdict(FAILED, f"exit {proc.rc} without naming the remote: {_last_error_line(proc.stderr)}")
+    return None
+
+
+def _cut_off_lease(proc: Proc) -> bool:
+    from ckvc.errors import RepositoryLockedError
+
+    return proc.rc == RepositoryLockedError.exit_code and "lease runs out in" in proc.stderr
+
+
+def _remote_settle(ctx: Ctx, op: str, prep: RemoteWs, proc: Proc, kind: str | None) -> Verdict:
+    """After the op (faulted or killed): what it acknowledged holds, the bucket is
+    consistent, and the same op, run again without faults, succeeds."""
+    rig = remote_rig()
+    ws = prep.ws
+    v = _judge_reads(proc) if op == "lazy-read" else judge(proc, "any", fsck=op == "fsck-remote")
+    if v.verdict in (CRASH, FAILED, INTEGRITY):
+        return v
+    if (bad := _judge_remote_refusal(proc, prep)) is not None:
+        return bad
+    tip = rig.remote_tip(prep.url)
+    allowed = {prep.old_tip, prep.new_tip} if op == "push" else {prep.old_tip}
+    if tip not in allowed:
+        return Verdict(INTEGRITY, f"the bucket's main is {str(tip)[:12]}, not one of {[str(a)[:12] for a in allowed]}")
+    if op == "push" and proc.rc == 0 and tip != prep.new_tip:
+        return Verdict(INTEGRITY, "push acknowledged but the bucket's main did not move")
+    if op == "fetch":
+        fetched = (ws / "c" / ".ckvc" / "refs" / "remotes" / "origin" / "main").read_text().strip()
+        if proc.rc == 0 and fetched != prep.new_tip:
+            return Verdict(INTEGRITY, "fetch acknowledged but origin/main did not move")
+        if fetched not in (ctx.bases.ids[-1], prep.new_tip):
+            return Verdict(INTEGRITY, f"origin/main is {fetched[:12]} after the fetch")
+    if op == "fsck-remote" and proc.rc == 1 and not str(kind).startswith("404-listed"):
+        return Verdict(FAILED, f"fsck --remote reported damage that is not there ({kind}): {proc.stdout[-200:]!r}")
+    if op == "clone" and proc.rc not in (0, None) and (ws / "c2").exists():
+        return Verdict(FAILED, "a failed clone left its directory behind")
+    # The bucket, read with no faults: fsck clean, the op again, a fresh clone bit-exact.
+    check = _rcli(ctx, ["-C", "r", "fsck", "--remote", "origin"], ws) if op in ("push", "gc-remote") else None
+    if check is not None and check.rc != 0:
+        return Verdict(
+            INTEGRITY, f"fsck --remote not clean after the fault: {_last_error_line(check.stdout + check.stderr)}"
+        )
+    if op == "clone":
+        shutil.rmtree(ws / "c2", ignore_errors=True)
+    again = _remote_op(ctx, op, prep)
+    if _cut_off_lease(again) and (kind is None or kind.endswith("persistent")):
+        # A writer cut off from the store (a kill, an outage to the end) cannot delete
+        # its lease: the next one is refused, told when it runs out (tests/storage).
+        again = dataclasses.replace(again, rc=0)
+    if op == "lazy-read":
+        if (bad := _judge_reads(again)).verdict != HANDLED:
+            return bad
+        if any(o != "ok" for o in (again.json() or {}).get("commits", {}).values()):
+            return Verdict(FAILED, "the lazy read fails again without faults")
+    elif again.rc != 0:
+        return Verdict(FAILED, f"the {op} fails again without faults: {_last_error_line(again.stderr)}")
+    if op in ("fetch", "clone", "lazy-read", "fsck-remote"):
+        return Verdict(HANDLED, f"exit {proc.rc}")  # reads: the bucket is as it was (fsck --remote said so)
+    verify_dir = ws / "fresh"
+    _must_r(ctx, ["clone", prep.url, "fresh", "--endpoint", rig.server.endpoint], ws)
+    on_remote = {c: d for c, d in prep.expected.items() if c != prep.new_tip or rig.remote_tip(prep.url) == c}
+    report = ctx.runner.run("verify", str(verify_dir), on_remote, "main", cwd=ws).json() or {}
+    bad_commits = {c[:12]: o for c, o in report.get("commits", {}).items() if o != "ok"}
+    if bad_commits:
+        return Verdict(INTEGRITY, f"acknowledged commits not on the bucket bit-exact: {bad_commits}")
+    return Verdict(HANDLED, f"exit {proc.rc}")
+
+
+# Injection points per (op, fault, mode) in the long run, spread over the op's
+# requests from the first to the last (every request of every op would take hours).
+REMOTE_POINTS_LONG = 10
+
+
+def spread_points(n: int, most: int) -> list[int]:
+    if n <= most:
+        return list(range(n))
+    return sorted({round(i * (n - 1) / (most - 1)) for i in range(most)})
+
+
+_remote_counts: dict[str, list[tuple[str, str]]] = {}
+
+
+def _remote_requests(ctx: Ctx, op: str) -> list[tuple[str, str]]:
+    """(method, path) of each request ``op`` makes, from one run without faults."""
+    if op not in _remote_counts:
+        rig = remote_rig()
+        prep = _remote_prepare(ctx, op)
+        rig.proxy.reset_counts()
+        proc = _remote_op(ctx, op, prep)
+        if proc.rc != 0:
+            raise RuntimeError(f"{op} without faults failed: {_last_error_line(proc.stderr)}")
+        _remote_counts[op] = list(rig.proxy.requests)
+    return _remote_counts[op]
+
+
+def remote_category(ctx: Ctx) -> Iterator[Case]:
+    _remote_templates.clear()
+    if (missing := _remote_available()) is not None:
+        yield Case("remote", f"skipped: {missing}", lambda ctx: Verdict("skip", missing))
+        return
+    rng = random.Random(ctx.args.seed + 5)
+    for op in REMOTE_OPS:
+        requests = _remote_requests(ctx, op)
+        gets = [i for i, (m, _) in enumerate(requests) if m == "GET"]
+        for kind, spec in REMOTE_FAULTS.items():
+            modes = ("once", "persistent") if kind in TRANSIENT_FAULTS else ("once",)
+            for mode in modes:
+                n = len(gets) if spec.get("method") == "GET" else len(requests)
+                points = (
+                    spread_points(n, REMOTE_POINTS_LONG) if ctx.args.long else sorted(rng.sample(range(n), min(n, 2)))
+                )
+                for k in points:
+                    at = requests[gets[k]] if spec.get("method") == "GET" else requests[k]
+                    key = at[1].split("?")[0].split("/", 3)[3:]  # /bucket/caseN/key: the key
+                    what = f"{at[0]} {re.sub(r'[0-9a-f]{16,}', '*', key[0] if key else '(listing)')[-60:]}"
+                    yield Case(
+                        "remote",
+                        f"{op}: {kind} {mode} at request {k + 1} ({what})",
+                        P(_remote_fault_case, op=op, kind=kind, mode=mode, k=k),
+                    )
+    kills = max(1, ctx.args.kills * 2 // 3)
+    for i in range(kills):
+        op = REMOTE_OPS[i % len(REMOTE_OPS)]
+        frac = rng.random() * 1.1
+        yield Case("remote", f"{op}: SIGKILL at {frac:.3f} of its run", P(_remote_kill_case, op=op, frac=frac))
+    for damage in REMOTE_DAMAGE:
+        for follow in DAMAGE_FOLLOW_UPS:
+            yield Case("remote", f"damage {damage}: then {follow}", P(_remote_damage_case, damage=damage, op=follow))
+    for r in range(10 if ctx.args.long else 1):
+        for race in ("two-pushers", "push-and-gc"):
+            yield Case("remote", f"race {race}: round {r}", P(_remote_race_case, race=race))
+
+
+def _remote_fault_case(ctx: Ctx, *, op: str, kind: str, mode: str, k: int) -> Verdict:
+    rig = remote_rig()
+    prep = _remote_prepare(ctx, op)
+    local_before = tree_state(prep.ws / "r" / ".ckvc" / "refs" / "heads")
+    spec = dict(REMOTE_FAULTS[kind])
+    rig.proxy.rules = [rig.Rule(**spec, skip=k, count=1 if mode == "once" else None)]
+    try:
+        proc = _remote_op(ctx, op, prep)
+        fired = rig.proxy.fired()
+    finally:
+        rig.proxy.rules = []
+    if fired == 0:
+        return Verdict(HANDLED, "the fault point was not reached (the op took another path)")
+    if tree_state(prep.ws / "r" / ".ckvc" / "refs" / "heads") != local_before:
+        return Verdict(FAILED, f"{op} changed the local branches")
+    return _remote_settle(ctx, op, prep, proc, f"{kind} {mode}")
+
+
+_remote_durations: dict[str, float] = {}
+
+
+def _remote_kill_case(ctx: Ctx, *, op: str, frac: float) -> Verdict:
+    if op not in _remote_durations:
+        _remote_durations[op] = _remote_op(ctx, op, _remote_prepare(ctx, op)).seconds
+    prep = _remote_prepare(ctx, op)
+    pid, finish = _remote_op_start(ctx, op, prep)
+    time.sleep(_remote_durations[op] * frac)
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGKILL)
+    done = finish(REMOTE_OP_TIMEOUT_S)
+    if done.timed_out:
+        return Verdict(CRASH, "hang after SIGKILL")
+    if done.signal is not None:  # killed as meant: judge what it left, as a refusal
+        done = dataclasses.replace(done, signal=None, rc=None)
+        if op == "clone":
+            shutil.rmtree(prep.ws / "c2", ignore_errors=True)  # a killed clone cannot clean up; the next one must cope
+    return _remote_settle(ctx, op, prep, done, None)
+
+
+def _damage(rig: RemoteRig, url: str, damage: str, ctx: Ctx, ws: Path) -> str | None:
+    """Do ``damage`` to the bucket prefix; returns the object or pack it hit."""
+    from ckvc.storage.packs import PACK_DIR, pack_key, toc_copy_name
+
+    backend = rig.direct(url)
+    packs = sorted(k for k in backend.list(f"{PACK_DIR}/") if k.endswith(".pack"))
+    if damage == "deleted-pack":
+        backend.delete(packs[0])
+        return packs[0]
+    if damage == "truncated-pack":
+        data = backend.get(packs[0])
+        backend.put(packs[0], data[: len(data) // 2])
+        return packs[0]
+    if damage == "swapped-toc-copies":
+        a, b = (pack_key(toc_copy_name(p.rsplit("/", 1)[1])) for p in packs[:2])
+        da, db = backend.get(a), backend.get(b)
+        backend.put(a, db)
+        backend.put(b, da)
+        return a
+    if damage == "ref-to-missing-commit":
+        backend.put("refs/heads/main", ("ab" * 32 + "\n").encode())
+        return "ab" * 32
+    if damage == "ref-rolled-back":  # another writer forced main back to its first commit
+        backend.put("refs/heads/main", (ctx.bases.ids[0] + "\n").encode())
+        return None
+    if damage == "foreign-repository-pack":  # another repository's pack under the same prefix
+        other = rig.url()
+        _must_r(ctx, ["init", "other"], ws)
+        _must_r(ctx, ["-C", "other", "commit", "../s5.pt", "-m", "other"], ws)
+        _must_r(ctx, ["-C", "other", "remote", "add", "origin", other, "--endpoint", rig.server.endpoint], ws)
+        _must_r(ctx, ["-C", "other", "push", "origin"], ws)
+        source = rig.direct(other)
+        for key in source.list(f"{PACK_DIR}/"):
+            backend.put(key, source.get(key))
+        return None
+    if damage == "partial-listing":  # the next listing is cut short once
+        rig.proxy.rules = [rig.Rule("truncate", method="GET", path="list-type", count=1)]
+        return None
+    raise AssertionError(damage)
+
+
+def _remote_damage_case(ctx: Ctx, *, damage: str, op: str) -> Verdict:
+    rig = remote_rig()
+    prep = _remote_prepare(ctx, "fetch")  # two pushes: two packs on the bucket
+    if op == "lazy-read":
+        _must_r(ctx, ["clone", "--lazy", prep.url, "c3", "--endpoint", rig.proxy.endpoint], prep.ws)
+    hit = _damage(rig, prep.url, damage, ctx, prep.ws)
+    try:
+        if op == "fsck-remote":
+            proc = _rcli(ctx, ["-C", "r", "fsck", "--remote", "origin", "--json"], prep.ws)
+        else:
+            proc = _remote_op(ctx, op, prep)
+    finally:
+        rig.proxy.rules = []
+    if op == "lazy-read":
+        return _judge_reads(proc)
+    v = judge(proc, "any", fsck=op == "fsck-remote")
+    if v.verdict != HANDLED:
+        return v
+    if (bad := _judge_remote_refusal(proc, prep)) is not None:
+        return bad
+    if op == "fsck-remote":
+        kinds = {p["kind"] for p in (proc.json() or {}).get("problems", []) if p.get("severity") == "error"}
+        want = REMOTE_DAMAGE[damage]
+        if not want and kinds:
+            return Verdict(FAILED, f"fsck --remote reports damage that was not done: {sorted(kinds)}")
+        if want and not want & kinds:
+            return Verdict(FAILED, f"fsck --remote misses {sorted(want)} (reported {sorted(kinds)}; hit {hit})")
+    if op == "clone" and proc.rc == 0:
+        report = ctx.runner.run("verify", str(prep.ws / "c2"), dict(ctx.bases.digests), None, cwd=prep.ws).json() or {}
+        wrong = [c[:12] for c, o in report.get("commits", {}).items() if o == "mismatch"]
+        if wrong:
+            return Verdict(INTEGRITY, f"a clone of the damaged bucket returned wrong bytes for {wrong}")
+    if op == "gc-remote" and damage in ("ref-rolled-back", "foreign-repository-pack", "partial-listing"):
+        check = _rcli(ctx, ["-C", "r", "fsck", "--remote", "origin"], prep.ws)
+        if check.rc != 0:
+            return Verdict(INTEGRITY, f"gc --remote damaged the bucket: {_last_error_line(check.stdout)}")
+    return Verdict(HANDLED, f"exit {proc.rc}")
+
+
+def _remote_race_case(ctx: Ctx, *, race: str) -> Verdict:
+    rig = remote_rig()
+    prep = _remote_prepare(ctx, "fetch")  # r and c: two writers on the same bucket
+    ws = prep.ws
+    _must_r(ctx, ["-C", "r", "commit", "../s4.pt", "-m", "writer r", "--json"], ws)
+    mine = str(_read_tip(ws))
+    prep.expected[mine] = ctx.bases.digests_of_file(ws / "s4.pt")
+    _must_r(ctx, ["-C", "c", "fetch", "origin"], ws)
+    _must_r(ctx, ["-C", "c", "reset", "--hard", "origin/main"], ws)
+    theirs = _must_r(ctx, ["-C", "c", "commit", "../s6.pt", "-m", "writer c", "--json"], ws).json()["commit"]
+    prep.expected[theirs] = ctx.bases.digests_of_file(ws / "s6.pt")
+    second = (
+        ["-C", "c", "push", "origin"] if race == "two-pushers" else ["-C", "c", "gc", "--remote", "origin", "--now"]
+    )
+    results: dict[str, Proc] = {}
+    threads = [
+        threading.Thread(target=lambda: results.__setitem__("r", _rcli(ctx, ["-C", "r", "push", "origin"], ws))),
+        threading.Thread(target=lambda: results.__setitem__("c", _rcli(ctx, second, ws))),
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for name, proc in results.items():
+        if (v := judge(proc, "any")).verdict != HANDLED:
+            return Verdict(v.verdict, f"writer {name}: {v.detail}")
+    tip = rig.remote_tip(prep.url)
+    pushers = (("r", mine), ("c", theirs)) if race == "two-pushers" else (("r", mine),)
+    acked = [commit for name, commit in pushers if results[name].rc == 0]
+    if len(acked) == 2:
+        return Verdict(INTEGRITY, "two diverging pushes both acknowledged")
+    if acked and tip != acked[0]:
+        return Verdict(INTEGRITY, f"push of {acked[0][:12]} acknowledged but the bucket's main is {str(tip)[:12]}")
+    check = _rcli(ctx, ["-C", "r", "fsck", "--remote", "origin"], ws)
+    if check.rc != 0:
+        return Verdict(
+            INTEGRITY, f"fsck --remote not clean after the race: {_last_error_line(check.stdout + check.stderr)}"
+        )
+    _must_r(ctx, ["clone", prep.url, "fresh", "--endpoint", rig.server.endpoint], ws)
+    on_remote = {c: d for c, d in prep.expected.items() if c not in (mine, theirs) or c == tip}
+    report = ctx.runner.run("verify", str(ws / "fresh"), on_remote, "main", cwd=ws).json() or {}
+    bad = {c[:12]: o for c, o in report.get("commits", {}).items() if o != "ok"}
+    if bad:
+        return Verdict(INTEGRITY, f"commits on the bucket not bit-exact after the race: {bad}")
+    return Verdict(HANDLED, f"exits {results['r'].rc}/{results['c'].rc}")
+
+
 # ---------------------------------------------------------------------------
 # Driver.
 # ---------------------------------------------------------------------------
@@ -1914,6 +2441,7 @@ CATEGORY_GENERATORS: dict[str, Callable[[Ctx], Iterable[Case]]] = {
     "signals": signal_category,
     "writers": writers_category,
     "deep": deep_category,
+    "remote": remote_category,
 }
 
 
@@ -1973,12 +2501,13 @@ SHORT_QUOTA = {
     "signals": 24,
     "writers": 1,
     "deep": 30,
+    "remote": 40,
 }
 
 # The quick run (the default test tier) tries this fraction of each quota, and
 # fewer of the cases that each take seconds (a timed run, then the kill or the fault).
 QUICK_FRACTION = 5
-QUICK_QUOTA = {"faults": 2, "signals": 2}
+QUICK_QUOTA = {"faults": 2, "signals": 2, "remote": 6}
 
 
 def spread_sample(cases: list[Case], quota: int, rng: random.Random) -> list[Case]:

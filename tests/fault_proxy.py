@@ -47,6 +47,7 @@ class Rule:
     method: str | None = None  # None: any
     path: str | None = None  # substring of the request path; None: any
     count: int | None = 1  # how many times it fires; None: always
+    skip: int = 0  # matching requests let through before it fires (the k-th request: skip=k-1)
     probability: float = 1.0
     status: int = 500
     after: bool = False  # status/reset: forward first (the request lands, its answer is lost)
@@ -60,6 +61,14 @@ class Rule:
             and (self.path is None or self.path in path)
             and (self.count is None or self.fired < self.count)
         )
+
+    def take(self) -> bool:
+        """A match: fire, or count it as one of those to let through."""
+        if self.skip > 0:
+            self.skip -= 1
+            return False
+        self.fired += 1
+        return True
 
 
 class FaultProxy:
@@ -91,6 +100,8 @@ class FaultProxy:
 
         self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.server.daemon_threads = True
+        # A client that gave up mid-answer (a timeout, a kill) is what faults are for: no traceback.
+        self.server.handle_error = lambda request, client_address: None  # type: ignore[method-assign]
         self.endpoint = f"http://127.0.0.1:{self.server.server_address[1]}"
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
 
@@ -110,8 +121,7 @@ class FaultProxy:
         with self.lock:
             self.requests.append((method, path))
             for rule in self.rules:
-                if rule.matches(method, path) and self.rng.random() < rule.probability:
-                    rule.fired += 1
+                if rule.matches(method, path) and self.rng.random() < rule.probability and rule.take():
                     return rule
         return None
 

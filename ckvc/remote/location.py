@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import os
 import re
 import threading
 from collections.abc import Callable
@@ -33,6 +34,22 @@ _SCHEME = re.compile(r"^([a-z][a-z0-9+.-]*)://")
 
 _memory_remotes: dict[str, MemoryBackend] = {}
 _memory_lock = threading.Lock()
+
+
+REMOTE_TIMEOUT_VARIABLE = "CKVC_REMOTE_TIMEOUT"
+
+
+def remote_timeout() -> float:
+    """Seconds one object-store request may take (default 60): a slow link needs
+    more, a test that makes a request hang needs less."""
+    text = os.environ.get(REMOTE_TIMEOUT_VARIABLE, "")
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = -1.0
+    if not 0.1 <= seconds <= 3600:
+        raise InvalidInputError(f"{REMOTE_TIMEOUT_VARIABLE}={text!r}: give seconds per request, 0.1 to 3600")
+    return seconds
 
 
 def check_remote_name(name: str) -> str:
@@ -107,7 +124,8 @@ def open_object_store_backend(url: str, *, endpoint: str | None, region: str | N
         raise RemoteSupportMissingError(
             f"{scheme_of(url)}:// remotes need the remote extra (pip install 'ckvc[remote]'): {exc}"
         ) from None
-    backend: Backend = objectstore.open_object_store(url, endpoint=endpoint, region=region)
+    options = {"timeout": remote_timeout()} if os.environ.get(REMOTE_TIMEOUT_VARIABLE) else {}
+    backend: Backend = objectstore.open_object_store(url, endpoint=endpoint, region=region, **options)
     try:
         wrapper = importlib.import_module("ckvc.storage.retry").RetryingBackend
     except ImportError:  # the retry wrapper ships with the backend; an older tree may lack it

@@ -157,7 +157,11 @@ class LeaseLocks:
                         raise
                 if self.monotonic() + poll > deadline:
                     waited = f" (waited {timeout:.0f} s)" if timeout else ""
-                    raise RepositoryLockedError(f"{name} is locked by another process{waited}")
+                    left = max(0.0, min(lease.expires for lease in others) - self.clock())
+                    raise RepositoryLockedError(
+                        f"{name} is locked by another process{waited}; its lease runs out in {left:.0f} s "
+                        "unless renewed (a holder cut off from the store cannot release it)"
+                    )
                 time.sleep(poll * random.uniform(0.5, 1.5))
                 poll = min(poll * 1.5, MAX_POLL)
         except BaseException:

@@ -267,3 +267,22 @@ def test_a_lease_whose_renewals_fail_lapses() -> None:
         with pytest.raises(RepositoryLockedError, match=r"gc\.lock lapsed while held"):
             locks.check_held()
     locks.check_held()  # released: nothing held, nothing to check
+
+
+def test_a_refusal_says_when_the_blocking_lease_runs_out() -> None:
+    """A holder cut off from the store (a persistent outage, a kill) cannot delete its
+    lease: the next taker is told how long it stays."""
+    now = [1000.0]
+    backend = MemoryBackend(object_store_semantics=True)
+    locks = LeaseLocks(backend, term=60, clock=lambda: now[0], monotonic=lambda: now[0])
+    backend.put("locks/gc.lock/cut-off", lease_bytes("cut-off", shared=False, expires=now[0] + 42.4))
+    with (
+        pytest.raises(
+            RepositoryLockedError, match=r"gc\.lock is locked by another process; its lease runs out in 42 s"
+        ),
+        locks.hold("gc.lock", timeout=0),
+    ):
+        pass
+    now[0] += 43
+    with locks.hold("gc.lock", timeout=0):
+        assert [k.rsplit("/", 1)[1] for k in backend.list("locks/gc.lock/")] != ["cut-off"]
