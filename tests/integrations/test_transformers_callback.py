@@ -267,3 +267,45 @@ if __name__ == "__main__":
     kill = int(arg) if arg is not None and arg.isdigit() else None
     rev = arg.split(":", 1)[1] if arg is not None and arg.startswith("resume:") else None
     train(out_dir, repo_dir, run_mode, kill, rev, Path(result_path))
+
+
+def test_training_end_waits_for_the_backups(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """on_train_end drains auto_push: the pusher is held until something waits for the
+    backlog, so the bucket's branch is the last commit when train() returns only if
+    on_train_end waited (a job torn down right after the Trainer loses no backup)."""
+    import threading
+
+    from hf_models import random_tokens, recording_trainer, tiny_bert, training_args
+
+    import ckvc.hybrid.backup
+    import ckvc.remote.push
+    from ckvc.integrations.transformers import CkvcCallback
+
+    waited = threading.Event()
+    real_push, real_wait = ckvc.remote.push.push, ckvc.hybrid.backup.AutoPush.wait
+
+    def held_push(*args: Any, **kwargs: Any) -> Any:
+        waited.wait(60)
+        return real_push(*args, **kwargs)
+
+    def wait(self: Any, *args: Any, **kwargs: Any) -> bool:
+        waited.set()
+        return real_wait(self, *args, **kwargs)
+
+    monkeypatch.setattr(ckvc.remote.push, "push", held_push)
+    monkeypatch.setattr(ckvc.hybrid.backup.AutoPush, "wait", wait)
+    with ckvc.Repo.init(tmp_path / "repo") as repo:
+        repo.remotes.add("origin", str(tmp_path / "backup"))
+        repo.set_config(auto_push="origin")
+    callback = CkvcCallback(tmp_path / "repo", keep_local=0)
+    args = training_args(str(tmp_path / "out"), 4, 2)
+    trainer = recording_trainer(model=tiny_bert(), args=args, train_dataset=random_tokens(), callbacks=[callback])
+    try:
+        trainer.train()
+        repo = callback.repo
+        assert waited.is_set()
+        assert repo.ls_remote("origin")["refs/heads/main"] == repo.resolve("main")
+        assert [c.metadata["hf.global_step"] for c in repo.log("main")] == [4, 2]
+    finally:
+        waited.set()
+        callback.repo.close()
