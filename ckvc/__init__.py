@@ -25,6 +25,7 @@ _LAZY: dict[str, str] = {
     **dict.fromkeys(("rng_state", "set_rng_state"), "ckvc.state"),  # these import torch
     "CommitView": "ckvc.view",  # so do these
     **dict.fromkeys(("IncompatibleKeys", "resume"), "ckvc.restore"),
+    **dict.fromkeys(("ManifestEntry", "manifest_of"), "ckvc.manifest"),
 }
 
 if TYPE_CHECKING:
@@ -57,6 +58,7 @@ if TYPE_CHECKING:
         UnsupportedTypeError,
     )
     from ckvc.inspect import CommitInfo, StateDiff, TensorChange, TensorSummary
+    from ckvc.manifest import ManifestEntry, manifest_of
     from ckvc.objects import Commit, Tag
     from ckvc.repo import Repo
     from ckvc.restore import IncompatibleKeys, resume
@@ -95,6 +97,7 @@ __all__ = [
     "InvalidInputError",
     "InvalidRefNameError",
     "InvalidRevisionError",
+    "ManifestEntry",
     "NonFastForwardError",
     "NotARepositoryError",
     "ObjectNotFoundError",
@@ -118,6 +121,7 @@ __all__ = [
     "UnsupportedFormatError",
     "UnsupportedTypeError",
     "__version__",
+    "manifest_of",
     "resume",
     "rng_state",
     "set_rng_state",

@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     from ckvc.config import RepoConfig
     from ckvc.executor import Executor
     from ckvc.hybrid.cache import Hybrid
+    from ckvc.manifest import ManifestEntry
     from ckvc.pruned import PruneLog
     from ckvc.refs import RefStore
     from ckvc.remote.location import RemoteList
@@ -319,6 +320,13 @@ class Repo:
         values and stored sizes; reads no tensor data. ``tensors=False`` skips
         parsing the state (empty ``tensors`` and ``values``; torch is not imported)."""
         return inspect.show(self.core, self.resolve(rev), tensors=tensors)
+
+    def manifest(self, rev: str = "HEAD") -> list[ManifestEntry]:
+        """Per tensor: dtype, shape, size and a content hash from the chunk ids (no tensor
+        data read), equal to ``ckvc.manifest_of(state)`` for the state committed."""
+        from ckvc.manifest import manifest
+
+        return manifest(self.core, self.resolve(rev))
 
     def diff(self, a: str, b: str = "HEAD", paths: Sequence[str] = (), *, data: bool = True) -> StateDiff:
         """Tensors added, removed and changed from ``a`` to ``b`` (with relative L2

@@ -222,6 +222,22 @@ def show(obj: Context, rev: str, no_data: bool, as_json: bool) -> None:
             click.echo(f"  {path or '<root>'} = {value_text(value)}")
 
 
+@cli.command()
+@click.argument("rev", default="HEAD")
+@json_option
+@click.pass_obj
+def manifest(obj: Context, rev: str, as_json: bool) -> None:
+    """Per tensor: dtype, shape, size and a content hash from its chunk ids (no tensor
+    data read; ckvc.manifest_of(state) gives the same for live tensors)."""
+    entries = obj.repo.manifest(rev)
+    if as_json:
+        emit_json({"commit": obj.repo.resolve(rev), "tensors": [e.to_json() for e in entries]})
+        return
+    width = max((len(e.path) for e in entries), default=0)
+    for e in entries:
+        click.echo(f"{e.hash}  {e.path:<{width}}  {e.dtype:<10} {list(e.shape)!s:<20} {human_bytes(e.nbytes):>10}")
+
+
 def _meta_text(v: Any) -> str:
     return v if isinstance(v, str) else json.dumps(v, sort_keys=True)
 
