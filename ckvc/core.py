@@ -111,7 +111,7 @@ def new_config(
 # (ckvc.committer), then auto_push pushes what they queued (ckvc.hybrid.backup).
 # Each step returns the exit status the process must end with (a failure nobody
 # was told of), or None.
-EXIT_ORDER = ("background commits", "auto_push")
+EXIT_ORDER = ("background commits", "auto_push", "hooks")
 _exit_steps: dict[str, Callable[[], int | None]] = {}
 
 
@@ -171,6 +171,9 @@ class Repository:
         # The hybrid cache in front of this repository's remotes, when one is
         # attached (ckvc.hybrid.api); closed first by close().
         self.hybrid: Attachment | None = None
+        # hooks.json's commands (ckvc.hooks.HookRunner), attached by the facade when the
+        # repository sets any.
+        self.hooks: Any = None
         self._codec: Codec | None = None
         if self.refs.repair_pending(self.object_exists):
             self._repair_on_open()

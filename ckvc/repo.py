@@ -89,6 +89,10 @@ class Repo:
         self.last_commit_stats: CommitStats | None = None
         core.commit_observers.extend((self._record_stats, self._apply_retention))  # the cache adds its own
         hybrid_api.attach(core)  # a lazy clone's promisor, the cache budget, auto_push
+        if core.dir is not None and (core.dir / "hooks.json").exists():  # most repositories set none
+            from ckvc.hooks import attach
+
+            attach(core)
 
     path: Part[Path] = Part("local_path")  # the directory holding .ckvc
     dir: Part[Path] = Part("local_dir")  # path/.ckvc

@@ -86,7 +86,7 @@ def test_status_never_claims_a_backup_the_remote_lacks(tmp_path: Path) -> None:
     text = run(tmp_path / "src", "status").output
     assert "backed up to origin" not in text.replace("not backed up to origin", "")
     assert second[:12] in text and "not backed up to origin" in text
-    data = json.loads(run(tmp_path / "src", "status", "--json").output)
+    data = json.loads(run(tmp_path / "src", "status", "--json").stdout)
     assert data["backed_up"] is False and data["not_backed_up"] == second and data["ahead"] == 1
     with ckvc.Repo.open(tmp_path / "src") as repo:
         repo.push("origin")

@@ -35,7 +35,7 @@ def test_a_deleted_branch_is_freed_once_its_reflog_entries_expire(repo: ckvc.Rep
     assert run(repo.path, "branch", "-D", "exp").exit_code == 0
     assert repo.gc(now=True).bytes_freed == 0  # HEAD's reflog still names them
     assert all(repo.store.has(bytes.fromhex(c)) for c in exp)
-    done = json.loads(run(repo.path, "reflog", "expire", "--all", "--expire=now", "--json").output)
+    done = json.loads(run(repo.path, "reflog", "expire", "--all", "--expire=now", "--json").stdout)
     assert done["dropped"] >= 6  # exp's commits and checkouts in HEAD's reflog, and main's
     report = repo.gc(now=True)
     assert not any(repo.store.has(bytes.fromhex(c)) for c in exp)
@@ -87,7 +87,7 @@ def test_gc_says_what_the_reflog_and_the_grace_period_keep(repo: ckvc.Repo) -> N
     repo.commit({"w": torch.zeros(8)}, message="base")
     exp = _experiment(repo)
     repo.delete_branch("exp")
-    plan = json.loads(run(repo.path, "gc", "--dry-run", "--json").output)
+    plan = json.loads(run(repo.path, "gc", "--dry-run", "--json").stdout)
     entries = [repo.store.index.get(bytes.fromhex(c)) for c in exp]
     unique = sum(e.record_size for e in entries if e is not None)
     assert plan["reclaimable_bytes"] == 0 and plan["reflog_commits"] == 3 and plan["reflog_bytes"] > unique
@@ -95,7 +95,7 @@ def test_gc_says_what_the_reflog_and_the_grace_period_keep(repo: ckvc.Repo) -> N
     assert "kept by reflog entries younger than 90d: 3 commit(s)" in text
     assert "ckvc reflog expire --all --expire=now" in text
     repo.expire_reflogs(0)
-    plan = json.loads(run(repo.path, "gc", "--dry-run", "--json").output)
+    plan = json.loads(run(repo.path, "gc", "--dry-run", "--json").stdout)
     assert plan["reflog_commits"] == 0 and plan["reclaimable_bytes"] == 0  # the packs are young
     assert plan["grace_bytes"] >= unique  # exp's packs, whole: nothing needs them
     assert "`ckvc gc --now` does not wait for it" in run(repo.path, "gc", "--dry-run").output

@@ -54,8 +54,9 @@ def init(obj: Context, directory: str | None, chunk_size: int | None, default_br
 def config_cmd(obj: Context, key: str | None, value: str | None, as_json: bool) -> None:
     """Show the repository config (KEY: that setting), or set reflog_expiry (e.g. 30d), gc_grace (e.g. 1h),
     repack_threshold (0..1), keyframe_interval (1..255; 1 turns deltas off), codec
-    (auto, zstd, raw; zstd:LEVEL), cache_size (e.g. 50GiB, unlimited) or auto_push
-    (a remote, none)."""
+    (auto, zstd, raw; zstd:LEVEL), cache_size (e.g. 50GiB, unlimited), auto_push
+    (a remote, none), hooks.post_commit / hooks.post_push (a shell command, none)
+    or hooks.timeout (seconds)."""
     from ckvc.retention_policy import parse_duration
 
     repo = obj.repo
@@ -75,6 +76,10 @@ def config_cmd(obj: Context, key: str | None, value: str | None, as_json: bool) 
             repo.set_config(keyframe_interval=interval)
         elif key in ("cache_size", "auto_push"):
             repo.set_config(**{key: value})
+        elif key.startswith("hooks."):
+            from ckvc.hooks import set_hook
+
+            set_hook(repo.core, key.removeprefix("hooks."), value)
         elif key == "codec":
             name, _, level = value.partition(":")
             try:
@@ -87,13 +92,19 @@ def config_cmd(obj: Context, key: str | None, value: str | None, as_json: bool) 
         else:
             raise InvalidInputError(
                 f"unknown setting {key!r}; settable: "
-                "reflog_expiry, gc_grace, repack_threshold, keyframe_interval, codec, cache_size, auto_push"
+                "reflog_expiry, gc_grace, repack_threshold, keyframe_interval, codec, cache_size, auto_push, "
+                "hooks.post_commit, hooks.post_push, hooks.timeout"
             )
     data = dataclasses.asdict(repo.config)
     from ckvc.hybrid.settings import HybridSettings
 
     hybrid = HybridSettings.load(repo.core)
     data.update(cache_size=hybrid.cache_size, auto_push=hybrid.auto_push, lazy=hybrid.lazy)
+    if repo.core.dir is not None:
+        from ckvc.hooks import HookSettings
+
+        hooks = HookSettings.load(repo.core.dir)
+        data.update({f"hooks.{k}": v for k, v in dataclasses.asdict(hooks).items()})
     if key is not None:  # `config KEY [VALUE]`: that setting alone, as git config KEY prints it
         stored = f"{key}_s" if key in ("reflog_expiry", "gc_grace") else key
         if stored not in data:

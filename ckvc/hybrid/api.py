@@ -105,4 +105,7 @@ def push(
     hybrid = attached(core)
     if hybrid is not None:
         hybrid.prune()
+    if core.hooks is not None:
+        moved = " ".join(f"{u.ref}={u.new}" for u in result.updated)
+        core.hooks.run("post_push", {"CKVC_REMOTE": remote, "CKVC_REFS": moved})
     return result

@@ -151,3 +151,11 @@ def load_sharded(rank: int, world: int, repo_dir: str, dtensor_rev: str, fsdp_re
         "dtensor": load_dtensors(rank, world, repo_dir, dtensor_rev, seed),
         "fsdp": load_fsdp(rank, world, repo_dir, fsdp_rev),
     }
+
+
+def save_and_wait_for_hooks(rank: int, world: int, repo_dir: str, seed: int) -> dict[str, Any]:
+    from ckvc.hooks import wait_for_hooks
+
+    saved = save_dtensors(rank, world, repo_dir, seed)
+    wait_for_hooks()
+    return saved

@@ -158,3 +158,14 @@ def commit_with_a_writer_meanwhile(rank: int, world: int, repo_dir: str, on_conf
         except DistributedCommitError as exc:
             return {"error": type(exc).__name__, "message": str(exc), "interloper": interloper}
         return {"id": commit_id, "interloper": interloper}
+
+
+def commit_and_wait_for_hooks(rank: int, world: int, repo_dir: str) -> dict[str, Any]:
+    """A distributed commit into a repository with a post_commit hook; the hooks this
+    process started finish before it returns (a rank does not run atexit)."""
+    from ckvc.hooks import wait_for_hooks
+
+    with ckvc.Repo.open(repo_dir) as repo:
+        commit_id = ckvc.distributed.commit(repo, make_state(7, rank, rich=False), "step 7", time_ns=TIME_NS)
+    wait_for_hooks()
+    return {"id": commit_id}

@@ -185,13 +185,13 @@ def test_cache_cli(tmp_path: Path) -> None:
     repo.close()
     work = tmp_path / "work"
     assert run(work, "config", "cache_size", "100KiB").exit_code == 0
-    shown = json.loads(run(work, "config", "--json").output)
+    shown = json.loads(run(work, "config", "--json").stdout)
     assert shown["cache_size"] == 100 << 10 and shown["auto_push"] is None
-    status = json.loads(run(work, "cache", "--json").output)
+    status = json.loads(run(work, "cache", "--json").stdout)
     assert status["budget"] == 100 << 10 and status["used_bytes"] <= 100 << 10 + status["unpushed_bytes"]
     assert run(work, "cache", "pin", "HEAD").exit_code == 0
-    assert json.loads(run(work, "cache", "--json").output)["pins"] == {ids[-1]: "HEAD"}
-    pruned = json.loads(run(work, "cache", "prune", "--json").output)
+    assert json.loads(run(work, "cache", "--json").stdout)["pins"] == {ids[-1]: "HEAD"}
+    pruned = json.loads(run(work, "cache", "prune", "--json").stdout)
     assert pruned["after_bytes"] <= pruned["before_bytes"]
     text = run(work, "cache").output
     assert "budget 100.0 KiB" in text and "pinned" in text
@@ -199,7 +199,7 @@ def test_cache_cli(tmp_path: Path) -> None:
     bad = run(work, "config", "cache_size", "lots")
     assert bad.exit_code == InvalidInputError.exit_code and "not a size" in bad.output
     assert run(work, "config", "cache_size", "unlimited").exit_code == 0
-    assert json.loads(run(work, "config", "--json").output)["cache_size"] is None
+    assert json.loads(run(work, "config", "--json").stdout)["cache_size"] is None
 
 
 def test_fetch_and_pull_on_a_lazy_clone_move_metadata_only(tmp_path: Path) -> None:
