@@ -14,6 +14,7 @@ from ckvc.core import Repository
 from ckvc.errors import (
     InvalidInputError,
     NonFastForwardError,
+    RefConflictError,
     RefNotFoundError,
 )
 from ckvc.graph import is_ancestor
@@ -179,7 +180,12 @@ def push(
                     # a pin whose lease lapsed no longer holds a remote gc off what the ref will name
                     handle.backend.check_locks_held()
                     message = f"push: from {local.config.repo_id}"
-                    handle.core.refs.set_if_equals(update.ref, update.old, update.new, message)
+                    try:
+                        handle.core.refs.set_if_equals(update.ref, update.old, update.new, message)
+                    except RefConflictError as exc:  # another pusher got there first: say where
+                        raise RefConflictError(
+                            f"{spec.name} ({spec.url}): {exc}; nothing was lost: fetch, then push again"
+                        ) from None
                     result.updated.append(update)
                     if update.ref.startswith(BRANCH_PREFIX):
                         move_tracking(local, spec.name, update.ref[len(BRANCH_PREFIX) :], update.new, "push")

@@ -212,6 +212,8 @@ def test_racing_pushers_one_wins_nothing_lost(tmp_path: Path, url: str) -> None:
     with pytest.raises(RefConflictError) as info:
         a.push(progress=b_pushes_meanwhile)
     assert not isinstance(info.value, NonFastForwardError)  # the swap itself lost
+    assert str(info.value).startswith(f"origin ({url}): refs/heads/main moved")  # names the remote
+    assert str(info.value).endswith("nothing was lost: fetch, then push again")
     assert a.ls_remote()["refs/heads/main"] == b_tip
     assert a.head()[1] == a_tip and a.fsck().ok  # the loser keeps its commit
     # what a uploaded stays; a second attempt (on another branch) sends nothing more
