@@ -54,6 +54,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     # facade; the framework integrations (dcp, lightning, ...) take a Repo.
     ("restore", "committer"),  # Repo.load_into and Repo.commit, below the facade
     ("repo",),
+    ("metrics",),  # ckvc stats and /metrics: over the facade's reports
     ("distributed",),  # multi-rank commits over a Repo; the DCP integration builds on it
     ("integrations", "importer", "dcp"),
     ("web",),  # `ckvc serve`: over Repo and the to_json() results

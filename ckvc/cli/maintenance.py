@@ -138,6 +138,27 @@ def echo_breaks(object_id: str | None, breaks: dict[str, list[str]]) -> None:
 @cli.command()
 @json_option
 @click.pass_obj
+def stats(obj: Context, as_json: bool) -> None:
+    """The values `ckvc serve` exposes at /metrics (Prometheus): storage, commits and
+    the newest commit's age per branch, commits not pushed per remote, auto_push's
+    backlog, the cache."""
+    from ckvc.metrics import as_json as metrics_json
+    from ckvc.metrics import collect
+
+    metrics = collect(obj.repo)
+    if as_json:
+        emit_json(metrics_json(metrics))
+        return
+    for m in metrics:
+        for labels, value in m.samples:
+            where = ",".join(f"{k}={v}" for k, v in labels.items())
+            shown = human_bytes(value) if m.name.endswith(("_bytes", "_bytes_total")) else f"{value:g}"
+            click.echo(f"{m.name}{'{' + where + '}' if where else ''}  {shown}")
+
+
+@cli.command()
+@json_option
+@click.pass_obj
 def du(obj: Context, as_json: bool) -> None:
     """Logical vs stored bytes, dedup and compression ratios, unique bytes per commit."""
     usage = obj.repo.du()

@@ -297,6 +297,12 @@ class WebApi:
         """``ckvc du --json``."""
         return self._run(lambda repo: repo.du().to_json())
 
+    def metrics_text(self) -> str:
+        """``GET /metrics``: ckvc.metrics in the Prometheus text format."""
+        from ckvc.metrics import collect, prometheus_text
+
+        return self._run(lambda repo: prometheus_text(collect(repo)))
+
     def retain(self) -> dict[str, Any]:
         """``ckvc retain --dry-run --json`` with the stored policy; with none stored,
         ``policy`` is null (the CLI would refuse) and nothing is planned."""

@@ -199,6 +199,11 @@ class Handler(BaseHTTPRequestHandler):
         path = unquote(url.path, errors="strict")
         query = {k: v[-1] for k, v in parse_qs(url.query, keep_blank_values=True, errors="strict").items()}
         api = self.server.api
+        if path == "/metrics" and "text/html" not in (self.headers.get("Accept") or ""):
+            # Prometheus's scrape (it asks for text/plain or OpenMetrics; a browser asks
+            # for html and gets the metrics page): the token, if any, goes as a header.
+            self._send(HTTPStatus.OK, api.metrics_text().encode(), "text/plain; version=0.0.4; charset=utf-8")
+            return
         if PAGES.match(path):
             self._send(HTTPStatus.OK, _static("index.html"), "text/html; charset=utf-8")
             return
