@@ -35,6 +35,11 @@ def _parse_pairs(pairs: tuple[str, ...], what: str) -> dict[str, str]:
     help="Opt-in lossy storage: a preset (optimizer-q8, optimizer-q4, compact-q4) or e.g. 'optimizer.*=q4'.",
 )
 @click.option("--follow-links", is_flag=True, help="Store what symlinks leaving the directory point to.")
+@click.option(
+    "--strict",
+    is_flag=True,
+    help="Refuse a .pt/.safetensors file that does not parse (default: store its bytes, warn).",
+)
 @json_option
 @click.pass_obj
 def commit(
@@ -45,9 +50,12 @@ def commit(
     meta: tuple[str, ...],
     lossy: tuple[str, ...],
     follow_links: bool,
+    strict: bool,
     as_json: bool,
 ) -> None:
-    """Commit a checkpoint: a torch.save file, a .safetensors file, or a directory of them."""
+    """Commit a checkpoint: a torch.save file, a .safetensors file, or a directory of them.
+    A file named like one that does not parse is stored as bytes with a warning
+    (--strict: refused, nothing committed)."""
     metric_values: dict[str, float] = {}
     for key, value in _parse_pairs(metrics, "--metric").items():
         try:
@@ -60,7 +68,7 @@ def commit(
     from ckvc.formats import read_checkpoint
 
     with progress_bar("read", not as_json) as progress:
-        state, source_meta = read_checkpoint(path, follow_links=follow_links, progress=progress)
+        state, source_meta = read_checkpoint(path, follow_links=follow_links, progress=progress, strict=strict)
     metadata = {**source_meta, **_parse_pairs(meta, "--meta")}
     lossy_spec: str | dict[str, str] | None = None
     if len(lossy) == 1 and "=" not in lossy[0]:

@@ -7,11 +7,12 @@ from __future__ import annotations
 import mmap
 import os
 import stat
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from ckvc.errors import InvalidInputError
+from ckvc.errors import CkvcWarning, InvalidInputError
 from ckvc.formats.distcp import read_distcp
 from ckvc.formats.layout import (
     DCP_SUFFIX,
@@ -20,6 +21,8 @@ from ckvc.formats.layout import (
     SAFETENSORS_SUFFIX,
     TORCH_SUFFIXES,
     LinkOutsideTreeError,
+    MalformedFileError,
+    NotParsed,
     Progress,
     UnsupportedFileError,
     bytes_file,
@@ -30,7 +33,7 @@ from ckvc.state import StoredFile, is_utf8
 
 
 def read_checkpoint(
-    path: Path | str, *, follow_links: bool = False, progress: Progress | None = None
+    path: Path | str, *, follow_links: bool = False, progress: Progress | None = None, strict: bool = False
 ) -> tuple[Any, dict[str, str]]:
     """(state, commit metadata describing the source) for a file or directory.
 
@@ -38,7 +41,11 @@ def read_checkpoint(
     symlink and empty directory in it (dot-files included). A symlink that stays in
     the tree is stored as a link; one that leaves it raises LinkOutsideTreeError
     unless ``follow_links`` (then what it points to is stored). FIFOs, sockets and
-    devices raise UnsupportedFileError before anything is read."""
+    devices raise UnsupportedFileError before anything is read.
+
+    A file whose name claims a format (.pt, .safetensors) but that does not parse is
+    stored byte for byte with a CkvcWarning naming it and what is wrong; ``strict``
+    refuses it instead (MalformedFileError), so nothing is committed."""
     path = Path(path)
     try:
         st = os.stat(path)  # the path the user names is followed, as any tool does
@@ -56,7 +63,7 @@ def read_checkpoint(
         done = 0
         state: dict[str, StoredFile] = {}
         for rel, entry in entries.items():
-            state[rel] = entry.read()
+            state[rel] = entry.read(strict)
             done += entry.size
             if progress is not None:
                 progress(done, total)
@@ -65,7 +72,7 @@ def read_checkpoint(
         raise UnsupportedFileError(f"{path} is not a regular file or directory ({_kind_name(st.st_mode)})")
     if st.st_size == 0:
         raise InvalidInputError(f"{path} is empty (0 bytes): nothing to commit")
-    stored = _read_file(path, st)
+    stored = _read_file(path, st, strict)
     if progress is not None:
         progress(st.st_size, st.st_size)
     return stored, {"ckvc.source": path.suffix.lstrip(".") or "file"}
@@ -82,12 +89,12 @@ class _Entry:
     def size(self) -> int:
         return self.st.st_size if self.kind == "file" else 0
 
-    def read(self) -> StoredFile:
+    def read(self, strict: bool = False) -> StoredFile:
         if self.kind == "link":
             return StoredFile(self.target, {"type": "link"})
         if self.kind == "dir":
             return StoredFile(None, {"type": "dir", "mode": stat.S_IMODE(self.st.st_mode)})
-        return _read_file(self.path, self.st)
+        return _read_file(self.path, self.st, strict)
 
 
 def _kind_name(mode: int) -> str:
@@ -194,7 +201,7 @@ def _open_regular(path: Path) -> int:
     return fd
 
 
-def _read_file(path: Path, st: os.stat_result) -> StoredFile:
+def _read_file(path: Path, st: os.stat_result, strict: bool = False) -> StoredFile:
     """A file as its tensors plus what rebuilds its exact bytes, or as bytes."""
     mode = stat.S_IMODE(st.st_mode)
     fd = _open_regular(path)
@@ -206,12 +213,19 @@ def _read_file(path: Path, st: os.stat_result) -> StoredFile:
     finally:
         os.close(fd)
     stored = None
-    if size and path.suffix == SAFETENSORS_SUFFIX:
-        stored = read_safetensors(path, data, mode)
-    elif size and path.suffix in TORCH_SUFFIXES:
-        stored = read_torch(path, data, mode)
-    elif size and path.suffix == DCP_SUFFIX:
-        stored = read_distcp(data, mode)
+    try:
+        if size and path.suffix == SAFETENSORS_SUFFIX:
+            stored = read_safetensors(path, data, mode)
+        elif size and path.suffix in TORCH_SUFFIXES:
+            stored = read_torch(path, data, mode)
+        elif size and path.suffix == DCP_SUFFIX:
+            stored = read_distcp(data, mode)
+    except NotParsed as why:
+        if strict and why.malformed:
+            raise MalformedFileError(
+                f"{path} is {why.reason}; nothing was committed (without --strict it is stored as bytes)"
+            ) from None
+        warnings.warn(CkvcWarning(f"{path} stored as bytes, byte for byte: {why.reason}"), stacklevel=4)
     if stored is not None:
         return stored
     return bytes_file(data, mode)

@@ -51,6 +51,25 @@ class OutputPathError(InvalidInputError):
     exit_code = 33
 
 
+class MalformedFileError(UnsupportedFileError):
+    """``strict``: a file that claims a format (its suffix) but does not parse as it:
+    nothing was committed (without ``strict`` it is stored as bytes, with a warning)."""
+
+
+class NotParsed(Exception):
+    """A reader's word that a file is stored as bytes, and why; ``malformed``: it
+    does not parse as the format its name claims (rather than needing pickle)."""
+
+    def __init__(self, reason: str, *, malformed: bool) -> None:
+        super().__init__(reason)
+        self.reason, self.malformed = reason, malformed
+
+
+def first_line(exc: BaseException, limit: int = 160) -> str:
+    text = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
 def bytes_file(data: Any, mode: int) -> StoredFile:
     layout = {"type": "file", "format": "bytes", "mode": mode, "size": len(data)}
     if len(data) <= INLINE_BYTES:

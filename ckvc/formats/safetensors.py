@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     import torch
 
 
-from ckvc.formats.layout import file_layout, pieces
+from ckvc.formats.layout import NotParsed, file_layout, first_line, pieces
 
 
 def read_safetensors(path: Path, data: Any, mode: int) -> StoredFile | None:
@@ -28,10 +28,12 @@ def read_safetensors(path: Path, data: Any, mode: int) -> StoredFile | None:
 
     try:
         (n,) = struct.unpack("<Q", data[:8])
+        if 8 + n > len(data):
+            raise ValueError(f"its header claims {n:,} bytes, past the end of the file")
         header = json.loads(bytes(data[8 : 8 + n]))
         tensors = safetensors.torch.load_file(str(path))
-    except Exception:
-        return None
+    except Exception as exc:
+        raise NotParsed(f"not valid safetensors: {first_line(exc)}", malformed=True) from None
     start = 8 + n
     spans: list[tuple[int, int, str]] = []
     for name, entry in header.items():

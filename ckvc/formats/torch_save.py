@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     import torch
 
 
-from ckvc.formats.layout import file_layout, pieces, raw_bytes
+from ckvc.formats.layout import NotParsed, file_layout, first_line, pieces, raw_bytes
 
 
 @contextmanager
@@ -97,14 +97,21 @@ def read_torch(path: Path, data: Any, mode: int) -> StoredFile | None:
     from ckvc.state import flatten
 
     spans = zip_data_spans(data)
+    if spans is None and bytes(data[:2]) == b"PK":
+        raise NotParsed("a broken zip archive (cut short, or damaged)", malformed=True)
+    if spans is None and bytes(data[:1]) != b"\x80":
+        raise NotParsed("not a torch.save file (neither a zip archive nor a pickle)", malformed=True)
     try:
         with numpy_allowed(), warnings.catch_warnings():
             warnings.simplefilter("ignore")  # torch's notes about files that are not its own
             # mmap: every storage is a view of one mapping of the file, so its
             # address tells which archive entry it is, with no hashing.
             obj = torch.load(str(path), map_location="cpu", weights_only=True, mmap=spans is not None)
-    except Exception:
-        return None
+    except Exception as exc:
+        if "Weights only load failed" in str(exc):
+            reason = "it needs pickle beyond torch's weights-only allowlist (never unpickled)"
+            raise NotParsed(reason, malformed=False) from None
+        raise NotParsed(f"unreadable by torch.load: {first_line(exc)}", malformed=True) from None
     if spans is None:
         # Legacy (pre-zip) torch files: the content, and the file's bytes beside it.
         return StoredFile(obj, file_layout("torch", mode, len(data), [0], [np.frombuffer(data, dtype=np.uint8)]))
