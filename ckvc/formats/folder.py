@@ -221,11 +221,14 @@ def _read_file(path: Path, st: os.stat_result, strict: bool = False) -> StoredFi
         elif size and path.suffix == DCP_SUFFIX:
             stored = read_distcp(data, mode)
     except NotParsed as why:
+        # A valid file that needs pickle is stored as bytes by design (never unpickled):
+        # no word, or every Trainer folder's training_args.bin would warn.
         if strict and why.malformed:
             raise MalformedFileError(
                 f"{path} is {why.reason}; nothing was committed (without --strict it is stored as bytes)"
             ) from None
-        warnings.warn(CkvcWarning(f"{path} stored as bytes, byte for byte: {why.reason}"), stacklevel=4)
+        if why.malformed:
+            warnings.warn(CkvcWarning(f"{path} stored as bytes, byte for byte: {why.reason}"), stacklevel=4)
     if stored is not None:
         return stored
     return bytes_file(data, mode)
