@@ -171,6 +171,11 @@ class IncompatibleStateError(InvalidInputError):
         super().__init__(message)
 
 
+class RunMismatchError(IncompatibleStateError):
+    """A resume in a run that differs from the one that made the commit (another
+    world size), refused before anything changes unless ``check_run=False``."""
+
+
 class StorageError(CkvcError):
     """The operating system refused a read or write (disk full, I/O error, permissions).
 

@@ -257,7 +257,7 @@ class Repo:
         optimizer: torch.optim.Optimizer | None = None, scheduler: Any = None, strict: bool = True,
         model_key: str | None = "model", optimizer_key: str | None = "optimizer",
         scheduler_key: str | None = "scheduler", map_location: MapLocation = None, allow_pickle: bool = False,
-        progress: ProgressCallback | None = None, rng: bool | str = False,
+        progress: ProgressCallback | None = None, rng: bool | str = False, check_run: bool = True,
     ) -> IncompatibleKeys:  # fmt: skip
         """Restore ``rev`` into live objects, for a state committed as ``{"model":
         model.state_dict(), "optimizer": ..., "scheduler": ...}`` (``*_key``: where each
@@ -271,7 +271,10 @@ class Repo:
         scheduler get their ``load_state_dict`` (``map_location``: where their tensors
         load first). ``rng``: also restore the RNG state ``ckvc.rng_state()`` saved under
         "rng" (or the path given; UnknownKeyError if absent). Verified as ``load`` is; a
-        chunk found damaged while the model is being written leaves it partly written."""
+        chunk found damaged while the model is being written leaves it partly written.
+        A commit made at another world size than this process's (both known: the
+        commit's "ckvc.run" metadata, the process group or WORLD_SIZE) raises
+        RunMismatchError first, unless ``check_run=False``."""
         from ckvc.restore import load_into
 
         return load_into(
@@ -279,6 +282,7 @@ class Repo:
             scheduler=scheduler, strict=strict, model_key=model_key,
             optimizer_key=optimizer_key, scheduler_key=scheduler_key, map_location=map_location,
             allow_pickle=allow_pickle, progress=progress, rng_key=("rng" if rng is True else rng or None),
+            check_run=check_run,
         )  # fmt: skip
 
     def checkout(

@@ -19,9 +19,15 @@ import torch
 from ckvc import graph, read
 from ckvc import state as state_mod
 from ckvc.core import HasCore
-from ckvc.errors import CorruptObjectError, IncompatibleStateError, ObjectNotFoundError, UnknownKeyError
+from ckvc.errors import (
+    CorruptObjectError,
+    IncompatibleStateError,
+    ObjectNotFoundError,
+    UnknownKeyError,
+)
 from ckvc.objects import Blob, Commit, Snapshot
 from ckvc.read import BlobLoader, ChunkRead, Progress, ProgressCallback, ReadCore, format_names
+from ckvc.runs import run_matches
 from ckvc.state import MapLocation, TensorInfo
 
 
@@ -230,8 +236,11 @@ def load_into(
     allow_pickle: bool,
     progress: ProgressCallback | None,
     rng_key: str | None = None,
+    check_run: bool = True,
 ) -> IncompatibleKeys:
     """See ``Repo.load_into``. ``commit``: resolved and readable, as ``Repo.load_into`` checks."""
+    if check_run:
+        run_matches(commit)
     return restore_state(
         core, commit, model=model, optimizer=optimizer, scheduler=scheduler, strict=strict, model_key=model_key,
         optimizer_key=optimizer_key, scheduler_key=scheduler_key, map_location=map_location,
@@ -337,15 +346,19 @@ def resume(
     optimizer: torch.optim.Optimizer | None = None, scheduler: Any = None, strict: bool = True,
     map_location: MapLocation = None, model_key: str = "model", optimizer_key: str = "optimizer",
     scheduler_key: str = "scheduler", rng_key: str = "rng", progress: ProgressCallback | None = None,
+    check_run: bool = True,
 ) -> dict[str, Any]:  # fmt: skip
     """A plain training loop's restart in one call (``ckvc.resume``): ``rev``'s
     model, optimizer and scheduler restored in place (as ``Repo.load_into``), the
     RNG state stored under ``rng_key`` restored (``ckvc.rng_state()`` saved it),
     and the rest of the state's top-level entries returned (``{"epoch": 3,
     "step": 1200, "rng": ...}``). Each chunk is read once; a state that does not
-    fit the objects raises IncompatibleStateError before anything changes."""
+    fit the objects raises IncompatibleStateError before anything changes; one made
+    at another world size, RunMismatchError (``check_run=False`` loads it anyway)."""
     core = repo.core
     commit = graph.readable_commit(core, rev)
+    if check_run:
+        run_matches(commit)
     return restore_state(
         core, commit, model=model, optimizer=optimizer, scheduler=scheduler, strict=strict, model_key=model_key,
         optimizer_key=optimizer_key, scheduler_key=scheduler_key, map_location=map_location, allow_pickle=False,

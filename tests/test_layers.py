@@ -38,7 +38,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("state",),
     ("trees",),  # value trees assembled from parts (distributed commits, DCP saves)
     ("storage",),
-    ("refs", "pruned", "config", "journal"),
+    ("refs", "pruned", "config", "journal", "runs"),
     ("executor",),
     ("core",),
     ("graph",),

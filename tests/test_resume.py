@@ -156,3 +156,36 @@ def test_subtree_and_subtree_keys_return_nested_values(repo: ckvc.Repo) -> None:
             repo.load(commit, subtree=bad)
     with pytest.raises(ckvc.InvalidInputError):
         repo.load(commit, subtree="rng", keys=["epoch"])
+
+
+def test_a_resume_at_another_world_size_is_refused_naming_both(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The run a commit comes from (issue 28): recorded under "ckvc.run" when there is
+    a run (torchrun's WORLD_SIZE and run id here), checked by load_into and resume."""
+    import torch
+
+    from ckvc.errors import RunMismatchError
+
+    model = torch.nn.Linear(3, 2)
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "job-17")
+    with ckvc.Repo.init(tmp_path) as repo:
+        cid = repo.commit({"model": model.state_dict(), "step": 3}, message="at 4")
+        assert repo.read_commit(cid).metadata["ckvc.run"] == {"id": "job-17", "world_size": 4}
+        monkeypatch.setenv("WORLD_SIZE", "2")
+        target = torch.nn.Linear(3, 2)
+        before = [p.detach().clone() for p in target.parameters()]
+        for resume in (lambda: repo.load_into(cid, model=target), lambda: ckvc.resume(repo, cid, model=target)):
+            with pytest.raises(
+                RunMismatchError, match=r"made at world size 4 \(run job-17\); this process runs at world size 2"
+            ):
+                resume()
+            assert all(torch.equal(a, b) for a, b in zip(before, target.parameters(), strict=True))  # untouched
+        repo.load_into(cid, model=target, check_run=False)
+        assert torch.equal(target.weight, model.weight)
+        monkeypatch.setenv("WORLD_SIZE", "4")
+        assert ckvc.resume(repo, cid, model=target) == {"step": 3}
+        monkeypatch.delenv("WORLD_SIZE")  # a process outside any run: nothing to compare
+        repo.load_into(cid, model=target)
+        monkeypatch.delenv("TORCHELASTIC_RUN_ID")
+        plain = repo.commit({"model": model.state_dict()}, message="no run")
+        assert "ckvc.run" not in repo.read_commit(plain).metadata
