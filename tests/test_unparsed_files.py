@@ -90,6 +90,9 @@ def test_a_malformed_file_is_stored_with_a_warning_and_refused_with_strict(tmp_p
     assert stored.exit_code == 0, stored.output
     (warning,) = [line for line in stored.stderr.splitlines() if line.startswith("ckvc: warning:")]
     assert warning.startswith(f"ckvc: warning: {src} stored as bytes, byte for byte: ")
+    reason = warning.split("byte for byte: ", 1)[1]
+    with ckvc.Repo.open(tmp_path / "r") as repo:  # show, log and the web UI show it with the commit
+        assert repo.read_commit(repo.resolve("HEAD")).metadata["ckvc.stored_as_bytes"] == {name: reason}
     out = tmp_path / f"out-{name}"
     assert run(tmp_path / "r", "export", "HEAD", str(out)).exit_code == 0
     assert out.read_bytes() == data  # byte for byte
@@ -114,3 +117,20 @@ def test_the_api_refuses_with_strict(tmp_path: Path) -> None:
     src.write_bytes(MALFORMED["random.pt"]())
     with pytest.raises(MalformedFileError, match="neither a zip archive nor a pickle"):
         read_checkpoint(src, strict=True)
+
+
+def test_a_folder_names_only_its_unparsed_files(tmp_path: Path) -> None:
+    folder = tmp_path / "ckpt"
+    (folder / "sub").mkdir(parents=True)
+    (folder / "model.pt").write_bytes(good_pt())
+    (folder / "sub" / "broken.safetensors").write_bytes(MALFORMED["header-not-json.safetensors"]())
+    (folder / "notes.txt").write_text("not claimed: no word")
+    with ckvc.Repo.init(tmp_path / "r"):
+        pass
+    result = run(tmp_path / "r", "commit", str(folder), "-m", "folder")
+    assert result.exit_code == 0, result.output
+    with ckvc.Repo.open(tmp_path / "r") as repo:
+        marked = repo.read_commit(repo.resolve("HEAD")).metadata["ckvc.stored_as_bytes"]
+        assert list(marked) == ["sub/broken.safetensors"] and marked["sub/broken.safetensors"].startswith("not valid")
+        assert repo.load("HEAD")["model.pt"]["w"].shape == (64,)  # the good file's tensors, split out
+    assert run(tmp_path / "r", "commit", str(folder), "-m", "strict", "--strict").exit_code == 35

@@ -31,6 +31,9 @@ from ckvc.formats.safetensors import read_safetensors
 from ckvc.formats.torch_save import read_torch
 from ckvc.state import StoredFile, is_utf8
 
+# Commit metadata: {file name: why it is stored as bytes} for files that claim a format.
+UNPARSED_KEY = "ckvc.stored_as_bytes"
+
 
 def read_checkpoint(
     path: Path | str, *, follow_links: bool = False, progress: Progress | None = None, strict: bool = False
@@ -47,6 +50,7 @@ def read_checkpoint(
     stored byte for byte with a CkvcWarning naming it and what is wrong; ``strict``
     refuses it instead (MalformedFileError), so nothing is committed."""
     path = Path(path)
+    unparsed: dict[str, str] = {}  # name -> why it is stored as bytes
     try:
         st = os.stat(path)  # the path the user names is followed, as any tool does
     except FileNotFoundError:
@@ -63,19 +67,19 @@ def read_checkpoint(
         done = 0
         state: dict[str, StoredFile] = {}
         for rel, entry in entries.items():
-            state[rel] = entry.read(strict)
+            state[rel] = entry.read(strict, unparsed, rel)
             done += entry.size
             if progress is not None:
                 progress(done, total)
-        return state, {"ckvc.source": DIRECTORY_SOURCE}
+        return state, {"ckvc.source": DIRECTORY_SOURCE, **_unparsed_meta(unparsed)}
     if not stat.S_ISREG(st.st_mode):
         raise UnsupportedFileError(f"{path} is not a regular file or directory ({_kind_name(st.st_mode)})")
     if st.st_size == 0:
         raise InvalidInputError(f"{path} is empty (0 bytes): nothing to commit")
-    stored = _read_file(path, st, strict)
+    stored = _read_file(path, st, strict, unparsed, path.name)
     if progress is not None:
         progress(st.st_size, st.st_size)
-    return stored, {"ckvc.source": path.suffix.lstrip(".") or "file"}
+    return stored, {"ckvc.source": path.suffix.lstrip(".") or "file", **_unparsed_meta(unparsed)}
 
 
 @dataclass
@@ -89,12 +93,12 @@ class _Entry:
     def size(self) -> int:
         return self.st.st_size if self.kind == "file" else 0
 
-    def read(self, strict: bool = False) -> StoredFile:
+    def read(self, strict: bool = False, unparsed: dict[str, str] | None = None, name: str = "") -> StoredFile:
         if self.kind == "link":
             return StoredFile(self.target, {"type": "link"})
         if self.kind == "dir":
             return StoredFile(None, {"type": "dir", "mode": stat.S_IMODE(self.st.st_mode)})
-        return _read_file(self.path, self.st, strict)
+        return _read_file(self.path, self.st, strict, unparsed, name)
 
 
 def _kind_name(mode: int) -> str:
@@ -201,7 +205,15 @@ def _open_regular(path: Path) -> int:
     return fd
 
 
-def _read_file(path: Path, st: os.stat_result, strict: bool = False) -> StoredFile:
+def _unparsed_meta(unparsed: dict[str, str]) -> dict[str, Any]:
+    """Commit metadata naming the files stored as bytes although their names claim a
+    format, and why: ``show``, ``log`` and the web UI show it with the commit."""
+    return {UNPARSED_KEY: dict(sorted(unparsed.items()))} if unparsed else {}
+
+
+def _read_file(
+    path: Path, st: os.stat_result, strict: bool = False, unparsed: dict[str, str] | None = None, name: str = ""
+) -> StoredFile:
     """A file as its tensors plus what rebuilds its exact bytes, or as bytes."""
     mode = stat.S_IMODE(st.st_mode)
     fd = _open_regular(path)
@@ -229,6 +241,8 @@ def _read_file(path: Path, st: os.stat_result, strict: bool = False) -> StoredFi
             ) from None
         if why.malformed:
             warnings.warn(CkvcWarning(f"{path} stored as bytes, byte for byte: {why.reason}"), stacklevel=4)
+            if unparsed is not None:
+                unparsed[name or path.name] = why.reason
     if stored is not None:
         return stored
     return bytes_file(data, mode)
