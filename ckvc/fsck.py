@@ -22,6 +22,7 @@ from ckvc.errors import (
 )
 from ckvc.ids import ObjectType
 from ckvc.objects import Commit
+from ckvc.storage.backend import BackendError
 from ckvc.storage.object_store import ObjectStore, StoredObject
 from ckvc.storage.packs import TMP_SUFFIX, RecordInfo, pack_key, parse_toc_copy, toc_copy_name
 
@@ -194,6 +195,8 @@ class _Fsck:
                     add(BAD_PACK, None, detail, pack=name)
                 elif name in listing.copied:
                     _check_toc_copy(store, name, toc, add)
+            except BackendError:
+                raise  # the store did not answer (denied, unreachable): an error, not damage
             except CkvcError as exc:
                 add(BAD_PACK, None, f"pack {name}: {exc}", pack=name)
             if name not in indexed:

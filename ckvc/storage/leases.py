@@ -49,6 +49,9 @@ MAX_POLL = 1.0
 # writer's pin), but not for a store that does not answer: transient failures with
 # no answer in between for this long end the wait (the retries of every other call).
 UNREACHABLE_S = 10.0
+# Deleting a lease on release: tries, and the pause before each retry (times the try).
+RELEASE_TRIES = 4
+RELEASE_PAUSE_S = 0.2
 
 
 @dataclass(frozen=True)
@@ -238,9 +241,15 @@ class _Renewer:
         self._stop.set()
         self._thread.join()
         if delete and not self.lost:
-            try:
-                self.locks.backend.delete(self.key)
-            except BackendError as exc:  # left behind, it expires within its term
-                if not exc.transient:
-                    raise
+            # A transient failure is tried again: a lease left behind blocks the next
+            # taker for a whole term. Past the tries it is left; it expires within its term.
+            for attempt in range(1, RELEASE_TRIES + 1):
+                try:
+                    self.locks.backend.delete(self.key)
+                    break
+                except BackendError as exc:
+                    if not exc.transient:
+                        raise
+                    if attempt < RELEASE_TRIES:
+                        time.sleep(RELEASE_PAUSE_S * attempt)
         return self.lost

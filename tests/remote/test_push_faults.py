@@ -69,3 +69,25 @@ def test_a_persistent_outage_at_the_lock_is_one_error_naming_remote_and_key(
         assert str(info.value).startswith(f"{url}: conditional PUT locks/")
         assert "503" in str(info.value) and info.value.transient
         assert repo.status().tracking == {} or "origin/main" not in repo.status().tracking
+
+
+def test_fsck_remote_calls_a_denied_read_an_error_not_damage(
+    tmp_path: Path, s3_proxy: FaultProxy, s3_bucket: str
+) -> None:
+    """torture remote: a 403 on reading a pack made fsck --remote report 'DAMAGED: 0
+    objects' (exit 1); a store that refuses is an error naming the remote, not damage."""
+    from helpers import run
+
+    url = f"s3://{s3_bucket}/m"
+    with ckvc.Repo.init(tmp_path / "a") as repo:
+        repo.commit({"w": torch.zeros(10)}, message="small")
+        repo.remotes.add("origin", url, endpoint=s3_proxy.endpoint)
+        repo.push("origin")
+    s3_proxy.rules = [Rule("status", method="GET", path="/packs/", status=403, count=1)]
+    result = run(tmp_path / "a", "fsck", "--remote", "origin")
+    assert s3_proxy.fired() == 1
+    assert result.exit_code == BackendError.exit_code, result.output
+    assert result.stderr.startswith(f"ckvc: error: {url}: GET packs/") and "access denied" in result.stderr
+    assert "DAMAGED" not in result.stdout
+    s3_proxy.rules = []
+    assert run(tmp_path / "a", "fsck", "--remote", "origin").exit_code == 0

@@ -286,3 +286,28 @@ def test_a_refusal_says_when_the_blocking_lease_runs_out() -> None:
     now[0] += 43
     with locks.hold("gc.lock", timeout=0):
         assert [k.rsplit("/", 1)[1] for k in backend.list("locks/gc.lock/")] != ["cut-off"]
+
+
+def test_a_release_that_fails_once_is_tried_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A transient failure deleting the lease on release (torture remote: a 500 on
+    gc's last request) is tried again, so the next taker is not blocked for a term."""
+    from ckvc.storage import leases
+
+    monkeypatch.setattr(leases, "RELEASE_PAUSE_S", 0.0)
+
+    class FailingDeletes(ForwardingBackend):
+        failures = 2
+
+        def delete(self, key: str) -> None:
+            if key.startswith("locks/") and self.failures:
+                self.failures -= 1
+                raise BackendError("HTTP 500 InternalError", key=key, transient=True)
+            self.inner.delete(key)
+
+    backend = FailingDeletes(MemoryBackend(object_store_semantics=True))
+    locks = LeaseLocks(backend, term=60)
+    with locks.hold("gc.lock"):
+        pass
+    assert backend.failures == 0 and list(backend.list("locks/")) == []
+    with locks.hold("gc.lock", timeout=0):  # free at once
+        pass
