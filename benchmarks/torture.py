@@ -2153,11 +2153,12 @@ def _remote_settle(ctx: Ctx, op: str, prep: RemoteWs, proc: Proc, kind: str | No
     consistent, and the same op, run again without faults, succeeds."""
     rig = remote_rig()
     ws = prep.ws
-    v = _judge_reads(proc) if op == "lazy-read" else judge(proc, "any", fsck=op == "fsck-remote")
-    if v.verdict in (CRASH, FAILED, INTEGRITY):
-        return v
-    if (bad := _judge_remote_refusal(proc, prep)) is not None:
-        return bad
+    if proc.rc is not None:  # None: killed on purpose, nothing of its own to judge
+        v = _judge_reads(proc) if op == "lazy-read" else judge(proc, "any", fsck=op == "fsck-remote")
+        if v.verdict in (CRASH, FAILED, INTEGRITY):
+            return v
+        if (bad := _judge_remote_refusal(proc, prep)) is not None:
+            return bad
     tip = rig.remote_tip(prep.url)
     allowed = {prep.old_tip, prep.new_tip} if op == "push" else {prep.old_tip}
     if tip not in allowed:

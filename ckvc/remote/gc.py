@@ -251,7 +251,8 @@ def gc_remote(
     ``gc_grace_s``); ``now``: no grace period. One gc at a time per remote
     (RepositoryLockedError at once for a second one)."""
     started = time.perf_counter()
-    handle = open_remote(local, remotes_of(local).get(remote))
+    spec = remotes_of(local).get(remote)
+    handle = open_remote(local, spec)
     try:
         config = handle.core.config
         grace = 0.0 if now else (config.gc_grace_s if grace_s is None else grace_s)
@@ -266,6 +267,9 @@ def gc_remote(
             if not dry_run:
                 _execute(handle, report, marks, config.reflog_expiry_s, hook)
         report.requests = handle.backend.requests
+    except CorruptObjectError as exc:  # damage gc will not run over: say where, and how to look
+        said = str(exc).replace("run `ckvc fsck`", f"run `ckvc fsck --remote {spec.name}`")
+        raise CorruptObjectError(f"{spec.name} ({spec.url}): {said}") from None
     finally:
         handle.close()
     report.seconds = time.perf_counter() - started
