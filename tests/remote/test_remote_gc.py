@@ -391,3 +391,26 @@ def test_a_lapsed_lease_stops_gc_and_push_before_anything_changes(
     assert s.a.push().updated[0].new == tip  # with the lease standing, both go through
     assert s.a.gc_remote("origin", now=True).packs_deleted == len(s.dead)
     assert remote_fsck_ok(s.a)
+
+
+def test_gc_refusing_over_damage_names_the_remote(tmp_path: Path, url: str) -> None:
+    """torture remote: gc --remote over a deleted pack refused without saying which
+    remote; it names it and points at fsck --remote."""
+    from ckvc.errors import CorruptObjectError
+    from ckvc.remote.repository import open_remote
+
+    repo = ckvc.Repo.init(tmp_path / "a")
+    repo.commit({"w": torch.zeros(100)}, message="one")
+    repo.remotes.add("origin", url)
+    repo.push()
+    handle = open_remote(repo.core, repo.remotes.get("origin"))
+    try:
+        for pack in [k for k in handle.backend.list("packs/") if k.endswith(".pack")]:
+            handle.backend.delete(pack)
+    finally:
+        handle.close()
+    with pytest.raises(CorruptObjectError) as info:
+        repo.gc_remote("origin", now=True)
+    assert str(info.value).startswith(f"origin ({url}): gc refuses to run")
+    assert str(info.value).endswith("run `ckvc fsck --remote origin`")
+    repo.close()
