@@ -2184,9 +2184,10 @@ def _remote_settle(ctx: Ctx, op: str, prep: RemoteWs, proc: Proc, kind: str | No
     if op == "clone":
         shutil.rmtree(ws / "c2", ignore_errors=True)
     again = _remote_op(ctx, op, prep)
-    if _cut_off_lease(again) and (kind is None or kind.endswith("persistent")):
-        # A writer cut off from the store (a kill, an outage to the end) cannot delete
-        # its lease: the next one is refused, told when it runs out (tests/storage).
+    if _cut_off_lease(again) and (kind is None or kind.endswith("persistent") or kind.startswith(("403", "404"))):
+        # A writer cut off from the store (a kill, an outage to the end, a refused
+        # delete, never retried) cannot delete its lease: the next one is refused, told
+        # when it runs out (tests/storage). A transient fault once is retried: no excuse.
         again = dataclasses.replace(again, rc=0)
     if op == "lazy-read":
         if (bad := _judge_reads(again)).verdict != HANDLED:
