@@ -184,7 +184,9 @@ class Handler(BaseHTTPRequestHandler):
         if not any(hmac.compare_digest(o.encode(), token.encode()) for o in offered):
             self._error(HTTPStatus.FORBIDDEN, "wrong token", "Forbidden")
             return False
-        if from_query:
+        if from_query and PAGES.match(
+            url.path
+        ):  # a page: keep the token out of its address; a script's call is just served
             rest = urlencode([(k, v) for k, vs in query.items() for v in vs])
             cookie_header = f"{self.server.cookie_name}={token}; Path=/; HttpOnly; SameSite=Strict"
             location = url.path + (f"?{rest}" if rest else "")

@@ -83,6 +83,8 @@ def test_a_token_in_the_url_sets_a_cookie_and_leaves_the_address(server: WebServ
     assert res.status == 303
     assert res.getheader("Location") == "/diff?a=main~1&b=main"
     assert res.getheader("Set-Cookie") == f"{server.cookie_name}={TOKEN}; Path=/; HttpOnly; SameSite=Strict"
+    api = request(port_of(server), f"/api/log?n=1&token={TOKEN}")  # a script's call: served, no redirect
+    assert api.status == 200 and api.getheader("Set-Cookie") is None
     wrong = request(port_of(server), "/history?token=not-the-token-0123456789")
     assert wrong.status == 403 and wrong.getheader("Set-Cookie") is None
 
