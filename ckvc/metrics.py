@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ckvc import graph, inspect
+from ckvc.hybrid.status import count_only_in
 
 if TYPE_CHECKING:
     from ckvc.repo import Repo
@@ -56,7 +57,7 @@ def collect(repo: Repo, *, now_ns: int | None = None) -> list[Metric]:
             theirs = core.refs.read(f"refs/remotes/{remote}/{name}")
             if theirs is None:
                 continue
-            lacking = 0 if theirs == tip else _only_in(core, tip, theirs)
+            lacking = 0 if theirs == tip else count_only_in(core, tip, theirs)
             behind.samples.append(({"remote": remote, "branch": name}, lacking))
     out += [commits, age, behind]
     backlog = repo.backup_status()
@@ -81,11 +82,6 @@ def collect(repo: Repo, *, now_ns: int | None = None) -> list[Metric]:
                    [({}, report.miss_bytes)]),
         ]  # fmt: skip
     return out
-
-
-def _only_in(core: Any, tip: str, other: str) -> int:
-    theirs = {r.oid for r in graph.walk(core, [other])}
-    return sum(1 for r in graph.walk(core, [tip]) if r.oid not in theirs)
 
 
 def as_json(metrics: list[Metric]) -> dict[str, Any]:

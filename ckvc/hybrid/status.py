@@ -85,7 +85,7 @@ def _compared_remote(core: Repository, branch: str | None, auto_push: str | None
     return names[0] if len(names) == 1 else None
 
 
-def _count_only_in(core: Repository, tip: str, other: str) -> int:
+def count_only_in(core: Repository, tip: str, other: str) -> int:
     """Commits reachable from ``tip`` and not from ``other``."""
     seen: set[str] = set()
     for _ in graph.walk(core, [other], seen):
@@ -103,8 +103,8 @@ def status(core: Repository, backlog: Backlog | None = None, auto_push: str | No
         for spec in remotes_of(core).list():
             theirs = core.refs.read(tracking_ref(spec.name, branch))
             if theirs is not None:
-                ahead = 0 if theirs == commit else _count_only_in(core, commit, theirs)
-                behind = 0 if theirs == commit else _count_only_in(core, theirs, commit)
+                ahead = 0 if theirs == commit else count_only_in(core, commit, theirs)
+                behind = 0 if theirs == commit else count_only_in(core, theirs, commit)
                 result.tracking.append(Tracking(spec.name, theirs, ahead, behind))
     if result.remote is None or branch is None:
         return result
