@@ -16,7 +16,7 @@ rounded down to whole elements; ``manifest_of`` takes the same ``chunk_size``.""
 from __future__ import annotations
 
 import struct
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -160,7 +160,3 @@ def manifest_of(state: Any, *, chunk_size: int = DEFAULT_CHUNK_SIZE) -> list[Man
         for path, value in leaves.items()
         if isinstance(value, torch.Tensor | np.ndarray)
     ]
-
-
-def by_path(entries: list[ManifestEntry]) -> Mapping[str, ManifestEntry]:
-    return {e.path: e for e in entries}
