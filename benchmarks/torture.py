@@ -2035,7 +2035,9 @@ def _remote_prepare(ctx: Ctx, op: str) -> RemoteWs:
     workspace, and its bucket prefix copied object by object to a fresh one)."""
     rig = remote_rig()
     if op not in _remote_templates:
-        _remote_templates[op] = _remote_build(ctx, op, f"s3://{rig.bucket}/template-{op}")
+        # A fresh prefix: a second suite in this process (the quick run, then the
+        # short one) builds its templates again while the rig's bucket lives on.
+        _remote_templates[op] = _remote_build(ctx, op, f"{rig.url()}-template-{op}")
         ctx.keep.add(_remote_templates[op].ws)
     template = _remote_templates[op]
     ws, url = Path(tempfile.mkdtemp(dir=ctx.work)), rig.url()
