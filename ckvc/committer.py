@@ -43,10 +43,11 @@ class Committer:
         metadata: Mapping[str, Any] | None = None, *, merge: Sequence[str] = (), allow_pickle: bool = False,
         retain: bool | None = None, blocking: bool = True, progress: ProgressCallback | None = None,
         lossy: LossySpec = None, time_ns: int | None = None, on_conflict: OnConflict = "fail",
+        sign: bool | None = None,
     ) -> str | PendingCommit:  # fmt: skip
         """``Repo.commit``: a commit id, or with ``blocking=False`` a PendingCommit
         once the state's bytes are copied."""
-        from ckvc import write
+        from ckvc import signing, write
 
         self.core.require_writable("committing")
         background = self.background()
@@ -58,7 +59,8 @@ class Committer:
         run = current_run()  # the run this commit comes from, for a resume to check
         if run is not None and (metadata is None or RUN_KEY not in metadata):
             metadata = {**(metadata or {}), RUN_KEY: run}
-        request = write.CommitRequest.checked(message, metrics, metadata, time_ns=time_ns)
+        request = write.CommitRequest.checked(message, metrics, metadata, time_ns=time_ns, sign=sign)
+        signing.signer_for(self.core, sign)  # a key that does not load fails before anything is written
         if retain and retention.stored_policy(self.core) is None:
             raise InvalidInputError("retain=True but no retention policy is set (Repo.set_retention)")
         # Async: GPU tensors go to pinned host memory (when CUDA is present).

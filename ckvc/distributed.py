@@ -726,8 +726,10 @@ def _failed_message(failures: Mapping[int, str], target: str | None) -> str:
 # ---- reading one rank's part ----------------------------------------------------
 
 
-def _part_commit(repo: Repo, rev: str, rank: int, group: dist.ProcessGroup | None, allow_pickle: bool) -> Commit:
-    commit = repo.readable_commit(rev, allow_pickle=allow_pickle)
+def _part_commit(
+    repo: Repo, rev: str, rank: int, group: dist.ProcessGroup | None, allow_pickle: bool, verify_signatures: bool | None
+) -> Commit:
+    commit = repo.readable_commit(rev, allow_pickle=allow_pickle, verify_signatures=verify_signatures)
     size = world_size(commit)
     if size is None:
         raise InvalidInputError(f"commit {commit.id[:12]} is not a distributed commit (no {METADATA_KEY!r} metadata)")
@@ -751,12 +753,13 @@ def load(
     rank: int | None = None,
     allow_pickle: bool = False,
     progress: ProgressCallback | None = None,
+    verify_signatures: bool | None = None,
 ) -> Any:
     """This rank's state in the distributed commit ``rev`` (``rank``: whose part,
     default this process's rank in ``group``); reads only that part's chunks.
-    InvalidInputError for a commit made at another world size."""
+    InvalidInputError for a commit made at another world size; signatures as ``Repo.load``."""
     rank = _rank(group, rank)
-    commit = _part_commit(repo, rev, rank, group, allow_pickle)
+    commit = _part_commit(repo, rev, rank, group, allow_pickle, verify_signatures)
     snapshot = repo.read_snapshot(commit)
     root = state_mod.parse_snapshot(snapshot, commit.id, allow_pickle=allow_pickle).build()
     key = rank_key(rank)
@@ -785,13 +788,14 @@ def load_into(
     map_location: MapLocation = None,
     allow_pickle: bool = False,
     progress: ProgressCallback | None = None,
+    verify_signatures: bool | None = None,
 ) -> IncompatibleKeys:
     """``Repo.load_into`` for this rank's part of the distributed commit ``rev``:
     the ``*_key`` paths are within the rank's state."""
     from ckvc.restore import load_into as load_into_core
 
     rank = _rank(group, rank)
-    commit = _part_commit(repo, rev, rank, group, allow_pickle)
+    commit = _part_commit(repo, rev, rank, group, allow_pickle, verify_signatures)
     key = rank_key(rank)
 
     def within(path: str | None) -> str | None:

@@ -293,6 +293,15 @@ class BackupIncompleteError(CkvcError):
     exit_code = 37
 
 
+class SignatureError(CkvcError):
+    """A commit or tag is not signed, carries a signature that does not verify, or
+    is signed by a key that is not trusted (ckvc.signing): ``verify-commit`` says so,
+    and with ``require_signatures`` every read path refuses it before any tensor
+    byte is read."""
+
+    exit_code = 38
+
+
 class DistributedCommitError(CkvcError):
     """A multi-rank commit (ckvc.distributed) failed on some rank, or a rank was lost
     (killed, timed out): nothing was committed and the branch is unchanged. Raised
@@ -410,6 +419,7 @@ __all__ = [
     "RefConflictError",
     "RefNotFoundError",
     "RepositoryLockedError",
+    "SignatureError",
     "StorageError",
     "StorageFullError",
     "StorageIOError",

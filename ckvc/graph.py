@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
+from ckvc import signing
 from ckvc.core import Repository, check_utf8, default_author
 from ckvc.errors import (
     CkvcError,
@@ -196,10 +197,16 @@ def check_not_pruned(core: Repository, commit_id: str) -> None:
         raise PrunedCommitError(commit_id, record.policy, record.time_ns)
 
 
-def readable_commit(core: Repository, rev: str, *, allow_pickle: bool = False) -> Commit:
-    """The commit ``rev`` names, refused as every read refuses it: pruned
+def readable_commit(
+    core: Repository, rev: str, *, allow_pickle: bool = False, verify_signatures: bool | None = None
+) -> Commit:
+    """The commit ``rev`` names, refused as every read refuses it: not signed by a
+    trusted key under ``require_signatures`` (SignatureError; ``verify_signatures``
+    True checks regardless, False skips with a warning), pruned
     (PrunedCommitError), or holding pickles unless allowed (UnsafeContentError)."""
-    commit = core.read_commit(resolve(core, rev))
+    commit_id = resolve(core, rev)
+    signing.require_signed(core, commit_id, verify_signatures=verify_signatures)
+    commit = core.read_commit(commit_id)
     check_not_pruned(core, commit.id)
     if commit.pickled and not allow_pickle:
         raise UnsafeContentError(
@@ -639,10 +646,16 @@ def reset(core: Repository, rev: str) -> str:
     return commit_id
 
 
-def create_tag(core: Repository, name: str, rev: str = "HEAD", message: str | None = None) -> str:
+def create_tag(
+    core: Repository, name: str, rev: str = "HEAD", message: str | None = None, *, sign: bool = False
+) -> str:
     """Create a tag: annotated (a tag object) when ``message`` is given,
-    lightweight otherwise. Returns what the tag ref points at."""
+    lightweight otherwise. Returns what the tag ref points at. ``sign``: an
+    annotated tag signed with the configured key (``ckvc tag -s``; ckvc.signing)."""
     full = tag_ref(name)
+    signer = signing.signer_for(core, True) if sign else None
+    if signer is not None and message is None:
+        raise InvalidInputError("a signed tag is an annotated tag: give it a message")
     with core.store.pin():
         commit_id = resolve(core, rev)
         target = commit_id
@@ -654,6 +667,8 @@ def create_tag(core: Repository, name: str, rev: str = "HEAD", message: str | No
             with storage_errors(f"writing tag {name}", "no tag was created"), core.store.writer(core.codec) as writer:
                 target = writer.put(ObjectType.TAG, tag.encode()).hex()
                 writer.commit()
+            if signer is not None:
+                signing.sign(core, target, "tag", signer)
         try:
             core.refs.set_if_equals(full, None, target, f"tag: {name}")
         except RefConflictError:

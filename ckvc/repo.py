@@ -10,16 +10,18 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Protocol, overload
 
-from ckvc import graph, inspect, retention
+from ckvc import graph, inspect, retention, signing
 from ckvc.committer import Committer
 from ckvc.core import REPO_DIR, OnCore, Part, ProgressCallback, Repository, find_repo_root
-from ckvc.errors import InvalidRevisionError
+from ckvc.errors import InvalidRevisionError, RefNotFoundError, SignatureError
 from ckvc.fsck import run_fsck
 from ckvc.gc import collect_garbage
 from ckvc.graph import Reached, did_you_mean
 from ckvc.hybrid import api as hybrid_api
 from ckvc.inspect import CommitInfo, StateDiff, TensorChange, TensorSummary, is_rng_path
+from ckvc.refs import tag_ref
 from ckvc.remote import api as remote_api
+from ckvc.signing import Signature, Verification
 
 # torch, numpy and the codecs are imported only where tensors are made or read
 # (ckvc.write, ckvc.state, ckvc.view, the bodies of commit/load/show/diff), so log,
@@ -158,6 +160,7 @@ class Repo:
         metadata: Mapping[str, Any] | None = None, *, merge: Sequence[str] = (), allow_pickle: bool = False,
         retain: bool | None = None, blocking: Literal[True] = True, progress: ProgressCallback | None = None,
         lossy: LossySpec = None, time_ns: int | None = None, on_conflict: OnConflict = "fail",
+        sign: bool | None = None,
     ) -> str: ...  # fmt: skip
 
     @overload
@@ -166,6 +169,7 @@ class Repo:
         metadata: Mapping[str, Any] | None = None, *, merge: Sequence[str] = (), allow_pickle: bool = False,
         retain: bool | None = None, blocking: Literal[False], progress: ProgressCallback | None = None,
         lossy: LossySpec = None, time_ns: int | None = None, on_conflict: OnConflict = "fail",
+        sign: bool | None = None,
     ) -> PendingCommit: ...  # fmt: skip
 
     def commit(
@@ -173,6 +177,7 @@ class Repo:
         metadata: Mapping[str, Any] | None = None, *, merge: Sequence[str] = (), allow_pickle: bool = False,
         retain: bool | None = None, blocking: bool = True, progress: ProgressCallback | None = None,
         lossy: LossySpec = None, time_ns: int | None = None, on_conflict: OnConflict = "fail",
+        sign: bool | None = None,
     ) -> str | PendingCommit:  # fmt: skip
         """Store ``state`` as a new commit on the current branch (or detached HEAD)
         and return its id. Everything is durable before the branch moves.
@@ -194,13 +199,17 @@ class Repo:
         ``on_conflict="retry"``: when another writer moved the branch forward
         meanwhile, go on top of it (the CLI's default) instead of RefConflictError.
 
+        ``sign=True`` signs the commit with the configured key (``sign_key``;
+        ckvc.signing), False never; the default follows ``sign_commits``. The
+        signature is stored before the branch moves and does not change the id.
+
         ``blocking=False`` returns a PendingCommit as soon as the state's bytes
         are copied, so training may change its tensors at once; the commit is
         written in the background, in order with other commits. Its errors
         surface on ``.result()`` and at the next commit, ``wait()`` or close."""
         return self._commits.commit(
             state, message, metrics, metadata, merge=merge, allow_pickle=allow_pickle, retain=retain,
-            blocking=blocking, progress=progress, lossy=lossy, time_ns=time_ns, on_conflict=on_conflict,
+            blocking=blocking, progress=progress, lossy=lossy, time_ns=time_ns, on_conflict=on_conflict, sign=sign,
         )  # fmt: skip
 
     # ---- commit observers: every commit path fires them (ckvc.write.finish) ----
@@ -222,7 +231,7 @@ class Repo:
     def load(
         self, rev: str = "HEAD", map_location: MapLocation = None, *, allow_pickle: bool = False,
         progress: ProgressCallback | None = None, keys: Iterable[str] | None = None, prefix: str | None = None,
-        subtree: str | None = None,
+        subtree: str | None = None, verify_signatures: bool | None = None,
     ) -> Any:  # fmt: skip
         """The state stored in ``rev``; HEAD does not move. Every byte is verified.
 
@@ -230,10 +239,12 @@ class Repo:
         or a subtree's, "rng": its nested value) and/or ``prefix`` ("model."): only
         those, as a flat dict by path, reading only the chunks they cover;
         ``subtree="rng"``: only the nested value there. UnknownKeyError (a KeyError)
-        for a path the commit does not hold."""
+        for a path the commit does not hold. Under ``require_signatures`` a commit
+        no trusted key signed raises SignatureError before anything is read;
+        ``verify_signatures=False`` skips that check (with a warning), True forces it."""
         from ckvc import read
 
-        commit = self.readable_commit(rev, allow_pickle=allow_pickle)
+        commit = self.readable_commit(rev, allow_pickle=allow_pickle, verify_signatures=verify_signatures)
         return read.load_state(
             self.core, commit, map_location=map_location, allow_pickle=allow_pickle, progress=progress, keys=keys,
             prefix=prefix, subtree=subtree,
@@ -241,15 +252,15 @@ class Repo:
 
     def view(
         self, rev: str = "HEAD", map_location: MapLocation = None, *, allow_pickle: bool = False,
-        progress: ProgressCallback | None = None,
+        progress: ProgressCallback | None = None, verify_signatures: bool | None = None,
     ) -> CommitView:  # fmt: skip
         """A lazy, read-only mapping of ``rev``'s tensors by path. Opening it reads
         the snapshot only; ``view[path]`` reads and verifies only that tensor's
         chunks. ``view.info(path)``, ``view.non_tensors``, ``view.commit``,
-        ``view.load(keys, prefix=...)``. Pruned commits and pickles as in ``load``."""
+        ``view.load(keys, prefix=...)``. Pruned commits, pickles and signatures as in ``load``."""
         from ckvc.view import CommitView
 
-        commit = self.readable_commit(rev, allow_pickle=allow_pickle)
+        commit = self.readable_commit(rev, allow_pickle=allow_pickle, verify_signatures=verify_signatures)
         return CommitView(self.core, commit, map_location=map_location, allow_pickle=allow_pickle, progress=progress)
 
     def load_into(
@@ -258,6 +269,7 @@ class Repo:
         model_key: str | None = "model", optimizer_key: str | None = "optimizer",
         scheduler_key: str | None = "scheduler", map_location: MapLocation = None, allow_pickle: bool = False,
         progress: ProgressCallback | None = None, rng: bool | str = False, check_run: bool = True,
+        verify_signatures: bool | None = None,
     ) -> IncompatibleKeys:  # fmt: skip
         """Restore ``rev`` into live objects, for a state committed as ``{"model":
         model.state_dict(), "optimizer": ..., "scheduler": ...}`` (``*_key``: where each
@@ -274,11 +286,12 @@ class Repo:
         chunk found damaged while the model is being written leaves it partly written.
         A commit made at another world size than this process's (both known: the
         commit's "ckvc.run" metadata, the process group or WORLD_SIZE) raises
-        RunMismatchError first, unless ``check_run=False``."""
+        RunMismatchError first, unless ``check_run=False``. Signatures as in ``load``."""
         from ckvc.restore import load_into
 
+        commit = self.readable_commit(rev, allow_pickle=allow_pickle, verify_signatures=verify_signatures)
         return load_into(
-            self.core, self.readable_commit(rev, allow_pickle=allow_pickle), model=model, optimizer=optimizer,
+            self.core, commit, model=model, optimizer=optimizer,
             scheduler=scheduler, strict=strict, model_key=model_key,
             optimizer_key=optimizer_key, scheduler_key=scheduler_key, map_location=map_location,
             allow_pickle=allow_pickle, progress=progress, rng_key=("rng" if rng is True else rng or None),
@@ -287,7 +300,7 @@ class Repo:
 
     def checkout(
         self, rev: str, map_location: MapLocation = None, *, allow_pickle: bool = False,
-        progress: ProgressCallback | None = None,
+        progress: ProgressCallback | None = None, verify_signatures: bool | None = None,
     ) -> Any:  # fmt: skip
         """Load ``rev`` and move HEAD to it, like git checkout: onto the branch when
         ``rev`` names one, detached otherwise, only after the state loaded cleanly. The
@@ -296,7 +309,9 @@ class Repo:
         ``load`` moves no HEAD: a commit after it lands on the current branch tip."""
         self.wait()  # a background commit must land on the branch it was made on
         commit_id = self.resolve(rev)
-        state = self.load(commit_id, map_location, allow_pickle=allow_pickle, progress=progress)
+        state = self.load(
+            commit_id, map_location, allow_pickle=allow_pickle, progress=progress, verify_signatures=verify_signatures
+        )
         with self.store.pin():
             if not self.store.has(bytes.fromhex(commit_id)):  # gc took it while we loaded
                 raise InvalidRevisionError(f"revision {rev!r}: commit {commit_id[:12]} was garbage-collected")
@@ -383,13 +398,48 @@ class Repo:
     def clone(
         cls, url: str, path: str | os.PathLike[str], *, endpoint: str | None = None, region: str | None = None,
         threads: int | None = None, progress: ProgressCallback | None = None, lazy: bool = False,
+        trusted_keys: str | os.PathLike[str] | None = None, require_signatures: bool = False,
     ) -> Repo:  # fmt: skip
         """A new repository at ``path`` from the remote at ``url`` (as ``origin``), with
         the remote HEAD's branch checked out, like git clone. ``lazy``: refs and
-        metadata only, tensor data fetched (verified) on first read."""
+        metadata only, tensor data fetched (verified) on first read.
+        ``trusted_keys``/``require_signatures``: the clone's trust settings, already
+        in force for its first fetch (ckvc.signing)."""
         from ckvc.remote.clone import clone
 
-        return cls(clone(url, path, endpoint=endpoint, region=region, threads=threads, progress=progress, lazy=lazy))
+        return cls(
+            clone(
+                url, path, endpoint=endpoint, region=region, threads=threads, progress=progress, lazy=lazy,
+                trusted_keys=trusted_keys, require_signatures=require_signatures,
+            )
+        )  # fmt: skip
+
+    # ---- signatures (ckvc.signing) -----------------------------------------------
+    def sign(self, rev: str = "HEAD") -> Signature:
+        """Sign the commit ``rev`` after the fact with the configured key (``sign_key``):
+        history made before signing was turned on, vouched for now. Returns the record."""
+        key = signing.signer_for(self.core, True)
+        assert key is not None
+        self.core.require_writable("signing")
+        return signing.sign(self.core, self.resolve(rev), "commit", key)
+
+    def verify_commit(self, rev: str = "HEAD") -> Verification:
+        """Who signed ``rev``, checked against the trusted keys: SignatureError when
+        it is not signed, a signature does not verify, or no trusted key signed it."""
+        verdict = signing.verify(self.core, self.resolve(rev), "commit")
+        if not verdict.good:
+            raise SignatureError(verdict.describe())
+        return verdict
+
+    def verify_tag(self, name: str) -> Verification:
+        """``verify_commit`` for the annotated tag ``name`` (its tag object's signature)."""
+        oid = self.core.refs.read(tag_ref(name))
+        if oid is None:
+            raise RefNotFoundError(f"tag {name!r} not found{graph.ref_hint(self.core, name, branches=False)}")
+        verdict = signing.verify(self.core, oid, "tag")
+        if not verdict.good:
+            raise SignatureError(verdict.describe())
+        return verdict
 
     status = OnCore(hybrid_api.status)
     backup_status = OnCore(hybrid_api.backup_status)

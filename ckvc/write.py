@@ -24,7 +24,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
-from ckvc import graph
+from ckvc import graph, signing
 from ckvc.chunking import chunk_spans
 from ckvc.codecs import DELTA, QUANT, DeltaBase, layout_for
 from ckvc.codecs.lossy import MODES as LOSSY_MODES
@@ -111,6 +111,7 @@ class CommitRequest:
     lossy: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     author: str | None = None
     time_ns: int | None = None
+    sign: bool | None = None  # True/False: sign or not; None: the sign_commits setting
 
     @classmethod
     def checked(
@@ -121,6 +122,7 @@ class CommitRequest:
         *,
         author: str | None = None,
         time_ns: int | None = None,
+        sign: bool | None = None,
     ) -> CommitRequest:
         """A request from user input, each field checked (InvalidInputError)."""
         if not isinstance(message, str):
@@ -137,7 +139,11 @@ class CommitRequest:
             raise InvalidInputError(f"time_ns must be a non-negative int, got {time_ns!r}")
         if author is not None:
             check_utf8("author", author)
-        return cls(message=message, metrics=clean_metrics, metadata=clean_metadata, author=author, time_ns=time_ns)
+        if sign is not None and not isinstance(sign, bool):
+            raise InvalidInputError(f"sign must be True, False or None, got {sign!r}")
+        return cls(
+            message=message, metrics=clean_metrics, metadata=clean_metadata, author=author, time_ns=time_ns, sign=sign
+        )
 
 
 @dataclass
@@ -527,12 +533,15 @@ def finish(
                 retain=retain, on_conflict=on_conflict,
             )  # fmt: skip
     head = head or read_head(core, outcome)
+    signer = signing.signer_for(core, request.sign)
     snapshot_id, commit_id = put_commit(writer, blobs, request, head.parent)
     reflog_message = commit_reflog_message(request)
     for attempt in range(MAX_RETRIES_ON_CONFLICT + 1):
         if outcome is not None:
             outcome.commit, outcome.head = commit_id, head
         writer.commit()
+        if signer is not None:  # durable before the branch names the commit
+            signing.sign(core, commit_id, "commit", signer)
         try:
             if head.target is not None:
                 core.refs.set_if_equals(head.target, head.parent, commit_id, reflog_message)

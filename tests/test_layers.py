@@ -41,6 +41,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("refs", "pruned", "config", "journal", "runs"),
     ("executor",),
     ("core",),
+    ("signing",),  # signatures and trust: the read paths' check (graph) and the commit's signer (write)
     ("graph",),
     ("write",),
     ("read",),

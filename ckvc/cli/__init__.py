@@ -31,6 +31,7 @@ from ckvc.cli import (  # noqa: F401  (imported for their commands, registered o
     remotes,
     serve,
     settings,
+    trust,
 )
 from ckvc.cli.main import cli, main
 from ckvc.cli.output import progress_bar as _progress_bar  # noqa: F401  (tests/test_throughput.py imports it)

@@ -108,15 +108,23 @@ def reset(obj: Context, mode: str | None, rev: str, as_json: bool) -> None:
 @click.option("-d", "--delete", is_flag=True, help="Delete the tag NAME.")
 @click.option("-m", "--message", default=None, help="Make an annotated tag with this message.")
 @click.option("-n", "lines", is_flag=True, help="List tags with the first line of their message.")
+@click.option("-s", "--sign", is_flag=True, help="Make a signed annotated tag (needs -m and sign_key).")
 @click.argument("name", required=False)
 @click.argument("rev", required=False, default="HEAD")
 @json_option
 @click.pass_obj
 def tag(
-    obj: Context, delete: bool, message: str | None, lines: bool, name: str | None, rev: str, as_json: bool
+    obj: Context,
+    delete: bool,
+    message: str | None,
+    lines: bool,
+    sign: bool,
+    name: str | None,
+    rev: str,
+    as_json: bool,
 ) -> None:
     """List tags (with -n, each with the first line of its message), create NAME at
-    REV (annotated with -m), or delete NAME with -d."""
+    REV (annotated with -m; signed with -s), or delete NAME with -d."""
     repo = obj.repo
     if name is None:
         if delete:
@@ -148,7 +156,7 @@ def tag(
         oid = repo.delete_tag(name)
         _done(as_json, {"deleted": name, "was": oid}, f"Deleted tag {name} (was {oid[:12]})")
     else:
-        oid = repo.tag(name, rev, message)
+        oid = repo.tag(name, rev, message, sign=sign)
         _done(as_json, {"created": name, "target": oid}, f"Created tag {name} at {repo.resolve(name)[:12]}")
 
 

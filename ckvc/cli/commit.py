@@ -40,6 +40,13 @@ def _parse_pairs(pairs: tuple[str, ...], what: str) -> dict[str, str]:
     is_flag=True,
     help="Refuse a .pt/.safetensors file that does not parse (default: store its bytes, warn).",
 )
+@click.option(
+    "-S/--no-sign",
+    "--sign",
+    "sign",
+    default=None,
+    help="Sign the commit with the configured key (sign_key); default: the sign_commits setting.",
+)
 @json_option
 @click.pass_obj
 def commit(
@@ -51,6 +58,7 @@ def commit(
     lossy: tuple[str, ...],
     follow_links: bool,
     strict: bool,
+    sign: bool | None,
     as_json: bool,
 ) -> None:
     """Commit a checkpoint: a torch.save file, a .safetensors file, or a directory of them.
@@ -65,7 +73,10 @@ def commit(
     repo = obj.repo
     if not path.is_absolute():
         path = Path(obj.directory) / path
+    from ckvc import signing
     from ckvc.formats import read_checkpoint
+
+    signing.signer_for(repo.core, sign)  # a key that does not load fails before the checkpoint is read
 
     with progress_bar("read", not as_json) as progress:
         state, source_meta = read_checkpoint(path, follow_links=follow_links, progress=progress, strict=strict)
@@ -79,6 +90,7 @@ def commit(
         commit_id = repo.commit(
             state, message=message, metrics=metric_values, metadata=metadata, progress=progress, lossy=lossy_spec,
             on_conflict="retry",  # another writer's commit meanwhile: this one goes on top of it
+            sign=sign,
         )  # fmt: skip
     stats = repo.last_commit_stats
     assert stats is not None

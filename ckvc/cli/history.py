@@ -38,6 +38,7 @@ metric_mode_option = click.option(
 @click.option("--sort", "sort_metric", default=None, metavar="METRIC", help="Only commits with METRIC, best first.")
 @click.option("--best", "best_metric", default=None, metavar="METRIC", help="Only the best commit by METRIC.")
 @metric_mode_option
+@click.option("--show-signature", is_flag=True, help="Check each commit's signature against the trusted keys.")
 @json_option
 @click.pass_obj
 def log(
@@ -50,9 +51,11 @@ def log(
     sort_metric: str | None,
     best_metric: str | None,
     mode: str,
+    show_signature: bool,
     as_json: bool,
 ) -> None:
-    """Show the commits reachable from REV, newest first, with their metrics."""
+    """Show the commits reachable from REV, newest first, with their metrics
+    (--show-signature: and who signed each, checked against trusted_keys)."""
     repo = obj.repo
     if sort_metric and best_metric:
         raise InvalidInputError("give --sort or --best, not both")
@@ -67,10 +70,20 @@ def log(
     else:
         commits = repo.log(rev, limit=max_count, all=all_refs)
     pruned = repo.pruned()
+    verdicts = {}
+    if show_signature:
+        from ckvc import signing
+
+        keys = signing.TrustSettings.load(repo.core).keys()
+        verdicts = {c.id: signing.signature_summary(repo.core, c.id, trusted=keys) for c in commits}
     if as_json:
         from ckvc.inspect import log_json
 
-        emit_json(log_json(commits, pruned))
+        listed = log_json(commits, pruned)
+        for entry in listed:
+            if entry["id"] in verdicts:
+                entry["signature"] = verdicts[entry["id"]].to_json()
+        emit_json(listed)
         return
     labels = _labels(repo)
     rows = _graph_rows(commits) if graph else (("", [], None, c) for c in commits)
@@ -83,6 +96,8 @@ def log(
         deco = f" ({', '.join(labels[c.id])})" if c.id in labels else ""
         first_line = c.message.splitlines()[0] if c.message else ""
         mark = (" [pruned]" if c.id in pruned else "") + (" [lossy]" if c.is_lossy else "")
+        if oneline and c.id in verdicts:
+            mark += " [signed]" if verdicts[c.id].good else " [not verified]"
         if oneline:
             metrics = f"  [{metrics_text(c.metrics)}]" if c.metrics else ""
             click.echo(f"{lead}{c.id[:12]}{deco}{mark} {first_line}{metrics}")
@@ -94,6 +109,10 @@ def log(
             lines.append(f"Pruned: {time_text(pruned[c.id].time_ns)} by [{pruned[c.id].policy}]")
         if len(c.parents) > 1:
             lines.append("Merge:  " + " ".join(p[:12] for p in c.parents))
+        if c.id in verdicts:
+            from ckvc.signing import short_text
+
+            lines.append(f"Signature: {short_text(verdicts[c.id])}")
         lines += [f"Author: {c.author}", f"Date:   {time_text(c.time_ns)}"]
         if c.metrics:
             lines.append(f"Metrics: {metrics_text(c.metrics)}")
@@ -183,21 +202,32 @@ def _annotated_tag(repo: Repo, rev: str) -> Tag | None:
 def show(obj: Context, rev: str, no_data: bool, as_json: bool) -> None:
     """Show a commit: message, metrics, and its tensors with dtype, shape and size.
     For an annotated tag, its tagger, date and message first."""
+    from ckvc import signing
     from ckvc.inspect import value_text
 
     repo = obj.repo
     info = repo.show(rev, tensors=not no_data)
     tag = _annotated_tag(repo, rev)
     c = info.commit
+    keys = signing.TrustSettings.load(repo.core).keys()
+    signature = signing.signature_summary(repo.core, c.id, trusted=keys)
+    tag_signature = signing.signature_summary(repo.core, tag.id, "tag", trusted=keys) if tag is not None else None
     if as_json:
-        emit_json(info.to_json(tag, tensors=not no_data))
+        shown = info.to_json(tag, tensors=not no_data)
+        shown["signature"] = signature.to_json()
+        if tag_signature is not None:
+            shown["tag_signature"] = tag_signature.to_json()
+        emit_json(shown)
         return
     if tag is not None:
-        click.echo(f"tag {tag.name}\nTagger: {tag.tagger}\nDate:   {time_text(tag.time_ns)}\n")
+        signed = f"Signature: {signing.short_text(tag_signature)}\n" if tag_signature and tag_signature.signer else ""
+        click.echo(f"tag {tag.name}\nTagger: {tag.tagger}\n{signed}Date:   {time_text(tag.time_ns)}\n")
         for line in tag.message.splitlines() or [""]:
             click.echo(f"    {line}".rstrip())
         click.echo("")
     click.echo(f"commit {c.id}\nAuthor: {c.author}\nDate:   {time_text(c.time_ns)}")
+    if signature.status != "unsigned" or keys:
+        click.echo(f"Signature: {signing.short_text(signature)}")
     if c.metrics:
         click.echo(f"Metrics: {metrics_text(c.metrics)}")
     if c.metadata:

@@ -157,13 +157,29 @@ def pull(obj: Context, remote_name: str, as_json: bool) -> None:
 @click.option("--endpoint", default=None, metavar="URL", help="An S3-compatible endpoint.")
 @click.option("--region", default=None, help="The bucket's region.")
 @click.option("--lazy", is_flag=True, help="Refs and metadata only: tensor data is fetched on first read.")
+@click.option(
+    "--trusted-keys", default=None, metavar="PATH", help="The clone's trusted keys (a PEM file, folder or list)."
+)
+@click.option(
+    "--require-signatures", is_flag=True, help="Refuse unless a trusted key signed the remote's refs (and later reads)."
+)
 @json_option
 @click.pass_obj
 def clone(
-    obj: Context, url: str, directory: str | None, endpoint: str | None, region: str | None, lazy: bool, as_json: bool
+    obj: Context,
+    url: str,
+    directory: str | None,
+    endpoint: str | None,
+    region: str | None,
+    lazy: bool,
+    trusted_keys: str | None,
+    require_signatures: bool,
+    as_json: bool,
 ) -> None:
     """Make a new repository in DIRECTORY from URL (as remote origin), like git clone.
-    --lazy: a cache in front of the remote (log, show, du work at once; data on first read)."""
+    --lazy: a cache in front of the remote (log, show, du work at once; data on first read).
+    --require-signatures with --trusted-keys: the remote's branches and tags must be
+    signed by a trusted key, checked before anything is copied."""
     from ckvc.repo import Repo
 
     base = Path(obj.directory)
@@ -172,7 +188,11 @@ def clone(
     name = directory or Path(url.rstrip("/")).name.removesuffix(".ckvc") or "clone"
     target = base / name
     with progress_bar("clone", not as_json) as progress:
-        repo = Repo.clone(url, target, endpoint=endpoint, region=region, progress=progress, lazy=lazy)
+        repo = Repo.clone(
+            url, target, endpoint=endpoint, region=region, progress=progress, lazy=lazy,
+            trusted_keys=None if trusted_keys is None else base / trusted_keys,
+            require_signatures=require_signatures,
+        )  # fmt: skip
     try:
         branch, head_id = repo.head()
         if as_json:

@@ -55,8 +55,10 @@ def config_cmd(obj: Context, key: str | None, value: str | None, as_json: bool) 
     """Show the repository config (KEY: that setting), or set reflog_expiry (e.g. 30d), gc_grace (e.g. 1h),
     repack_threshold (0..1), keyframe_interval (1..255; 1 turns deltas off), codec
     (auto, zstd, raw; zstd:LEVEL), cache_size (e.g. 50GiB, unlimited), auto_push
-    (a remote, none), hooks.post_commit / hooks.post_push (a shell command, none)
-    or hooks.timeout (seconds)."""
+    (a remote, none), hooks.post_commit / hooks.post_push (a shell command, none),
+    hooks.timeout (seconds), sign_key (a PEM private key), sign_commits (true/false),
+    trusted_keys (a PEM public key, a folder of them, or a list) or require_signatures
+    (true/false: every read refuses a commit no trusted key signed)."""
     from ckvc.retention_policy import parse_duration
 
     repo = obj.repo
@@ -76,6 +78,12 @@ def config_cmd(obj: Context, key: str | None, value: str | None, as_json: bool) 
             repo.set_config(keyframe_interval=interval)
         elif key in ("cache_size", "auto_push"):
             repo.set_config(**{key: value})
+        elif key in ("sign_key", "sign_commits", "trusted_keys", "require_signatures"):
+            from ckvc.signing import set_trust
+
+            if key in ("sign_key", "trusted_keys") and value not in ("", "none"):
+                value = str(Path(obj.directory, value))
+            set_trust(repo.core, key, value)
         elif key.startswith("hooks."):
             from ckvc.hooks import set_hook
 
@@ -93,7 +101,8 @@ def config_cmd(obj: Context, key: str | None, value: str | None, as_json: bool) 
             raise InvalidInputError(
                 f"unknown setting {key!r}; settable: "
                 "reflog_expiry, gc_grace, repack_threshold, keyframe_interval, codec, cache_size, auto_push, "
-                "hooks.post_commit, hooks.post_push, hooks.timeout"
+                "hooks.post_commit, hooks.post_push, hooks.timeout, sign_key, sign_commits, trusted_keys, "
+                "require_signatures"
             )
     data = dataclasses.asdict(repo.config)
     from ckvc.hybrid.settings import HybridSettings
@@ -105,6 +114,9 @@ def config_cmd(obj: Context, key: str | None, value: str | None, as_json: bool) 
 
         hooks = HookSettings.load(repo.core.dir)
         data.update({f"hooks.{k}": v for k, v in dataclasses.asdict(hooks).items()})
+        from ckvc.signing import TrustSettings
+
+        data.update(dataclasses.asdict(TrustSettings.stored(repo.core.dir)))
     if key is not None:  # `config KEY [VALUE]`: that setting alone, as git config KEY prints it
         stored = f"{key}_s" if key in ("reflog_expiry", "gc_grace") else key
         if stored not in data:

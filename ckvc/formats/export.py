@@ -54,7 +54,9 @@ class CommitSource(Protocol):
     @property
     def core(self) -> ReadCore: ...
 
-    def readable_commit(self, rev: str, *, allow_pickle: bool = False) -> Commit: ...
+    def readable_commit(
+        self, rev: str, *, allow_pickle: bool = False, verify_signatures: bool | None = None
+    ) -> Commit: ...
 
 
 _TMP_TAG = ".ckvc-tmp-"
@@ -72,6 +74,7 @@ def export_commit(
     prefix: str | None = None,
     progress: Progress | None = None,
     allow_pickle: bool = False,
+    verify_signatures: bool | None = None,
 ) -> list[Path]:
     """Write commit ``rev`` to ``out`` without moving HEAD; returns the files written.
 
@@ -83,7 +86,7 @@ def export_commit(
     for ``Repo.load`` (a commit holding pickled values is refused without it)."""
     from ckvc import read
 
-    commit = repo.readable_commit(rev, allow_pickle=allow_pickle)
+    commit = repo.readable_commit(rev, allow_pickle=allow_pickle, verify_signatures=verify_signatures)
     if prefix is not None:
         flat = read.load_state(
             repo.core, commit, map_location="cpu", allow_pickle=allow_pickle, progress=progress, prefix=prefix

@@ -489,10 +489,13 @@ class Reader(StorageReader):
     contiguous CPU tensor of its dtype, else through the read engine's buffers
     (only the chunks the requested region covers)."""
 
-    def __init__(self, repo: Repo | str | os.PathLike[str], rev: str = "HEAD") -> None:
+    def __init__(
+        self, repo: Repo | str | os.PathLike[str], rev: str = "HEAD", *, verify_signatures: bool | None = None
+    ) -> None:
         super().__init__()
         self.repo = _RepoHandle(repo)
         self.rev = rev
+        self.verify_signatures = verify_signatures
         self.storage_data: dict[MetadataIndex, _Stored] = {}
         self.load_id = uuid.uuid4().hex
 
@@ -510,7 +513,7 @@ class Reader(StorageReader):
         core = self.repo.core
         from ckvc import graph
 
-        commit = graph.readable_commit(core, self.rev)
+        commit = graph.readable_commit(core, self.rev, verify_signatures=self.verify_signatures)
         metadata = read_dcp_metadata(core, commit)
         if metadata.storage_meta is None:
             metadata.storage_meta = StorageMeta()

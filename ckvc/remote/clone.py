@@ -19,6 +19,8 @@ from ckvc.remote.common import Progress, remotes_of, tracking_ref
 from ckvc.remote.fetch import fetch
 from ckvc.remote.location import RemoteSpec, normalize_url, open_backend
 from ckvc.remote.repository import open_remote
+from ckvc.signing import TrustSettings
+from ckvc.signing import trusted_keys as signing_keys
 
 if TYPE_CHECKING:
     from ckvc.fsck import FsckReport
@@ -46,17 +48,28 @@ def clone(
     threads: int | None = None,
     progress: Progress | None = None,
     lazy: bool = False,
+    trusted_keys: str | os.PathLike[str] | None = None,
+    require_signatures: bool = False,
 ) -> Repository:
     """A new repository at ``path`` with the remote as ``origin``, everything
     fetched, and the remote HEAD's branch created and checked out (HEAD on it),
     like git. The remote is checked before anything is created; a clone that
     fails removes what it created. ``lazy``: refs and metadata only; chunks are
-    fetched on first read (ckvc.hybrid)."""
+    fetched on first read (ckvc.hybrid). ``trusted_keys`` and ``require_signatures``
+    are the new repository's trust settings, in force for the clone's own fetch:
+    a remote whose refs no trusted key signed is refused before anything is copied."""
     import shutil
 
     from ckvc.core import REPO_DIR
 
     target = Path(path).resolve()
+    trust = TrustSettings(require_signatures=require_signatures)
+    if trusted_keys is not None:
+        if not signing_keys(trusted_keys):
+            raise InvalidInputError(f"{trusted_keys} holds no public key")
+        trust.trusted_keys = str(Path(trusted_keys).expanduser().resolve())
+    if require_signatures and trust.trusted_keys is None and not os.environ.get("CKVC_TRUSTED_KEYS"):
+        raise InvalidInputError("require_signatures needs trusted keys (--trusted-keys or $CKVC_TRUSTED_KEYS)")
     if target.exists() and (not target.is_dir() or any(target.iterdir())):
         raise InvalidInputError(f"cannot clone into {target}: it exists and is not an empty directory")
     normalized = normalize_url(url)
@@ -82,6 +95,8 @@ def clone(
     )
     try:
         core.upgrade_format(config.format_version)
+        if trust != TrustSettings():
+            trust.save(core.local_dir)
         remotes_of(core).add("origin", normalized, endpoint=endpoint, region=region)
         if lazy:
             HybridSettings(lazy=True, promisors=["origin"]).save(core)

@@ -9,7 +9,7 @@ import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
-from ckvc import graph
+from ckvc import graph, signing
 from ckvc.core import Repository
 from ckvc.errors import (
     CkvcWarning,
@@ -322,6 +322,10 @@ def fetch(
         refs = handle.core.refs.list_refs("refs/")  # one listing for branches and tags
         branches = {k: v for k, v in refs.items() if k.startswith(BRANCH_PREFIX)}
         tags = {k: v for k, v in refs.items() if k.startswith(TAG_PREFIX)}
+        trust = signing.TrustSettings.load(local)
+        if trust.require_signatures:  # before a byte is copied: the refs' targets must be signed
+            remote_signatures = signing.SignatureStore(handle.backend)
+            signing.check_ref_targets(refs, remote_signatures, trust.keys(), f"fetch from {spec.name}")
         local.upgrade_format(handle.core.config.format_version)
         local.store.refresh()  # packs an interrupted fetch sealed
         job = Fetch(local, handle, result.stats, progress)
@@ -330,6 +334,10 @@ def fetch(
             if chunks:
                 job.fetch_chunks()
             job.write_metadata()
+            # signatures before the refs that name what they sign
+            signing.copy_signatures(
+                signing.SignatureStore(handle.backend), signing.signatures_of(local), local.object_exists
+            )
             # the refs move under the pin too: a gc cannot take what they are about to name
             for full, new in branches.items():
                 moved = move_tracking(local, spec.name, full[len(BRANCH_PREFIX) :], new, how)

@@ -22,7 +22,7 @@ import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from ckvc import write
+from ckvc import signing, write
 from ckvc.core import Repository
 from ckvc.errors import CkvcError, CkvcWarning, RefConflictError
 from ckvc.graph import is_ancestor
@@ -72,9 +72,13 @@ def publish(
     RefConflictError (nothing is committed) or, with ``on_conflict="retry"`` and
     a forward move, the commit goes on top of theirs. Returns the step as it
     landed (its parent the one it went on top of) and the commit's id."""
+    signer = signing.signer_for(local, step.request.sign)
     for attempt in range(write.MAX_RETRIES_ON_CONFLICT + 1):
         snapshot_id, commit_id = step.write_to(writer)
         upload_objects(local, handle, metadata=[[snapshot_id, bytes.fromhex(commit_id)]])
+        if signer is not None:  # here and on the remote, before the remote's branch names the commit
+            signature = signing.sign(local, commit_id, "commit", signer)
+            signing.SignatureStore(handle.backend).add(signature)
         # a pin whose lease lapsed no longer holds a remote gc off what the ref will name
         handle.backend.check_locks_held()
         message = write.commit_reflog_message(step.request)
@@ -111,6 +115,14 @@ def record(local: Repository, remote: str, writer: ObjectWriter, step: StepCommi
     Several ranks of one node may record the same commit (when its first rank
     was lost): the refs they find already moved to it are done."""
     _, commit_id = step.write_to(writer)
+    if signing.TrustSettings.load(local).require_signatures:  # the coordinator's signature, for reads here
+        handle = open_for_commit(local, remote, create=False)
+        try:
+            signing.copy_signatures(
+                signing.SignatureStore(handle.backend), signing.signatures_of(local), commit_id.__eq__, only=commit_id
+            )
+        finally:
+            handle.close()
     ref, parent = step.ref, step.parent
     branch = ref[len(BRANCH_PREFIX) :]
     try:
