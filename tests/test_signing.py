@@ -231,7 +231,7 @@ def test_after_the_fact_signing_and_verdicts(signed: Any, tmp_path: Path) -> Non
     # only an untrusted signature: refused, naming what it claims
     other = repo.commit(state(2), "mallory's")
     signing.sign(repo.core, other, "commit", signing.load_signing_key(mallory))
-    with pytest.raises(SignatureError, match="'mallory'.*not a trusted key"):
+    with pytest.raises(SignatureError, match=r"'mallory'.*not a trusted key"):
         repo.verify_commit(other)
 
 
@@ -247,17 +247,16 @@ def read_paths(repo: ckvc.Repo, rev: str, out: Path, **kw: Any) -> dict[str, Any
     from ckvc.formats.export import export_commit
 
     model = torch.nn.Linear(64, 64)
+    target = {"model.w": torch.empty(64, 64)}
     return {
         "load": lambda: repo.load(rev, **kw),
         "view": lambda: repo.view(rev, **kw)["model.w"],
-        "load_into": lambda: repo.load_into(rev, model=model, model_key="model", optimizer=None, scheduler=None,
-                                             strict=False, **kw),
+        "load_into": lambda: repo.load_into(rev, model=model, strict=False, **kw),
         "checkout": lambda: repo.checkout(rev, **kw),
         "export": lambda: export_commit(repo, rev, out / "x.pt", **kw),
         "distributed.load": lambda: distributed.load(repo, rev, rank=0, **kw),
-        "dcp.Reader": lambda: dcp_load({"model.w": torch.empty(64, 64)}, storage_reader=Reader(repo, rev, **kw),
-                                       no_dist=True),  # fmt: skip
-    }  # fmt: skip
+        "dcp.Reader": lambda: dcp_load(target, storage_reader=Reader(repo, rev, **kw), no_dist=True),
+    }
 
 
 def test_require_signatures_refuses_every_read_path_before_reading(signed: Any, tmp_path: Path) -> None:
