@@ -414,6 +414,23 @@ class Repo:
             )
         )  # fmt: skip
 
+    def export(
+        self, rev: str, out: str | os.PathLike[str], *, format: Literal["pt", "safetensors", "dir"] | None = None,
+        prefix: str | None = None, progress: ProgressCallback | None = None, allow_pickle: bool = False,
+        verify_signatures: bool | None = None, sign_key: str | os.PathLike[str] | None = None,
+    ) -> list[Path]:  # fmt: skip
+        """Write ``rev`` to ``out`` without moving HEAD (``ckvc export``; see
+        ckvc.formats.export_commit); returns the files written. ``sign_key`` (a PEM
+        ECDSA P-256 private key): also an OpenSSF model-signing bundle, ``out/model.sig``
+        (``out.sig`` for a file), built from the bytes as they are written."""
+        from ckvc.formats.export import export_commit
+
+        key = None if sign_key is None else signing.load_signing_key(sign_key)
+        return export_commit(
+            self, rev, Path(out), format=format, prefix=prefix, progress=progress, allow_pickle=allow_pickle,
+            verify_signatures=verify_signatures, sign_key=key,
+        )  # fmt: skip
+
     # ---- signatures (ckvc.signing) -----------------------------------------------
     def sign(self, rev: str = "HEAD") -> Signature:
         """Sign the commit ``rev`` after the fact with the configured key (``sign_key``):

@@ -119,23 +119,44 @@ def _export_dcp(repo: Repo, rev: str, output: Path) -> list[Path]:
     default=None,
     help="Output kind (default: the commit's own kind, else OUTPUT's suffix).",
 )
+@click.option(
+    "--sign-key",
+    default=None,
+    metavar="KEY.pem",
+    help="Also write an OpenSSF model-signing bundle (OUTPUT/model.sig, or OUTPUT.sig for a file); ECDSA P-256.",
+)
 @json_option
 @click.pass_obj
-def export(obj: Context, rev: str, output: Path, prefix: str | None, fmt: str | None, as_json: bool) -> None:
+def export(
+    obj: Context, rev: str, output: Path, prefix: str | None, fmt: str | None, sign_key: str | None, as_json: bool
+) -> None:
     """Write commit REV to OUTPUT without moving HEAD: e.g. the weights alone of a
-    training state as one file, ckvc export HEAD model.safetensors --prefix model."""
+    training state as one file, ckvc export HEAD model.safetensors --prefix model.
+    --sign-key: a bundle `model_signing verify key` (and `ckvc verify-export`) accepts."""
     from ckvc.formats import export_commit
+    from ckvc.signing import load_signing_key
 
     repo = obj.repo
     if not output.is_absolute():
         output = Path(obj.directory) / output
     if prefix is not None and not prefix.endswith("."):
         prefix += "."  # "model" means the leaves under model
+    key = None if sign_key is None else load_signing_key(Path(obj.directory) / sign_key)
     if fmt is None and prefix is None and _is_dcp(repo, rev):
+        if key is not None:
+            raise InvalidInputError("a DCP commit exports as a DCP folder, which is not signed; give --format")
         written = _export_dcp(repo, rev, output)
     else:
         with progress_bar("export", not as_json) as progress:
-            written = export_commit(repo, rev, output, format=fmt, prefix=prefix, progress=progress)  # type: ignore[arg-type]
+            written = export_commit(
+                repo,
+                rev,
+                output,
+                format=fmt,  # type: ignore[arg-type]
+                prefix=prefix,
+                progress=progress,
+                sign_key=key,
+            )
     commit_id = repo.resolve(rev)
     if as_json:
         emit_json({"commit": commit_id, "written": [str(p) for p in written]})

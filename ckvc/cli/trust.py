@@ -8,7 +8,8 @@ from pathlib import Path
 import click
 
 from ckvc.cli.main import Context, cli
-from ckvc.cli.output import emit_json, json_option, time_text
+from ckvc.cli.output import emit_json, human_bytes, json_option, time_text
+from ckvc.errors import InvalidInputError
 
 
 @cli.command()
@@ -74,3 +75,34 @@ def verify_tag(obj: Context, name: str, as_json: bool) -> None:
     verdict = obj.repo.verify_tag(name)
     assert verdict.time_ns is not None
     _report(verdict.to_json(), f"{verdict.describe()}, signed {time_text(verdict.time_ns)}", as_json)
+
+
+@cli.command("verify-export")
+@click.argument("path", type=click.Path(path_type=Path))
+@click.option("--key", "key_path", required=True, metavar="PUB.pem", help="The signer's public key.")
+@click.option(
+    "--signature", default=None, metavar="FILE", help="The bundle (default: PATH/model.sig, or PATH.sig for a file)."
+)
+@json_option
+@click.pass_obj
+def verify_export(obj: Context, path: Path, key_path: str, signature: str | None, as_json: bool) -> None:
+    """Check an exported folder or file against its OpenSSF model-signing bundle, as
+    `model_signing verify key` does: the signature with KEY, then every file's SHA-256
+    (a changed, missing or unsigned file: exit 38)."""
+    from ckvc.formats.sigstore_bundle import SIGNATURE_NAME, verify_folder
+    from ckvc.signing import public_key_from_pem
+
+    base = Path(obj.directory)
+    target = base / path
+    where = base / key_path
+    try:
+        pem = where.read_bytes()
+    except OSError as exc:
+        raise InvalidInputError(f"public key {where}: {exc.strerror or exc}") from None
+    public = public_key_from_pem(pem, where.stem, str(where))
+    default = target / SIGNATURE_NAME if target.is_dir() else target.with_name(target.name + ".sig")
+    result = verify_folder(target, base / signature if signature else default, public)
+    if as_json:
+        emit_json(result.to_json())
+    else:
+        click.echo(f"Verified {result.files} file(s), {human_bytes(result.bytes)}, signed by {public.name}")

@@ -29,6 +29,7 @@ from ckvc.state import StoredFile
 if TYPE_CHECKING:
     from ckvc.objects import Commit
     from ckvc.read import ReadCore
+    from ckvc.signing import SigningKey
 
 from ckvc.formats.layout import (
     DIRECTORY_SOURCE,
@@ -43,6 +44,7 @@ from ckvc.formats.layout import (
     raw_bytes,
 )
 from ckvc.formats.safetensors import flat_tensors
+from ckvc.formats.sigstore_bundle import IGNORED, SIGNATURE_NAME, Digests, check_key, make_bundle
 
 _DEFAULT_FILE_MODE = 0o644
 
@@ -75,6 +77,7 @@ def export_commit(
     progress: Progress | None = None,
     allow_pickle: bool = False,
     verify_signatures: bool | None = None,
+    sign_key: SigningKey | None = None,
 ) -> list[Path]:
     """Write commit ``rev`` to ``out`` without moving HEAD; returns the files written.
 
@@ -83,19 +86,25 @@ def export_commit(
     (torch.save), "safetensors" (tensors only) or "dir"; by default the commit's own
     kind, else the suffix of ``out``. ``prefix`` ("model."): only the leaves under
     it, with the prefix removed from their names, as one file. ``allow_pickle``: as
-    for ``Repo.load`` (a commit holding pickled values is refused without it)."""
+    for ``Repo.load`` (a commit holding pickled values is refused without it).
+    ``sign_key`` (ECDSA P-256): also an OpenSSF model-signing bundle, ``out/model.sig``
+    for a folder or ``out.sig`` for a file, over the bytes as they are written."""
     from ckvc import read
+
+    if sign_key is not None:
+        check_key(sign_key.algorithm)
 
     commit = repo.readable_commit(rev, allow_pickle=allow_pickle, verify_signatures=verify_signatures)
     if prefix is not None:
         flat = read.load_state(
             repo.core, commit, map_location="cpu", allow_pickle=allow_pickle, progress=progress, prefix=prefix
         )
-        return write_checkpoint({k[len(prefix) :]: v for k, v in flat.items()}, out, format=format)
+        trimmed = {k[len(prefix) :]: v for k, v in flat.items()}
+        return write_checkpoint(trimmed, out, format=format, sign_key=sign_key)
     state = read.load_state(
         repo.core, commit, map_location="cpu", allow_pickle=allow_pickle, progress=progress, files=True
     )
-    return write_checkpoint(state, out, commit.metadata, format=format, progress=progress)
+    return write_checkpoint(state, out, commit.metadata, format=format, progress=progress, sign_key=sign_key)
 
 
 def write_checkpoint(
@@ -105,8 +114,10 @@ def write_checkpoint(
     *,
     format: Format | None = None,
     progress: Progress | None = None,
+    sign_key: SigningKey | None = None,
 ) -> list[Path]:
-    """Write ``state`` to ``out``; returns the files written.
+    """Write ``state`` to ``out``; returns the files written (with ``sign_key``, the
+    model-signing bundle last: ckvc.formats.sigstore_bundle).
 
     ``state`` is what a commit holds: StoredFile nodes (from ``export_commit``) are
     written back byte for byte, a directory commit (``metadata["ckvc.source"] ==
@@ -128,12 +139,26 @@ def write_checkpoint(
         if format == "dir" or (format is None and is_dir):
             if not isinstance(state, dict):
                 raise OutputPathError(f"this commit is one file, not a directory; write it to a file, not {out}/")
-            return _write_directory(state, out, progress)
+            return _write_directory(state, out, progress, sign_key)
         if out.is_dir():
             raise OutputPathError(f"{out} is a directory; this writes one file (use --format dir for a directory)")
         files = _plan_file(state, out, format)
-        _write_files(out, [(out, files)], progress)
-        return [out]
+        if sign_key is None:
+            _write_files(out, [(out, files)], progress)
+            return [out]
+        digests = Digests()
+        try:
+            _write_files(out, [(out, files)], progress, digests=digests, root=out)
+            names = digests.result()
+        finally:
+            digests.close()
+        bundle_path = out.with_name(out.name + ".sig")
+        _write_files(
+            bundle_path,
+            [(bundle_path, _planned_bytes(make_bundle(out.name, names, sign_key, folder=False), None))],
+            None,
+        )
+        return [out, bundle_path]
     except OSError as exc:  # disk full, I/O error, permissions: nothing half-written is left behind
         where = f" ({exc.filename})" if exc.filename else ""
         raise OutputPathError(f"cannot write {out}: {exc.strerror or exc}{where}") from None
@@ -243,7 +268,9 @@ def safe_relative(key: Any) -> PurePosixPath:
     return path
 
 
-def _write_directory(state: dict[Any, Any], out: Path, progress: Progress | None) -> list[Path]:
+def _write_directory(
+    state: dict[Any, Any], out: Path, progress: Progress | None, sign_key: SigningKey | None = None
+) -> list[Path]:
     if out.exists() and not out.is_dir():
         raise OutputPathError(f"{out} exists and is not a directory (this commit is a directory)")
     if out.is_dir() and _holds_repository(out):
@@ -264,6 +291,11 @@ def _write_directory(state: dict[Any, Any], out: Path, progress: Progress | None
     for rel in names:
         if any(parent in names for parent in rel.parents if parent != PurePosixPath(".")):
             raise OutputPathError(f"refusing to write the stored name {str(rel)!r}: a parent of it is a file")
+    if sign_key is not None:
+        if any(p is not None and p.link is not None for _, p in plan):
+            raise OutputPathError("a signed export holds no symlinks (the model-signing bundle allows none)")
+        if PurePosixPath(SIGNATURE_NAME) in names:
+            raise OutputPathError(f"this folder holds its own {SIGNATURE_NAME}; a signed export would replace it")
     tmp = out.parent / f".{out.name}{_TMP_TAG}{uuid.uuid4().hex}"
     written = [out / rel for rel, p in plan if p is not None]
     with _holding_tmp(tmp, directory=True):
@@ -272,7 +304,18 @@ def _write_directory(state: dict[Any, Any], out: Path, progress: Progress | None
             (tmp / rel).mkdir(parents=True, exist_ok=True)
         files = [(tmp / rel, p) for rel, p in plan if p is not None and p.link is None]
         links = [(tmp / rel, p.link) for rel, p in plan if p is not None and p.link is not None]
-        _write_files(out, files, progress, in_tmp_dir=tmp)
+        if sign_key is None:
+            _write_files(out, files, progress, in_tmp_dir=tmp)
+        else:
+            digests = Digests()
+            try:
+                _write_files(out, files, progress, in_tmp_dir=tmp, digests=digests, root=tmp)
+                names_signed = {n: d for n, d in digests.result().items() if n.split("/")[0] not in IGNORED}
+            finally:
+                digests.close()
+            bundle = make_bundle(out.name, names_signed, sign_key, folder=True)
+            _write_files(out, [(tmp / SIGNATURE_NAME, _planned_bytes(bundle, None))], None, in_tmp_dir=tmp)
+            written.append(out / SIGNATURE_NAME)
         for path, target in links:  # last: nothing is ever written through a link
             _check_link(out, tmp, path, target)
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -307,10 +350,18 @@ def _holds_repository(path: Path) -> bool:
 
 
 def _write_files(
-    out: Path, files: list[tuple[Path, _Planned]], progress: Progress | None, in_tmp_dir: Path | None = None
+    out: Path,
+    files: list[tuple[Path, _Planned]],
+    progress: Progress | None,
+    in_tmp_dir: Path | None = None,
+    *,
+    digests: Digests | None = None,
+    root: Path | None = None,
 ) -> None:
     """Write each planned file: inside a fresh temporary directory directly (it is
-    swapped in whole), otherwise each as a hidden temporary file renamed into place."""
+    swapped in whole), otherwise each as a hidden temporary file renamed into place.
+    ``digests``: each file's bytes hashed as written, named relative to ``root``
+    (the file itself: ".")."""
     total = sum(p.size for _, p in files)
     done = 0
 
@@ -321,13 +372,17 @@ def _write_files(
             progress(done, total)
 
     for path, planned in files:
+        name = None
+        if digests is not None:
+            assert root is not None
+            name = "." if path == root else path.relative_to(root).as_posix()
         if in_tmp_dir is not None:
             path.parent.mkdir(parents=True, exist_ok=True)
-            _write_one(path, planned, count)
+            _write_one(path, planned, count, digests, name)
             continue
         tmp = path.parent / f".{path.name}{_TMP_TAG}{uuid.uuid4().hex}"
         with _holding_tmp(tmp, directory=False):
-            _write_one(tmp, planned, count)
+            _write_one(tmp, planned, count, digests, name)
             try:
                 os.replace(tmp, path)
             except OSError as exc:
@@ -337,7 +392,13 @@ def _write_files(
         progress(total, total)
 
 
-def _write_one(path: Path, planned: _Planned, count: Callable[[int], None]) -> None:
+def _write_one(
+    path: Path,
+    planned: _Planned,
+    count: Callable[[int], None],
+    digests: Digests | None = None,
+    name: str | None = None,
+) -> None:
     mode = planned.mode if planned.mode is not None else _DEFAULT_FILE_MODE
     flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | getattr(os, "O_NOFOLLOW", 0)
     try:
@@ -345,7 +406,7 @@ def _write_one(path: Path, planned: _Planned, count: Callable[[int], None]) -> N
     except OSError as exc:
         raise OutputPathError(f"cannot write {path}: {exc.strerror}") from None
     with os.fdopen(fd, "wb") as f:
-        planned.write(f, count)
+        planned.write(f if digests is None or name is None else digests.wrap(f, name), count)
         f.flush()
         os.fsync(f.fileno())
         # chmod, not the open mode: the umask must not change a committed mode. Set-id
