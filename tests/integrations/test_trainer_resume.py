@@ -113,3 +113,36 @@ if __name__ == "__main__":
     out_dir, max_steps, save_steps, result_path, *resume_dir = sys.argv[1:]
     result = train(out_dir, int(max_steps), int(save_steps), resume_dir[0] if resume_dir else None)
     Path(result_path).write_text(json.dumps(result))
+
+
+def test_signed_export_of_a_trainer_checkpoint(uninterrupted: tuple[Path, dict[str, Any]], tmp_path: Path) -> None:
+    """The Trainer's checkpoint folder, committed and exported with --sign-key: the
+    reference verifier (model_signing verify key) accepts it, and refuses it after a
+    one-byte change of its optimizer state."""
+    pytest.importorskip("model_signing")
+    from ckvc.signing import generate_key
+
+    run_dir, _ = uninterrupted
+    key = generate_key(tmp_path / "signer", "ecdsa-p256")
+    repo = tmp_path / "repo"
+    assert _ckvc("init", str(repo)).returncode == 0
+    assert _ckvc("-C", str(repo), "commit", str(run_dir / "full" / f"checkpoint-{RESUME_STEP}")).returncode == 0
+    exported = tmp_path / "exported"
+    done = _ckvc("-C", str(repo), "export", "HEAD", str(exported), "--sign-key", str(key.path))
+    assert done.returncode == 0, done.stderr
+
+    def verify() -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "model_signing", "verify", "key", str(exported), "--signature",
+             str(exported / "model.sig"), "--public_key", str(key.path) + ".pub"],
+            capture_output=True, text=True, check=False,
+        )  # fmt: skip
+
+    accepted = verify()
+    assert accepted.returncode == 0, accepted.stdout + accepted.stderr
+    optimizer = exported / "optimizer.pt"
+    data = bytearray(optimizer.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    optimizer.write_bytes(bytes(data))
+    refused = verify()
+    assert refused.returncode != 0 and "optimizer.pt" in refused.stdout + refused.stderr
