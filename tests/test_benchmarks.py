@@ -42,6 +42,7 @@ RUNS = {
     "multinode": ("multinode.py --size-mb 4 --saves 2 --rounds 1 --dir {tmp}", "goals: bytes"),
     "s3-client": ("s3_client.py --size-mib 1 --rounds 1 --small 2 --ranged-mib 1", "conditional writes on moto:"),
     "hybrid": ("hybrid.py --sections policy --ops 4 --seeds 1 --dir {tmp}", "chosen lru vs lru"),
+    "signing": ("signing.py --size-mb 8 --rounds 1 --dir {tmp}", "signed/plain"),
     # a directory remote, and moto where it is installed (else the script says "S3 left out")
     "remote": (
         "remote.py --history synthetic --epochs 2 --size-mb 2 --rounds 1 --dir {tmp}",
