@@ -13,7 +13,7 @@ _ERRORS = (
     "InterruptedOperationError", "InvalidInputError", "InvalidRefNameError", "InvalidRevisionError",
     "NonFastForwardError", "NotARepositoryError", "ObjectNotFoundError", "PrunedCommitError",
     "ReadOnlyRepositoryError", "RefConflictError", "RefNotFoundError", "RemoteSupportMissingError",
-    "RepositoryLockedError", "StorageError", "StorageFullError", "StorageIOError", "UnknownKeyError",
+    "RepositoryLockedError", "SignatureError", "StorageError", "StorageFullError", "StorageIOError", "UnknownKeyError",
     "UnknownRemoteError", "UnsafeContentError", "UnsupportedFormatError", "UnsupportedTypeError",
 )  # fmt: skip
 _LAZY: dict[str, str] = {
@@ -26,6 +26,7 @@ _LAZY: dict[str, str] = {
     "CommitView": "ckvc.view",  # so do these
     **dict.fromkeys(("IncompatibleKeys", "resume"), "ckvc.restore"),
     **dict.fromkeys(("ManifestEntry", "manifest_of"), "ckvc.manifest"),
+    "set_mesh": "ckvc.runs",
 }
 
 if TYPE_CHECKING:
@@ -48,6 +49,7 @@ if TYPE_CHECKING:
         RefNotFoundError,
         RemoteSupportMissingError,
         RepositoryLockedError,
+        SignatureError,
         StorageError,
         StorageFullError,
         StorageIOError,
@@ -62,6 +64,7 @@ if TYPE_CHECKING:
     from ckvc.objects import Commit, Tag
     from ckvc.repo import Repo
     from ckvc.restore import IncompatibleKeys, resume
+    from ckvc.runs import set_mesh
     from ckvc.state import rng_state, set_rng_state
     from ckvc.view import CommitView
     from ckvc.write import CommitStats
@@ -108,6 +111,7 @@ __all__ = [
     "RemoteSupportMissingError",
     "Repo",
     "RepositoryLockedError",
+    "SignatureError",
     "StateDiff",
     "StorageError",
     "StorageFullError",
@@ -124,5 +128,6 @@ __all__ = [
     "manifest_of",
     "resume",
     "rng_state",
+    "set_mesh",
     "set_rng_state",
 ]

@@ -189,3 +189,36 @@ def test_a_resume_at_another_world_size_is_refused_naming_both(tmp_path: Path, m
         monkeypatch.delenv("TORCHELASTIC_RUN_ID")
         plain = repo.commit({"model": model.state_dict()}, message="no run")
         assert "ckvc.run" not in repo.read_commit(plain).metadata
+
+
+def test_a_resume_on_another_device_mesh_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The mesh shape (ckvc.set_mesh, or $CKVC_MESH) is recorded with the run and a
+    resume on another shape of the same world size is refused, naming both."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from ckvc.errors import InvalidInputError, RunMismatchError
+
+    model = torch.nn.Linear(3, 2)
+    monkeypatch.setenv("WORLD_SIZE", "8")
+    with ckvc.Repo.init(tmp_path) as repo:
+        try:
+            ckvc.set_mesh({"dp": 2, "tp": 4})
+            cid = repo.commit({"model": model.state_dict()}, message="2x4")
+            assert repo.read_commit(cid).metadata["ckvc.run"] == {"world_size": 8, "mesh": "dp=2,tp=4"}
+            ckvc.set_mesh("dp=4,tp=2")
+            with pytest.raises(RunMismatchError, match=r"made on device mesh dp=2,tp=4; this process's mesh is dp=4"):
+                repo.load_into(cid, model=torch.nn.Linear(3, 2))
+            ckvc.set_mesh(None)
+            monkeypatch.setenv("CKVC_MESH", "dp=2,tp=4")
+            repo.load_into(cid, model=torch.nn.Linear(3, 2))
+            monkeypatch.delenv("CKVC_MESH")
+            # what set_mesh reads of a DeviceMesh (which needs a process group to exist)
+            ckvc.set_mesh(SimpleNamespace(mesh=torch.arange(8).reshape(2, 4), mesh_dim_names=("dp", "tp")))
+            repo.load_into(cid, model=torch.nn.Linear(3, 2))
+            for bad in ("dp=0", "tp", {"dp": "x"}, 3):
+                with pytest.raises(InvalidInputError, match="mesh"):
+                    ckvc.set_mesh(bad)
+        finally:
+            ckvc.set_mesh(None)
