@@ -625,6 +625,28 @@ def signature_summary(
     return judge(object_id, kind, signatures_of(core).of(object_id), keys)
 
 
+def signatures_json(core: Repository, object_ids: Iterable[str]) -> dict[str, dict[str, Any] | None]:
+    """``log --json``'s "signature" of each commit: its verdict where it has a record or
+    trusted keys are set (so "unsigned" means something), else None."""
+    keys = TrustSettings.load(core).keys()
+    out: dict[str, dict[str, Any] | None] = {}
+    for oid in object_ids:
+        verdict = signature_summary(core, oid, trusted=keys)
+        out[oid] = verdict.to_json() if keys or verdict.status != "unsigned" else None
+    return out
+
+
+def show_json(core: Repository, commit_id: str, tag_id: str | None) -> dict[str, Any]:
+    """``show --json``'s signature fields: the commit's ("signature", as
+    :func:`signatures_json`) and, for an annotated tag, the tag's ("tag_signature")."""
+    out: dict[str, Any] = {"signature": signatures_json(core, [commit_id])[commit_id]}
+    if tag_id is not None:
+        keys = TrustSettings.load(core).keys()
+        verdict = signature_summary(core, tag_id, "tag", trusted=keys)
+        out["tag_signature"] = verdict.to_json() if keys or verdict.status != "unsigned" else None
+    return out
+
+
 def short_text(verdict: Verification) -> str:
     """One line for log/show: "good (alice, key 3f2a...)", "none", "BAD: ...", "untrusted (...)"."""
     if verdict.status == "good":

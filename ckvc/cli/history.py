@@ -71,19 +71,17 @@ def log(
         commits = repo.log(rev, limit=max_count, all=all_refs)
     pruned = repo.pruned()
     verdicts = {}
-    if show_signature:
+    if show_signature and not as_json:  # --json always carries each commit's "signature"
         from ckvc import signing
 
         keys = signing.TrustSettings.load(repo.core).keys()
         verdicts = {c.id: signing.signature_summary(repo.core, c.id, trusted=keys) for c in commits}
     if as_json:
         from ckvc.inspect import log_json
+        from ckvc.signing import signatures_json
 
-        listed = log_json(commits, pruned)
-        for entry in listed:
-            if entry["id"] in verdicts:
-                entry["signature"] = verdicts[entry["id"]].to_json()
-        emit_json(listed)
+        signatures = signatures_json(repo.core, [c.id for c in commits])
+        emit_json([{**entry, "signature": signatures[entry["id"]]} for entry in log_json(commits, pruned)])
         return
     labels = _labels(repo)
     rows = _graph_rows(commits) if graph else (("", [], None, c) for c in commits)
@@ -213,11 +211,8 @@ def show(obj: Context, rev: str, no_data: bool, as_json: bool) -> None:
     signature = signing.signature_summary(repo.core, c.id, trusted=keys)
     tag_signature = signing.signature_summary(repo.core, tag.id, "tag", trusted=keys) if tag is not None else None
     if as_json:
-        shown = info.to_json(tag, tensors=not no_data)
-        shown["signature"] = signature.to_json()
-        if tag_signature is not None:
-            shown["tag_signature"] = tag_signature.to_json()
-        emit_json(shown)
+        tag_id = tag.id if tag is not None else None
+        emit_json({**info.to_json(tag, tensors=not no_data), **signing.show_json(repo.core, c.id, tag_id)})
         return
     if tag is not None:
         signed = f"Signature: {signing.short_text(tag_signature)}\n" if tag_signature and tag_signature.signer else ""

@@ -17,7 +17,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from ckvc import graph, inspect
+from ckvc import graph, inspect, signing
 from ckvc.codecs import CODEC_NAMES
 from ckvc.errors import (
     CorruptObjectError,
@@ -166,8 +166,14 @@ class WebApi:
         return repo.log(start, limit=limit, all=all_refs)
 
     def log(self, rev: str | None = None, limit: int | None = None, all_refs: bool = False) -> list[dict[str, Any]]:
-        """``ckvc log --json [--all] [-n N] [REV]``."""
-        return self._run(lambda repo: inspect.log_json(self._log(repo, rev, limit, all_refs), repo.pruned()))
+        """``ckvc log --json [--all] [-n N] [REV]`` (each entry's "signature": ckvc.signing.signatures_json)."""
+
+        def build(repo: Repo) -> list[dict[str, Any]]:
+            commits = self._log(repo, rev, limit, all_refs)
+            signatures = signing.signatures_json(repo.core, [c.id for c in commits])
+            return [{**e, "signature": signatures[e["id"]]} for e in inspect.log_json(commits, repo.pruned())]
+
+        return self._run(build)
 
     def metrics(self) -> dict[str, Any]:
         """Each branch's first-parent line, root first, with every commit's metrics and
@@ -225,7 +231,8 @@ class WebApi:
             tag = None
             if graph.branch_named(repo.core, rev) is None and rev in repo.tags():
                 tag = repo.tag_object(rev)
-            return info.to_json(tag, tensors=data)
+            signatures = signing.show_json(repo.core, info.commit.id, tag.id if tag is not None else None)
+            return {**info.to_json(tag, tensors=data), **signatures}
 
         return self._run(build)
 

@@ -315,3 +315,30 @@ def test_web_module_imports_without_torch() -> None:
     code = "import sys, ckvc.web, ckvc.cli.serve; print('torch' in sys.modules, 'numpy' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)
     assert out.stdout.split() == ["False", "False"], out.stderr
+
+
+def test_signed_commits_are_marked_with_their_signer(tmp_path: Path) -> None:
+    """/api/log carries each commit's signature verdict (as `ckvc log --json` does); the
+    page's marks read it."""
+    import contextlib
+
+    from ckvc import signing
+
+    key = signing.generate_key(tmp_path / "alice")
+    with ckvc.Repo.init(tmp_path / "repo") as repo:
+        signing.set_trust(repo.core, "sign_key", str(key.path))
+        signed = repo.commit({"w": torch.ones(5)}, message="signed", sign=True)
+        plain = repo.commit({"w": torch.ones(6)}, message="plain")
+    with contextlib.contextmanager(serving)(tmp_path / "repo") as server:
+        status, body = get(server, "/api/log")
+        assert status == 200
+        by_id = {e["id"]: e["signature"] for e in body}
+        assert by_id[signed]["status"] == "untrusted" and by_id[signed]["signer"] == "alice"  # no trusted keys yet
+        assert by_id[plain] is None
+        assert body == cli_json(tmp_path / "repo", "log")
+        with ckvc.Repo.open(tmp_path / "repo") as repo:
+            signing.set_trust(repo.core, "trusted_keys", str(key.path) + ".pub")
+        status, body = get(server, "/api/log")
+        by_id = {e["id"]: e["signature"] for e in body}
+        assert by_id[signed]["status"] == "good" and by_id[plain]["status"] == "unsigned"
+        assert body == cli_json(tmp_path / "repo", "log")

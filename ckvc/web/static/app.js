@@ -70,6 +70,9 @@ function marks(entry) {
   let out = "";
   if (entry.pruned) out += `<span class="mark pruned" title="pruned by ${esc(entry.pruned.policy)}">pruned</span>`;
   if (entry.lossy && Object.keys(entry.lossy).length) out += `<span class="mark lossy">lossy</span>`;
+  const sig = entry.signature;
+  if (sig && sig.status === "good") out += `<span class="mark signed" title="signed by ${esc(sig.signer)} (key ${esc(sig.key_id.slice(0, 16))})">signed: ${esc(sig.signer)}</span>`;
+  else if (sig) out += `<span class="mark unverified" title="${esc(sig.problems[0] || sig.status)}">${sig.status === "unsigned" ? "unsigned" : "not verified"}</span>`;
   return out;
 }
 // Sortable table: columns [{key, label, num, fmt}], rows of objects.
