@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import re
 import warnings
 from pathlib import Path
 from typing import Any
@@ -318,42 +319,57 @@ def _records(repo: ckvc.Repo, oid: str) -> list[Path]:
     return sorted((repo.core.local_dir / "signatures" / oid).glob("*.json"))
 
 
-def test_tamper_cases_are_refused(signed: Any, tmp_path: Path) -> None:
+def _canonical(record: dict[str, Any]) -> bytes:
+    return json.dumps(record, sort_keys=True, separators=(",", ":")).encode() + b"\n"
+
+
+def tamper(repo: ckvc.Repo, case: str, first: str, second: str, tmp_path: Path) -> tuple[str, str]:
+    """Apply one tamper case; returns (the commit to read, what the refusal must say).
+    ``first`` is signed by the trusted key, ``second`` not."""
+    good = _records(repo, first)[0]
+    folder = repo.core.local_dir / "signatures" / second
+    folder.mkdir(parents=True, exist_ok=True)
+    if case == "moved":  # the good record copied under another commit
+        (folder / good.name).write_bytes(good.read_bytes())
+        return second, f"signs commit {first[:12]}, not this commit"
+    if case == "modified":  # the record edited to name the other commit
+        record = json.loads(good.read_bytes())
+        record["object"] = second
+        (folder / "forged.json").write_bytes(_canonical(record))
+        return second, "does not verify"
+    if case == "untrusted":  # re-signed with a key nobody trusts
+        mallory = signing.generate_key(tmp_path / "mallory")
+        signing.sign(repo.core, second, "commit", mallory)
+        return second, "not a trusted key"
+    assert case == "flipped"  # one bit of the good signature
+    record = json.loads(good.read_bytes())
+    raw = bytearray(base64.b64decode(record["signature"]))
+    raw[0] ^= 1
+    record["signature"] = base64.b64encode(bytes(raw)).decode()
+    good.write_bytes(_canonical(record))
+    return first, "does not verify"
+
+
+@pytest.mark.parametrize("case", ["moved", "modified", "untrusted", "flipped"])
+def test_tamper_cases_are_refused_on_every_read_path(signed: Any, tmp_path: Path, case: str) -> None:
+    from helpers import counting_reads
+    from torch.distributed.checkpoint.api import CheckpointException
+
     repo, _, _ = signed
     first = repo.commit(state(1), "one", sign=True)
     second = repo.commit(state(2), "two")
     signing.set_trust(repo.core, "require_signatures", "true")
-    # a signature moved to another commit
-    moved = repo.core.local_dir / "signatures" / second
-    moved.mkdir(parents=True)
-    (moved / _records(repo, first)[0].name).write_bytes(_records(repo, first)[0].read_bytes())
-    with pytest.raises(SignatureError, match=f"bad signature.*signs commit {first[:12]}, not this commit"):
-        repo.load(second)
-    for stale in moved.iterdir():
-        stale.unlink()
-    # a signature over a modified commit: the record edited to name this commit
-    record = json.loads(_records(repo, first)[0].read_bytes())
-    record["object"] = second
-    forged = json.dumps(record, sort_keys=True, separators=(",", ":")).encode() + b"\n"
-    (moved / "forged.json").write_bytes(forged)
-    with pytest.raises(SignatureError, match="does not verify"):
-        repo.load(second)
-    (moved / "forged.json").unlink()
-    # re-signed with an untrusted key
-    mallory, _ = keys(tmp_path, "mallory")
-    signing.sign(repo.core, second, "commit", signing.load_signing_key(mallory))
-    with pytest.raises(SignatureError, match="not a trusted key"):
-        repo.load(second)
-    # a flipped byte in a good record
-    path = _records(repo, first)[0]
-    data = bytearray(path.read_bytes())
-    record = json.loads(bytes(data))
-    raw = bytearray(base64.b64decode(record["signature"]))
-    raw[0] ^= 1
-    record["signature"] = base64.b64encode(bytes(raw)).decode()
-    path.write_bytes(json.dumps(record, sort_keys=True, separators=(",", ":")).encode() + b"\n")
-    with pytest.raises(SignatureError, match="does not verify"):
-        repo.load(first)
+    target, says = tamper(repo, case, first, second, tmp_path)
+    head = repo.head()
+    reads = counting_reads(repo)
+    for name, read in read_paths(repo, target, tmp_path).items():
+        expected = CheckpointException if name == "dcp.Reader" else SignatureError
+        with pytest.raises(expected, match=re.escape(says)):
+            read()
+        assert reads == [], f"{name} read objects before refusing"
+    assert repo.head() == head and not (tmp_path / "x.pt").exists()
+    with pytest.raises(SignatureError, match=re.escape(says)):
+        repo.verify_commit(target)
 
 
 # ---- tags and the CLI ------------------------------------------------------------------------

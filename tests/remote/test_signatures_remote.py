@@ -6,6 +6,8 @@ unchanged."""
 
 from __future__ import annotations
 
+import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +18,7 @@ from test_remote import new_repo, state
 import ckvc
 from ckvc import signing
 from ckvc.errors import SignatureError
+from ckvc.remote.location import normalize_url, open_backend
 
 
 @pytest.fixture(params=["dir", "s3"])
@@ -68,13 +71,15 @@ def test_signatures_round_trip(tmp_path: Path, remote_url: tuple[str, str | None
     b.close()
 
 
-def test_an_unsigned_tip_on_the_remote_is_refused(tmp_path: Path, remote_url: tuple[str, str | None]) -> None:
-    """Someone who can write the bucket pushes an unsigned commit on top of a signed
-    branch: fetch, pull and clone refuse it before copying anything."""
+@pytest.mark.parametrize("case", ["unsigned", "untrusted", "moved", "modified"])
+def test_a_tampered_tip_on_the_remote_is_refused(tmp_path: Path, remote_url: tuple[str, str | None], case: str) -> None:
+    """Someone who can write the bucket pushes a commit on top of a signed branch,
+    unsigned, signed by their own key, or with the good record copied (or edited) to
+    name it: fetch, pull and clone refuse it before copying anything."""
     url, endpoint = remote_url
     private, public = key_pair(tmp_path, "alice")
     a = trusting(new_repo(tmp_path, "a"), private, public)
-    a.commit(state(1), "one", sign=True)
+    good = a.commit(state(1), "one", sign=True)
     a.remotes.add("origin", url, endpoint=endpoint)
     a.push()
     b = ckvc.Repo.clone(url, tmp_path / "b", endpoint=endpoint, trusted_keys=public, require_signatures=True)
@@ -83,24 +88,44 @@ def test_an_unsigned_tip_on_the_remote_is_refused(tmp_path: Path, remote_url: tu
     mallory.fetch()
     mallory.reset("origin/main")
     spliced = mallory.commit(state(9), "spliced")
-    mallory_key, _ = key_pair(tmp_path, "mallory")
-    signing.sign(mallory.core, spliced, "commit", signing.load_signing_key(mallory_key))  # a key b does not trust
     mallory.push()
+    bucket = open_backend(normalize_url(url), endpoint=endpoint)
+    record_key = next(k for k in bucket.list("signatures/") if k.startswith(f"signatures/{good}/"))
+    record = bucket.get(record_key)
+    assert record is not None
+    if case == "untrusted":
+        mallory_key, _ = key_pair(tmp_path, "mallory")
+        theirs = signing.make_signature(signing.load_signing_key(mallory_key), spliced, "commit")
+        bucket.put_if_absent(signing.SignatureStore.key(theirs), theirs.encode())
+        says = "not a trusted key"
+    elif case == "moved":
+        bucket.put_if_absent(record_key.replace(good, spliced), record)
+        says = f"signs commit {good[:12]}, not this commit"
+    elif case == "modified":
+        edited = json.loads(record)
+        edited["object"] = spliced
+        data = json.dumps(edited, sort_keys=True, separators=(",", ":")).encode() + b"\n"
+        bucket.put_if_absent(f"signatures/{spliced}/edited.json", data)
+        says = "does not verify"
+    else:
+        says = "is not signed"
+    bucket.close()
 
     def content(repo: ckvc.Repo) -> dict[str, bytes]:  # the remote's catalog is a cache a refusal may refresh
         return {k: v for k, v in files_of(repo.core.local_dir).items() if "/catalog/" not in k}
 
     before = content(b)
     for action in (b.fetch, b.pull):
-        with pytest.raises(SignatureError, match=f"refs/heads/main: commit {spliced[:12]}.*not a trusted key"):
+        with pytest.raises(SignatureError, match=re.escape(f"refs/heads/main: commit {spliced[:12]}")) as info:
             action()
+        assert says in str(info.value)
     assert content(b) == before
     with pytest.raises(SignatureError, match="refs/heads/main"):
         ckvc.Repo.clone(url, tmp_path / "c", endpoint=endpoint, trusted_keys=public, require_signatures=True)
     assert not (tmp_path / "c").exists()
-    # without the policy the same fetch goes through, and verification says why it was refused
+    # without the policy the same fetch goes through, and verification refuses the tip
     plain = ckvc.Repo.clone(url, tmp_path / "d", endpoint=endpoint, trusted_keys=public)
-    with pytest.raises(SignatureError, match="not a trusted key"):
+    with pytest.raises(SignatureError):
         plain.verify_commit("HEAD")
     for repo in (a, b, mallory, plain):
         repo.close()
