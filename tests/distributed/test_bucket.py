@@ -283,3 +283,33 @@ def test_another_writer_moving_the_bucket_branch_meanwhile(
                 assert tip == interloper
         finally:
             remote.close()
+
+
+def test_signed_remote_commits_under_require_signatures(
+    tmp_path: Path, s3_bucket: str, s3_server: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """sign_commits and require_signatures on every node (the environment, as a cluster
+    sets them): the coordinator signs the step commit before the bucket's branch moves,
+    every node records the signature with the commit (each rank's load passes the
+    policy), and a fresh node under the policy clones and verifies it."""
+    from ckvc.signing import generate_key
+
+    key = generate_key(tmp_path / "cluster")
+    monkeypatch.setenv("CKVC_SIGN_KEY", str(key.path))
+    monkeypatch.setenv("CKVC_SIGN_COMMITS", "1")
+    monkeypatch.setenv("CKVC_TRUSTED_KEYS", str(key.path) + ".pub")
+    monkeypatch.setenv("CKVC_REQUIRE_SIGNATURES", "1")
+    url = f"s3://{s3_bucket}/signed-run"
+    nodes = _nodes(tmp_path, url, s3_server.endpoint)
+    results = run_world(WORLD, bucket_fns.commit_steps, (str(nodes), [1], True))
+    commit_id = results[0]["ids"][-1]
+    assert all(r["loaded"] == r["expected"] for r in results)  # each rank's load passed the policy
+    for k in range(NODES):
+        with ckvc.Repo.open(nodes / f"node{k}") as node:
+            assert node.verify_commit(commit_id).signer == "cluster"
+    fresh = ckvc.Repo.clone(url, tmp_path / "fresh", endpoint=s3_server.endpoint, lazy=True)
+    try:
+        assert fresh.verify_commit("HEAD").good
+        assert describe(ckvc.distributed.load(fresh, commit_id, rank=1)) == results[1]["expected"]
+    finally:
+        fresh.close()
