@@ -19,6 +19,7 @@ tensors; the export writes it as one .safetensors file in a folder.
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import statistics
 import subprocess
@@ -58,7 +59,7 @@ def timed(fn: Any) -> float:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--size-mb", type=int, default=1024)
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--dir", default=None)
     args = parser.parse_args(argv)
     work = Path(tempfile.mkdtemp(prefix="ckvc-sign-", dir=args.dir))
@@ -82,6 +83,7 @@ def run(args: argparse.Namespace, work: Path) -> int:
         if kind == "signed":
             signing.set_trust(repo.core, "sign_key", str(ed.path))
             signing.set_trust(repo.core, "sign_commits", "true")
+        os.sync()  # the last round's writeback does not land in this one
         commits[kind].append(timed(lambda: repo.commit(state, "epoch")))
         if kind == "signed":
             assert signing.verify(repo.core, repo.resolve("HEAD"), "commit", {ed.key_id: ed.public}).good
@@ -91,10 +93,28 @@ def run(args: argparse.Namespace, work: Path) -> int:
     for _ in range(args.rounds):
         commit("plain")
         commit("signed")
-    ratio_commit = statistics.median(commits["signed"]) / statistics.median(commits["plain"])
+    # the median of each round's signed/plain: rounds drift together, pairs cancel it
+    ratio_commit = statistics.median(s / p for s, p in zip(commits["signed"], commits["plain"], strict=True))
     print(f"commit of {args.size_mb} MiB (median of {args.rounds}):")
     print(f"  plain  {statistics.median(commits['plain']):.3f} s   signed {statistics.median(commits['signed']):.3f} s")
-    print(f"  signed/plain {ratio_commit:.3f}x (goal <= 1.01x)")
+    print(f"  signed/plain {ratio_commit:.3f}x, median of the rounds' ratios (goal <= 1.01x)")
+    # What signing adds to a commit, alone: the key loaded, the id signed, the record made durable.
+    probe = ckvc.Repo.init(work / "probe")
+    signing.set_trust(probe.core, "sign_key", str(ed.path))
+    steps = []
+    for i in range(20):
+        oid = f"{i:064x}"
+        start = time.perf_counter()
+        key = signing.signer_for(probe.core, True)
+        assert key is not None
+        signing.sign(probe.core, oid, "commit", key)
+        steps.append(time.perf_counter() - start)
+    probe.close()
+    step = statistics.median(steps)
+    print(
+        f"  the signing step alone (key load, sign, durable record): {step * 1e3:.2f} ms = "
+        f"{step / statistics.median(commits['plain']):.4f} of the plain commit"
+    )
 
     repo = ckvc.Repo.init(work / "src")
     repo.commit(state, "epoch")
@@ -110,6 +130,7 @@ def run(args: argparse.Namespace, work: Path) -> int:
         out.mkdir()
         target = out / "model.safetensors"
         key = ec.path if kind == "signed" else None
+        os.sync()
         exports[kind].append(timed(lambda: repo.export("HEAD", target, sign_key=key)))
         return out
 
@@ -126,7 +147,8 @@ def run(args: argparse.Namespace, work: Path) -> int:
     plain_s, signed_s = statistics.median(exports["plain"]), statistics.median(exports["signed"])
     print(f"export of {args.size_mb} MiB as a folder (median of {args.rounds}):")
     print(f"  plain  {plain_s:.3f} s   signed {signed_s:.3f} s")
-    print(f"  signed/plain {signed_s / plain_s:.3f}x (goal <= 1.10x)")
+    ratio_export = statistics.median(s / p for s, p in zip(exports["signed"], exports["plain"], strict=True))
+    print(f"  signed/plain {ratio_export:.3f}x, median of the rounds' ratios (goal <= 1.10x)")
     if have_tool:
         tool = statistics.median(reference)
         added = max(signed_s - plain_s, 0.0)
