@@ -1,6 +1,9 @@
 """PyTorch Lightning through ckvc: a CheckpointIO plugin, so that a stock
 ModelCheckpoint stores every checkpoint as a commit and ``fit(ckpt_path="ckvc:REV")``
-resumes from any of them, bit for bit.
+resumes from any of them, bit for bit. Both packages work: ``lightning``
+(``lightning.pytorch``) and ``pytorch_lightning``; the plugin is an instance of the
+classes of whichever the process has imported (both, if it has both), so either
+Trainer accepts it (``package=`` chooses explicitly).
 
     io = CkvcCheckpointIO("runs/exp1")
     trainer = Trainer(plugins=[io], callbacks=[ModelCheckpoint(monitor="val_loss"), io])
@@ -17,12 +20,12 @@ RNG is captured and restored and how this differs from files on disk.
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
 import os
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
-
-from lightning.fabric.plugins import CheckpointIO, TorchCheckpointIO
-from lightning.pytorch import Callback
 
 from ckvc.errors import InvalidInputError
 from ckvc.integrations.runs import Landings, commit, finish_backups, open_repo, use_branch
@@ -37,14 +40,56 @@ if TYPE_CHECKING:
 __all__ = ["PATH_KEY", "PREFIX", "RNG_KEY", "CkvcCheckpointIO", "export_checkpoint"]
 
 PREFIX = "ckvc:"  # ckpt_path="ckvc:main~3": a revision, not a file
+# package -> (its fabric plugins module, its Trainer package): where CheckpointIO and Callback live
+PACKAGES = {
+    "lightning": ("lightning.fabric.plugins", "lightning.pytorch"),
+    "pytorch_lightning": ("lightning_fabric.plugins", "pytorch_lightning"),
+}
 PATH_KEY = "lightning.path"  # the path ModelCheckpoint saved to, as given
 STEP_KEY = "lightning.global_step"
 RNG_KEY = "ckvc_rng"  # the checkpoint's extra entry: ckvc.rng_state() at the save
 
 
-class CkvcCheckpointIO(CheckpointIO, Callback):
+def lightning_packages(package: str | None = None) -> tuple[str, ...]:
+    """The Lightning packages a plugin made now serves: ``package`` if given; else
+    those this process has imported (a Trainer's package is imported before its
+    plugins are made); else the first installed of lightning, pytorch_lightning."""
+    if package is not None:
+        if package not in PACKAGES:
+            raise InvalidInputError(f"package must be one of {', '.join(PACKAGES)}, got {package!r}")
+        return (package,)
+    imported = tuple(name for name, (_, trainer) in PACKAGES.items() if trainer in sys.modules)
+    if imported:
+        return imported
+    for name in PACKAGES:
+        if importlib.util.find_spec(name) is not None:
+            return (name,)
+    raise ImportError("ckvc.integrations.lightning needs lightning or pytorch_lightning: pip install lightning")
+
+
+def _bases(packages: tuple[str, ...]) -> tuple[type, ...]:
+    bases: list[type] = []
+    for name in packages:
+        plugins, trainer = PACKAGES[name]
+        bases += [importlib.import_module(plugins).CheckpointIO, importlib.import_module(trainer).Callback]
+    return tuple(bases)
+
+
+def _file_io(packages: tuple[str, ...]) -> Any:
+    """Lightning's own TorchCheckpointIO, for real files on disk."""
+    return importlib.import_module(PACKAGES[packages[0]][0]).TorchCheckpointIO()
+
+
+_classes: dict[tuple[str, ...], type] = {}
+
+
+class CkvcCheckpointIO:
     """Lightning checkpoints as ckvc commits: pass it in ``plugins`` (and, to record
     every logged metric, in ``callbacks`` too).
+
+    An instance is made of a subclass that is also Lightning's CheckpointIO and
+    Callback, of the packages :func:`lightning_packages` names (``package``:
+    "lightning" or "pytorch_lightning" to choose).
 
     ``save_checkpoint`` commits the checkpoint dict with the RNG states (torch, CUDA,
     numpy, Python) under ``ckvc_rng``; metrics are ``trainer.callback_metrics``
@@ -60,6 +105,20 @@ class CkvcCheckpointIO(CheckpointIO, Callback):
     earlier failure, and teardown waits for all. ``allow_pickle``: as for
     ``Repo.commit`` (hyperparameters of custom classes; off by default)."""
 
+    _packages: tuple[str, ...] = ()
+
+    def __new__(cls, *args: Any, package: str | None = None, **kwargs: Any) -> CkvcCheckpointIO:
+        if cls._packages:  # a subclass made below
+            return super().__new__(cls)
+        packages = lightning_packages(package)
+        made = _classes.get(packages)
+        if made is None:
+            name = "CkvcCheckpointIO_" + "_".join(packages)
+            made = type(name, (cls, *_bases(packages)), {"_packages": packages, "__module__": __name__})
+            globals()[name] = _classes[packages] = made  # pickle finds it by name
+        instance: CkvcCheckpointIO = super().__new__(made)
+        return instance
+
     def __init__(
         self,
         repo_or_path: Repo | str | os.PathLike[str],
@@ -68,6 +127,7 @@ class CkvcCheckpointIO(CheckpointIO, Callback):
         branch: str | None = None,
         restore_rng: bool = True,
         allow_pickle: bool = False,
+        package: str | None = None,
     ) -> None:
         super().__init__()
         self._source = repo_or_path
@@ -148,7 +208,9 @@ class CkvcCheckpointIO(CheckpointIO, Callback):
         else:
             found = self._commit_of(_key(text))
             if found is None:
-                return TorchCheckpointIO().load_checkpoint(text, map_location=map_location, weights_only=weights_only)
+                return _file_io(self._packages).load_checkpoint(
+                    text, map_location=map_location, weights_only=weights_only
+                )
             rev = found
         # Lightning's own default loads to the CPU and lets the strategy move the model.
         state = self.repo.load(rev, "cpu" if map_location is None else map_location, allow_pickle=self.allow_pickle)
@@ -163,7 +225,7 @@ class CkvcCheckpointIO(CheckpointIO, Callback):
         if made is not None:
             self._release(made, f"{Path(key).name} removed by Lightning")
         elif os.path.exists(key):
-            TorchCheckpointIO().remove_checkpoint(key)
+            _file_io(self._packages).remove_checkpoint(key)
 
     def teardown(self, *args: Any, **kwargs: Any) -> None:
         """CheckpointIO.teardown() and Callback.teardown(trainer, module, stage):

@@ -5,18 +5,22 @@ process resuming with ``fit(ckpt_path="ckvc:main~1")`` (the top-k save of step 4
 gets the losses of steps 5-8 of a run that never stopped, bit for bit. The two best
 and the last stay loadable by their paths; every other save is released, and still
 listed with its metrics. Blocking (plugin only) and background commits (plugin also
-a callback, so every logged metric is recorded) alike.
+a callback, so every logged metric is recorded) alike, with both Lightning packages:
+``lightning`` (``lightning.pytorch``) and ``pytorch_lightning``.
 
 Run as a script, this file is the training process:
 
-    python test_lightning_checkpoint_io.py ROOT REPO RESULT_JSON MODE [KILL_AFTER|resume:REV]
+    CKVC_TEST_LIGHTNING=pytorch_lightning python test_lightning_checkpoint_io.py ROOT REPO RESULT_JSON MODE \
+        [KILL_AFTER|resume:REV]
 
-MODE: "stock" (Lightning's own files), "blocking" or "async".
+MODE: "stock" (Lightning's own files), "blocking" or "async"; the package defaults to lightning.
 """
 
 from __future__ import annotations
 
 import errno
+import importlib
+import importlib.util
 import json
 import os
 import signal
@@ -27,22 +31,29 @@ from typing import Any
 import pytest
 from preloaded import Completed, run_script
 
-pytest.importorskip("lightning")
+if importlib.util.find_spec("lightning") is None and importlib.util.find_spec("pytorch_lightning") is None:
+    pytest.skip("needs lightning or pytorch_lightning (the integrations extra)", allow_module_level=True)
 
 import ckvc
 from ckvc.errors import CkvcError, InvalidInputError, PrunedCommitError
 
+PACKAGES = [
+    pytest.param(name, marks=pytest.mark.skipif(importlib.util.find_spec(name) is None, reason=f"{name} not installed"))
+    for name in ("lightning", "pytorch_lightning")
+]
 EPOCHS = 4  # 2 steps each
 KILL_AFTER = 5
 RESUME_STEP = 4
 
 
 def train(root: str, repo: str, mode: str, kill_after: int | None, resume: str | None, result: Path) -> None:
-    import lightning.pytorch as pl
     import torch
     from torch.utils.data import DataLoader, TensorDataset
 
     from ckvc.integrations.lightning import CkvcCheckpointIO
+
+    package = os.environ.get("CKVC_TEST_LIGHTNING", "lightning")
+    pl: Any = importlib.import_module("lightning.pytorch" if package == "lightning" else package)
 
     class Regression(pl.LightningModule):
         def __init__(self) -> None:
@@ -116,10 +127,11 @@ def train(root: str, repo: str, mode: str, kill_after: int | None, resume: str |
     report()
 
 
-def _run(tmp: Path, name: str, mode: str, extra: str | None = None) -> Completed:
+def _run(tmp: Path, name: str, mode: str, extra: str | None = None, package: str = "lightning") -> Completed:
     """This file as a training script, in a preloaded child (tests/preloaded.py)."""
     args = [str(tmp / name), str(tmp / f"{name}.repo"), str(tmp / f"{name}.json"), mode]
-    return run_script(__file__, args + ([extra] if extra is not None else []))
+    env = {**os.environ, "CKVC_TEST_LIGHTNING": package}
+    return run_script(__file__, args + ([extra] if extra is not None else []), env=env)
 
 
 def _result(tmp: Path, name: str) -> dict[str, Any]:
@@ -138,9 +150,12 @@ def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     return full
 
 
+@pytest.mark.parametrize("package", PACKAGES)
 @pytest.mark.parametrize("mode", ["blocking", pytest.param("async", marks=pytest.mark.stress)])
-def test_killed_run_resumes_bit_exact_from_ckvc_path(uninterrupted: dict[str, Any], tmp_path: Path, mode: str) -> None:
-    killed = _run(tmp_path, "run", mode, str(KILL_AFTER))
+def test_killed_run_resumes_bit_exact_from_ckvc_path(
+    uninterrupted: dict[str, Any], tmp_path: Path, mode: str, package: str
+) -> None:
+    killed = _run(tmp_path, "run", mode, str(KILL_AFTER), package)
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
     before = _result(tmp_path, "run")
     assert before["losses"] == uninterrupted["losses"][:KILL_AFTER]
@@ -150,7 +165,7 @@ def test_killed_run_resumes_bit_exact_from_ckvc_path(uninterrupted: dict[str, An
         names = [(c.message, c.metadata["lightning.global_step"]) for c in repo.log("main")]
         assert names == [("last.ckpt", 4), ("epoch=1-step=4.ckpt", 4), ("last.ckpt", 2), ("epoch=0-step=2.ckpt", 2)]
 
-    resumed = _run(tmp_path, "run", mode, "resume:ckvc:main~1")
+    resumed = _run(tmp_path, "run", mode, "resume:ckvc:main~1", package)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     after = _result(tmp_path, "run")
     assert after["first_step"] == RESUME_STEP
@@ -182,6 +197,33 @@ def test_killed_run_resumes_bit_exact_from_ckvc_path(uninterrupted: dict[str, An
                     repo.load(c.id)
         top_k = [c for c in commits if c.message != "last.ckpt" and c.id not in released]
         assert sorted(c.metrics["val_loss"] for c in top_k) == pytest.approx(sorted(stock_names.values()))
+
+
+@pytest.mark.parametrize("package", PACKAGES)
+def test_the_plugin_serves_the_one_package_a_process_imported(tmp_path: Path, package: str) -> None:
+    """In a fresh interpreter that imports only ``package``, the plugin is that package's
+    CheckpointIO and Callback, its Trainer takes it, and the other package stays unimported."""
+    import subprocess
+
+    trainer = "lightning.pytorch" if package == "lightning" else package
+    other = "pytorch_lightning" if package == "lightning" else "lightning"
+    code = f"""
+import sys, importlib
+pl = importlib.import_module({trainer!r})
+from ckvc.integrations.lightning import CkvcCheckpointIO
+io = CkvcCheckpointIO({str(tmp_path / "repo")!r})
+trainer = pl.Trainer(plugins=[io], callbacks=[io], logger=False, enable_progress_bar=False, accelerator="cpu")
+assert trainer.strategy.checkpoint_io is io and isinstance(io, pl.Callback) and isinstance(io, CkvcCheckpointIO)
+assert {other!r} not in sys.modules, "the other package was imported"
+print("ok", type(io).__name__)
+"""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.split()[-1] == f"CkvcCheckpointIO_{package}"
+    from ckvc.integrations.lightning import CkvcCheckpointIO
+
+    with pytest.raises(InvalidInputError, match="package must be one of"):
+        CkvcCheckpointIO(tmp_path / "repo", package="lightning_fabric")
 
 
 def test_ckvc_paths_are_checked(tmp_path: Path) -> None:
