@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import blake3
 
+from ckvc import sidecars
 from ckvc.errors import CkvcWarning, InvalidInputError, SignatureError, storage_errors
 from ckvc.ids import is_full_hex_id
 from ckvc.storage.backend import Backend
@@ -44,7 +45,8 @@ FORMAT_VERSION = 1
 # What is signed starts with this, so a ckvc signature is never valid as anything else.
 DOMAIN = b"ckvc signature v1\n"
 ALGORITHMS = ("ed25519", "ecdsa-p256")
-ObjectKind = Literal["commit", "tag"]
+ObjectKind = Literal["commit", "tag", "note"]
+KINDS = ("commit", "tag", "note")  # a note: its record's id (ckvc.notes)
 Status = Literal["good", "bad", "untrusted", "unsigned"]
 PUBLIC_SUFFIXES = (".pem", ".pub")
 
@@ -282,7 +284,7 @@ class Signature:
         )
         if not (is_full_hex_id(sig.object) and is_full_hex_id(sig.key_id)):
             raise ValueError("object and key_id must be 64 lowercase hex digits")
-        if sig.type not in ("commit", "tag") or sig.algorithm not in ALGORITHMS or not isinstance(sig.signer, str):
+        if sig.type not in KINDS or sig.algorithm not in ALGORITHMS or not isinstance(sig.signer, str):
             raise ValueError("bad type, algorithm or signer")
         if isinstance(sig.time_ns, bool) or not isinstance(sig.time_ns, int) or sig.time_ns < 0:
             raise ValueError("time_ns must be a non-negative integer")
@@ -321,18 +323,8 @@ class SignatureStore:
     def put_raw(self, key: str, data: bytes) -> bool:
         return self.backend.put_if_absent(key, data)
 
-    def keys(self, object_id: str | None = None) -> list[str]:
-        prefix = f"{SIGNATURES}/{object_id}/" if object_id else f"{SIGNATURES}/"
-        return [k for k in self.backend.list(prefix) if k.endswith(".json")]
-
-    def by_object(self) -> dict[str, list[str]]:
-        """Object id -> its record keys, from one listing."""
-        out: dict[str, list[str]] = {}
-        for key in self.keys():
-            parts = key.split("/")
-            if len(parts) == 3 and is_full_hex_id(parts[1]):
-                out.setdefault(parts[1], []).append(key)
-        return out
+    def keys(self, object_id: str) -> list[str]:
+        return sidecars.keys_of(self.backend, SIGNATURES, object_id)
 
     def get(self, key: str) -> bytes | None:
         return self.backend.get(key)
@@ -353,33 +345,20 @@ def signatures_of(core: Repository) -> SignatureStore:
     return SignatureStore(core.refs.backend)
 
 
+def _carried(oid: str, key: str, data: bytes) -> bool:
+    """A record push and fetch carry: it parses and is filed under its own object and name."""
+    try:
+        sig = Signature.decode(data)
+    except (ValueError, TypeError):
+        return False
+    return sig.object == oid and SignatureStore.key(sig) == key
+
+
 def copy_signatures(
     source: SignatureStore, target: SignatureStore, wanted: Callable[[str], bool], *, only: str | None = None
 ) -> int:
-    """Copy the records ``source`` holds and ``target`` lacks, for the objects
-    ``wanted`` accepts (push: those the remote holds; fetch: those now local), or
-    for the one object ``only``. A record that does not parse, or is filed under
-    another object or name than its content gives, is not carried. Lists
-    ``target`` only when ``source`` has records; returns how many were copied."""
-    theirs = {only: source.keys(only)} if only is not None else source.by_object()
-    if not any(theirs.values()):
-        return 0
-    mine = {only: target.keys(only)} if only is not None else target.by_object()
-    copied = 0
-    for oid, keys in theirs.items():
-        if not wanted(oid):
-            continue
-        present = set(mine.get(oid, ()))
-        for key in keys:
-            if key in present or (data := source.get(key)) is None:
-                continue
-            try:
-                sig = Signature.decode(data)
-            except (ValueError, TypeError):
-                continue
-            if sig.object == oid and SignatureStore.key(sig) == key and target.put_raw(key, data):
-                copied += 1
-    return copied
+    """The signature records ``source`` holds and ``target`` lacks (ckvc.sidecars.copy)."""
+    return sidecars.copy(source.backend, target.backend, SIGNATURES, wanted, _carried, only=only)
 
 
 # ---- trust settings ---------------------------------------------------------------

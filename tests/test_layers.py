@@ -41,7 +41,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("refs", "pruned", "config", "journal", "runs"),
     ("executor",),
     ("core",),
-    ("signing",),  # signatures and trust: the read paths' check (graph) and the commit's signer (write)
+    ("sidecars",),  # write-once records beside objects (signatures, notes), carried by push and fetch
+    ("signing", "notes"),  # signatures and trust: the read paths' check (graph) and the commit's signer (write)
     ("graph",),
     ("write",),
     ("read",),
