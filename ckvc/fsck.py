@@ -9,7 +9,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-from ckvc import graph
+from ckvc import graph, notes
 from ckvc.chunking import chunk_spans
 from ckvc.core import ProgressCallback, Repository
 from ckvc.errors import (
@@ -44,6 +44,7 @@ ORPHAN_TOC_COPY = "orphan-toc-copy"  # the TOC copy of a pack that is gone (gc d
 # rules (state.parse_snapshot, the checks load makes), or a chunk's stored size
 # differs from its span. One per commit, naming the path.
 BAD_STATE = "bad-state"
+BAD_NOTE = "bad-note"  # a note record that does not parse or is not what its name says (ckvc.notes)
 
 
 @dataclass(frozen=True)
@@ -300,6 +301,8 @@ class _Fsck:
         repo.prune_log.records(damaged=log_damage)
         for detail in [*repo.refs.damaged_logs(), *log_damage]:
             add(DAMAGED_LOG, None, detail, "warning")
+        for detail in notes.damaged_notes(repo):  # readers skip them with a warning
+            add(BAD_NOTE, None, detail)
         for label, oid in tips.items():
             if not store.has(bytes.fromhex(oid)):
                 add(DANGLING_REF, oid, f"{label} points at missing object {oid}")

@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
-from ckvc import signing
+from ckvc import notes, signing
 from ckvc.core import Repository, check_utf8, default_author
 from ckvc.errors import (
     CkvcError,
@@ -537,12 +537,15 @@ def _finite(v: Any) -> bool:
 def rank(
     core: Repository, metric: str, mode: Literal["min", "max"] = "min", rev: str = "HEAD", *, all: bool = False
 ) -> list[Commit]:
-    """The commits reachable from ``rev`` that have ``metric``, best first
-    (``mode`` as for ``best``), newest first among equals."""
-    commits = [c for c in log(core, rev, all=all) if _finite(c.metrics.get(metric))]
+    """The commits reachable from ``rev`` that have ``metric`` (with their notes: the
+    newest value, ckvc.notes), best first (``mode`` as for ``best``), newest first
+    among equals."""
+    history = log(core, rev, all=all)
+    metrics = notes.noted_metrics(core, history)
+    commits = [c for c in history if _finite(metrics[c.id].get(metric))]
     sign = 1 if mode == "min" else -1
     # log is newest first and sorted() is stable: the newest wins ties
-    return sorted(commits, key=lambda c: sign * float(c.metrics[metric]))
+    return sorted(commits, key=lambda c: sign * float(metrics[c.id][metric]))
 
 
 def best(
@@ -556,7 +559,7 @@ def best(
         raise InvalidInputError(f"mode must be 'min' or 'max', got {mode!r}")
     ranked = rank(core, metric, mode, rev, all=all)
     if not ranked:
-        known = sorted({k for c in log(core, rev, all=all) for k in c.metrics})
+        known = sorted({k for m in notes.noted_metrics(core, log(core, rev, all=all)).values() for k in m})
         hint = did_you_mean(metric, known) or (f"; metrics recorded: {', '.join(known)}" if known else "")
         where = "any branch or tag" if all else repr(rev)
         raise InvalidInputError(f"no commit reachable from {where} has metric {metric!r}{hint}")

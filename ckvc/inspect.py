@@ -20,6 +20,7 @@ from ckvc.core import Repository
 from ckvc.objects import Commit, Snapshot
 
 if TYPE_CHECKING:
+    from ckvc.notes import Note
     from ckvc.objects import Tag
     from ckvc.pruned import PruneRecord
     from ckvc.state import TensorInfo
@@ -117,6 +118,29 @@ def commit_json(c: Commit) -> dict[str, Any]:
     }
 
 
+def history_json(core: Repository, commits: Sequence[Commit]) -> list[dict[str, Any]]:
+    """``ckvc log --json`` (and the web UI's log): each commit with its prune record,
+    its signature's verdict (ckvc.signing.signatures_json) and its notes, in log order."""
+    from ckvc import notes, signing
+
+    signatures = signing.signatures_json(core, [c.id for c in commits])
+    noted = notes.all_notes(core)
+    return [
+        {**entry, "signature": signatures[entry["id"]], "notes": [note_json(n) for n in noted.get(entry["id"], ())]}
+        for entry in log_json(commits, core.pruned())
+    ]
+
+
+def show_extras_json(core: Repository, commit_id: str, tag_id: str | None) -> dict[str, Any]:
+    """What ``ckvc show --json`` adds to CommitInfo.to_json: signatures and notes."""
+    from ckvc import notes, signing
+
+    return {
+        **signing.show_json(core, commit_id, tag_id),
+        "notes": [note_json(n) for n in notes.notes_of(core, commit_id)],
+    }
+
+
 def log_json(commits: Iterable[Commit], pruned: Mapping[str, PruneRecord]) -> list[dict[str, Any]]:
     """``ckvc log --json``: each commit, with when and by which policy it was pruned."""
     return [
@@ -128,6 +152,19 @@ def log_json(commits: Iterable[Commit], pruned: Mapping[str, PruneRecord]) -> li
         }
         for c in commits
     ]
+
+
+def note_json(note: Note) -> dict[str, Any]:
+    """A note (ckvc.notes) as ``log --json``, ``show --json`` and the web UI give it."""
+    return {
+        "id": note.id,
+        "author": note.author,
+        "time": time_text(note.time_ns),
+        "time_ns": note.time_ns,
+        "message": note.message,
+        "metrics": {k: jsonable(v) for k, v in note.metrics.items()},
+        "metadata": jsonable(dict(note.metadata)),
+    }
 
 
 def tag_json(t: Tag) -> dict[str, Any]:

@@ -36,6 +36,7 @@ if TYPE_CHECKING:
     from ckvc.executor import Executor
     from ckvc.hybrid.cache import Hybrid
     from ckvc.manifest import ManifestEntry
+    from ckvc.notes import Note
     from ckvc.pruned import PruneLog
     from ckvc.refs import RefStore
     from ckvc.remote.location import RemoteList
@@ -430,6 +431,25 @@ class Repo:
             self, rev, Path(out), format=format, prefix=prefix, progress=progress, allow_pickle=allow_pickle,
             verify_signatures=verify_signatures, sign_key=key,
         )  # fmt: skip
+
+    # ---- notes (ckvc.notes) --------------------------------------------------------
+    def note(
+        self, rev: str = "HEAD", *, metrics: Mapping[str, Any] | None = None, metadata: Mapping[str, Any] | None = None,
+        message: str = "", sign: bool | None = None,
+    ) -> Note:  # fmt: skip
+        """Add a note to ``rev``: metrics, metadata or text learned after the commit (an
+        evaluation's result). Appended, never changing the commit's id; push and fetch
+        carry it; ``best``, ``rank`` and keep-best retention see the newest value of a
+        metric. Signed when ``sign`` (default: the ``sign_commits`` setting)."""
+        from ckvc.notes import add_note
+
+        return add_note(self.core, self.resolve(rev), metrics=metrics, metadata=metadata, message=message, sign=sign)
+
+    def notes(self, rev: str = "HEAD") -> list[Note]:
+        """``rev``'s notes, oldest first (damaged records skipped with a warning)."""
+        from ckvc.notes import notes_of
+
+        return notes_of(self.core, self.resolve(rev))
 
     # ---- signatures (ckvc.signing) -----------------------------------------------
     def sign(self, rev: str = "HEAD") -> Signature:

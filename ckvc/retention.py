@@ -16,7 +16,7 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
-from ckvc import graph
+from ckvc import graph, notes
 from ckvc.core import Repository
 from ckvc.errors import CkvcError, DurabilityWarning, InterruptedOperationError, InvalidInputError
 from ckvc.retention_policy import KeepBest, RetentionPolicy, format_duration, parse_duration
@@ -59,6 +59,7 @@ def plan_retention(repo: Repository, policy: RetentionPolicy, *, now_ns: int | N
             reasons.append(reason)
 
     candidates: dict[str, None] = {}
+    noted = notes.all_notes(repo) if policy.keep_best else {}  # a metric added later by a note counts
     for name in covered:
         history = graph.log(repo, name, first_parent=True)  # tip first, root last
         for commit in history:
@@ -71,8 +72,9 @@ def plan_retention(repo: Repository, policy: RetentionPolicy, *, now_ns: int | N
                 if (len(history) - 1 - index) % policy.keep_every == 0:
                     keep(commit.id, f"keep-every {policy.keep_every} on {name}")
         for best in policy.keep_best:
-            scored = [c for c in history if best.metric in c.metrics and not math.isnan(float(c.metrics[best.metric]))]
-            scored.sort(key=lambda c: float(c.metrics[best.metric]), reverse=best.mode == "max")
+            values = {c.id: notes.metrics_with_notes(c, noted.get(c.id, ())).get(best.metric) for c in history}
+            scored = [c for c in history if values[c.id] is not None and not math.isnan(float(values[c.id] or 0))]
+            scored.sort(key=lambda c: float(values[c.id] or 0), reverse=best.mode == "max")
             for commit in scored[: best.count]:
                 keep(commit.id, f"keep-best {best} on {name}")
         if policy.keep_within_s:

@@ -12,13 +12,24 @@ from ckvc.cli.output import emit_json, human_bytes, json_option, metrics_text, p
 from ckvc.errors import InvalidInputError
 
 
-def _parse_pairs(pairs: tuple[str, ...], what: str) -> dict[str, str]:
+def parse_pairs(pairs: tuple[str, ...], what: str) -> dict[str, str]:
     out = {}
     for pair in pairs:
         key, sep, value = pair.partition("=")
         if not sep or not key:
             raise InvalidInputError(f"{what} must look like key=value, got {pair!r}")
         out[key] = value
+    return out
+
+
+def metric_values(pairs: tuple[str, ...]) -> dict[str, float]:
+    """--metric K=V options as metrics (InvalidInputError for a value that is no number)."""
+    out: dict[str, float] = {}
+    for key, value in parse_pairs(pairs, "--metric").items():
+        try:
+            out[key] = float(value)
+        except ValueError:
+            raise InvalidInputError(f"metric {key!r} is not a number: {value!r}") from None
     return out
 
 
@@ -64,12 +75,7 @@ def commit(
     """Commit a checkpoint: a torch.save file, a .safetensors file, or a directory of them.
     A file named like one that does not parse is stored as bytes with a warning
     (--strict: refused, nothing committed)."""
-    metric_values: dict[str, float] = {}
-    for key, value in _parse_pairs(metrics, "--metric").items():
-        try:
-            metric_values[key] = float(value)
-        except ValueError:
-            raise InvalidInputError(f"metric {key!r} is not a number: {value!r}") from None
+    numbers = metric_values(metrics)
     repo = obj.repo
     if not path.is_absolute():
         path = Path(obj.directory) / path
@@ -80,15 +86,15 @@ def commit(
 
     with progress_bar("read", not as_json) as progress:
         state, source_meta = read_checkpoint(path, follow_links=follow_links, progress=progress, strict=strict)
-    metadata = {**source_meta, **_parse_pairs(meta, "--meta")}
+    metadata = {**source_meta, **parse_pairs(meta, "--meta")}
     lossy_spec: str | dict[str, str] | None = None
     if len(lossy) == 1 and "=" not in lossy[0]:
         lossy_spec = lossy[0]
     elif lossy:
-        lossy_spec = _parse_pairs(lossy, "--lossy")
+        lossy_spec = parse_pairs(lossy, "--lossy")
     with progress_bar("commit", not as_json) as progress:
         commit_id = repo.commit(
-            state, message=message, metrics=metric_values, metadata=metadata, progress=progress, lossy=lossy_spec,
+            state, message=message, metrics=numbers, metadata=metadata, progress=progress, lossy=lossy_spec,
             on_conflict="retry",  # another writer's commit meanwhile: this one goes on top of it
             sign=sign,
         )  # fmt: skip

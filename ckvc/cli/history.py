@@ -16,6 +16,7 @@ from ckvc.errors import InvalidInputError
 
 if TYPE_CHECKING:
     from ckvc.inspect import StateDiff, TensorChange
+    from ckvc.notes import Note
     from ckvc.objects import Commit, Tag
     from ckvc.repo import Repo
 
@@ -77,12 +78,13 @@ def log(
         keys = signing.TrustSettings.load(repo.core).keys()
         verdicts = {c.id: signing.signature_summary(repo.core, c.id, trusted=keys) for c in commits}
     if as_json:
-        from ckvc.inspect import log_json
-        from ckvc.signing import signatures_json
+        from ckvc.inspect import history_json
 
-        signatures = signatures_json(repo.core, [c.id for c in commits])
-        emit_json([{**entry, "signature": signatures[entry["id"]]} for entry in log_json(commits, pruned)])
+        emit_json(history_json(repo.core, commits))
         return
+    from ckvc import notes
+
+    noted = notes.all_notes(repo.core)
     labels = _labels(repo)
     rows = _graph_rows(commits) if graph else (("", [], None, c) for c in commits)
     for node, opening, body, c in rows:
@@ -97,7 +99,8 @@ def log(
         if oneline and c.id in verdicts:
             mark += " [signed]" if verdicts[c.id].good else " [not verified]"
         if oneline:
-            metrics = f"  [{metrics_text(c.metrics)}]" if c.metrics else ""
+            shown = notes.metrics_with_notes(c, noted.get(c.id, ()))  # a note's newer value shows
+            metrics = f"  [{metrics_text(shown)}]" if shown else ""
             click.echo(f"{lead}{c.id[:12]}{deco}{mark} {first_line}{metrics}")
             for line in opening:
                 click.echo(line)
@@ -114,6 +117,7 @@ def log(
         lines += [f"Author: {c.author}", f"Date:   {time_text(c.time_ns)}"]
         if c.metrics:
             lines.append(f"Metrics: {metrics_text(c.metrics)}")
+        lines += [_note_line(n) for n in noted.get(c.id, ())]
         lines.append("")
         lines += [f"    {line}" for line in (c.message or "(no message)").splitlines()]
         lines.append("")
@@ -122,6 +126,16 @@ def log(
             click.echo(line)
         for line in lines[1:]:
             click.echo((cont + line).rstrip() if cont else line)
+
+
+def _note_line(note: Note) -> str:
+    """One note as log and show print it."""
+    parts = [metrics_text(note.metrics)] if note.metrics else []
+    if note.metadata:
+        parts.append(" ".join(f"{k}={_meta_text(v)}" for k, v in note.metadata.items()))
+    if note.message:
+        parts.append(note.message.splitlines()[0])
+    return f"Note:   {time_text(note.time_ns)} {note.author}: {'; '.join(parts)}"
 
 
 def _graph_rows(commits: list[Commit]) -> Iterator[tuple[str, list[str], str | None, Commit | None]]:
@@ -212,7 +226,9 @@ def show(obj: Context, rev: str, no_data: bool, as_json: bool) -> None:
     tag_signature = signing.signature_summary(repo.core, tag.id, "tag", trusted=keys) if tag is not None else None
     if as_json:
         tag_id = tag.id if tag is not None else None
-        emit_json({**info.to_json(tag, tensors=not no_data), **signing.show_json(repo.core, c.id, tag_id)})
+        from ckvc.inspect import show_extras_json
+
+        emit_json({**info.to_json(tag, tensors=not no_data), **show_extras_json(repo.core, c.id, tag_id)})
         return
     if tag is not None:
         signed = f"Signature: {signing.short_text(tag_signature)}\n" if tag_signature and tag_signature.signer else ""
@@ -225,6 +241,10 @@ def show(obj: Context, rev: str, no_data: bool, as_json: bool) -> None:
         click.echo(f"Signature: {signing.short_text(signature)}")
     if c.metrics:
         click.echo(f"Metrics: {metrics_text(c.metrics)}")
+    from ckvc.notes import notes_of
+
+    for note in notes_of(repo.core, c.id):
+        click.echo(_note_line(note))
     if c.metadata:
         click.echo("Metadata: " + " ".join(f"{k}={_meta_text(v)}" for k, v in c.metadata.items()))
     click.echo(f"\n    {c.message or '(no message)'}\n")
@@ -245,6 +265,43 @@ def show(obj: Context, rev: str, no_data: bool, as_json: bool) -> None:
         click.echo("values:")
         for path, value in info.values.items():
             click.echo(f"  {path or '<root>'} = {value_text(value)}")
+
+
+@cli.command()
+@click.argument("rev", default="HEAD")
+@click.option("--metric", "metrics", multiple=True, metavar="K=V", help="A metric learned later, e.g. eval_acc=0.91.")
+@click.option("--meta", "meta", multiple=True, metavar="K=V", help="A metadata string.")
+@click.option("-m", "--message", default="", help="Text of the note.")
+@click.option("-S/--no-sign", "--sign", "sign", default=None, help="Sign the note (default: sign_commits).")
+@json_option
+@click.pass_obj
+def note(
+    obj: Context, rev: str, metrics: tuple[str, ...], meta: tuple[str, ...], message: str, sign: bool | None,
+    as_json: bool,
+) -> None:  # fmt: skip
+    """Add a note to REV: metrics, metadata or text learned after the commit (an
+    evaluation's result), appended, never changing the commit's id; pushed and fetched
+    with it. log --best and retain --keep-best see the newest value of a metric. With
+    nothing to add: list REV's notes."""
+    from ckvc.cli.commit import metric_values, parse_pairs
+    from ckvc.inspect import note_json
+
+    repo = obj.repo
+    if not (metrics or meta or message):
+        found = repo.notes(rev)
+        if as_json:
+            emit_json({"commit": repo.resolve(rev), "notes": [note_json(n) for n in found]})
+        else:
+            for n in found:
+                click.echo(_note_line(n))
+        return
+    added = repo.note(
+        rev, metrics=metric_values(metrics), metadata=parse_pairs(meta, "--meta"), message=message, sign=sign
+    )
+    if as_json:
+        emit_json({"commit": added.commit, **note_json(added)})
+    else:
+        click.echo(f"Noted on {added.commit[:12]}: {_note_line(added).split(': ', 1)[1].strip()}")
 
 
 @cli.command()

@@ -24,6 +24,7 @@ from ckvc.inspect import fields_json
 from ckvc.refs import check_ref_name
 from ckvc.remote.location import RemoteList, check_remote_name
 from ckvc.remote.repository import Remote, drop_catalog
+from ckvc.storage.backend import Backend
 from ckvc.storage.packs import FOOTER, PACK_HEADER, TOC_ENTRY, TOC_HEADER
 
 REMOTES_PREFIX = "refs/remotes/"
@@ -182,3 +183,13 @@ def move_tracking(local: Repository, remote: str, branch: str, new: str, action:
         return None
     local.refs.set_if_equals(ref, old, new, f"{action}: {remote}/{branch}")
     return RefUpdate(ref, old, new)
+
+
+def copy_sidecars(source: Backend, target: Backend, wanted: Callable[[str], bool]) -> None:
+    """The signatures and notes (ckvc.sidecars) ``source`` holds and ``target`` lacks, for
+    the objects ``wanted`` accepts: push sends them before it moves a ref, fetch takes
+    them before it moves one, so a ref never names a commit whose records lag."""
+    from ckvc import notes, signing
+
+    signing.copy_signatures(signing.SignatureStore(source), signing.SignatureStore(target), wanted)
+    notes.copy_notes(source, target, wanted)

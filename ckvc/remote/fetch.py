@@ -29,6 +29,7 @@ from ckvc.remote.common import (
     PullResult,
     RefUpdate,
     TransferStats,
+    copy_sidecars,
     counted,
     move_tracking,
     remotes_of,
@@ -334,10 +335,8 @@ def fetch(
             if chunks:
                 job.fetch_chunks()
             job.write_metadata()
-            # signatures before the refs that name what they sign
-            signing.copy_signatures(
-                signing.SignatureStore(handle.backend), signing.signatures_of(local), local.object_exists
-            )
+            # signatures and notes before the refs that name what they describe
+            copy_sidecars(handle.backend, local.refs.backend, local.object_exists)
             # the refs move under the pin too: a gc cannot take what they are about to name
             for full, new in branches.items():
                 moved = move_tracking(local, spec.name, full[len(BRANCH_PREFIX) :], new, how)

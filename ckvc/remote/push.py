@@ -7,7 +7,7 @@ import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from ckvc import graph, signing
+from ckvc import graph
 from ckvc.codecs.codec_ids import WHOLE_CODECS
 from ckvc.config import RepoConfig
 from ckvc.core import Repository
@@ -24,6 +24,7 @@ from ckvc.remote.common import (
     PushResult,
     RefUpdate,
     TransferStats,
+    copy_sidecars,
     counted,
     move_tracking,
     remotes_of,
@@ -176,10 +177,8 @@ def push(
                 max_pack = min(local.config.max_pack_size, handle.core.config.max_pack_size)
                 work = _plan_push(local, handle, [u.new for u in plan], max_pack)
                 _upload(local, handle, work, max_pack, result.stats, progress)
-                # signatures of what the remote now holds, before the refs that name it
-                signing.copy_signatures(
-                    signing.signatures_of(local), signing.SignatureStore(handle.backend), handle.core.object_exists
-                )
+                # signatures and notes of what the remote now holds, before the refs that name it
+                copy_sidecars(local.refs.backend, handle.backend, handle.core.object_exists)
                 for update in plan:
                     # a pin whose lease lapsed no longer holds a remote gc off what the ref will name
                     handle.backend.check_locks_held()
@@ -194,10 +193,8 @@ def push(
                     if update.ref.startswith(BRANCH_PREFIX):
                         move_tracking(local, spec.name, update.ref[len(BRANCH_PREFIX) :], update.new, "push")
         else:
-            # refs up to date; a commit signed since it was pushed still sends its signature
-            signing.copy_signatures(
-                signing.signatures_of(local), signing.SignatureStore(handle.backend), handle.core.object_exists
-            )
+            # refs up to date; a signature or note added since the push still goes
+            copy_sidecars(local.refs.backend, handle.backend, handle.core.object_exists)
             for full, new in updates:
                 if full.startswith(BRANCH_PREFIX):
                     move_tracking(local, spec.name, full[len(BRANCH_PREFIX) :], new, "push")

@@ -17,7 +17,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from ckvc import graph, inspect, signing
+from ckvc import graph, inspect
 from ckvc.codecs import CODEC_NAMES
 from ckvc.errors import (
     CorruptObjectError,
@@ -166,12 +166,11 @@ class WebApi:
         return repo.log(start, limit=limit, all=all_refs)
 
     def log(self, rev: str | None = None, limit: int | None = None, all_refs: bool = False) -> list[dict[str, Any]]:
-        """``ckvc log --json [--all] [-n N] [REV]`` (each entry's "signature": ckvc.signing.signatures_json)."""
+        """``ckvc log --json [--all] [-n N] [REV]`` (inspect.history_json)."""
 
         def build(repo: Repo) -> list[dict[str, Any]]:
             commits = self._log(repo, rev, limit, all_refs)
-            signatures = signing.signatures_json(repo.core, [c.id for c in commits])
-            return [{**e, "signature": signatures[e["id"]]} for e in inspect.log_json(commits, repo.pruned())]
+            return inspect.history_json(repo.core, commits)
 
         return self._run(build)
 
@@ -231,8 +230,8 @@ class WebApi:
             tag = None
             if graph.branch_named(repo.core, rev) is None and rev in repo.tags():
                 tag = repo.tag_object(rev)
-            signatures = signing.show_json(repo.core, info.commit.id, tag.id if tag is not None else None)
-            return {**info.to_json(tag, tensors=data), **signatures}
+            extras = inspect.show_extras_json(repo.core, info.commit.id, tag.id if tag is not None else None)
+            return {**info.to_json(tag, tensors=data), **extras}
 
         return self._run(build)
 
