@@ -321,3 +321,20 @@ def test_a_token_server_opens_from_its_printed_url_and_keeps_the_token_out_of_si
         assert browser.execute_script("return document.cookie") == ""  # HttpOnly: no script reads it
         assert attrs(browser, "#tensor-table tbody tr", "data-path")  # the API answered through the cookie
         browser.delete_all_cookies()
+
+
+def test_commit_page_shows_notes_and_the_signer(browser: Any, tmp_path: Path) -> None:
+    from ckvc import signing
+
+    key = signing.generate_key(tmp_path / "alice")
+    with ckvc.Repo.init(tmp_path / "repo") as repo:
+        signing.set_trust(repo.core, "sign_key", str(key.path))
+        signing.set_trust(repo.core, "trusted_keys", str(key.path) + ".pub")
+        cid = repo.commit({"w": torch.ones(3)}, message="signed", metrics={"val_loss": 0.5}, sign=True)
+        note = repo.note(cid, metrics={"eval_acc": 0.91}, message="held-out eval")
+    with contextlib.contextmanager(serving)(tmp_path / "repo") as server:
+        open_page(browser, server, "commit/main", "commit")
+        shown = browser.find_element(By.CSS_SELECTOR, f'#commit-notes p.note[data-note="{note.id}"]')
+        assert "eval_acc" in shown.text and "0.91" in shown.text and "held-out eval" in shown.text
+        mark = browser.find_element(By.CSS_SELECTOR, "h1 .mark.signed")
+        assert mark.text == "signed: alice"

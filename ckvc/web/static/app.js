@@ -408,6 +408,8 @@ async function pageCommit(main, rev) {
     <p class="muted"><span class="mono" id="commit-id">${entry.id}</span><br>${esc(entry.author)} · ${esc(entry.time)}<br>parents: ${parents}</p>
     <div id="commit-sizes"></div></div><div class="grid"><div class="card"><h2>Metrics</h2><div id="commit-metrics"></div></div>
     <div class="card"><h2>Metadata</h2><pre class="mono" id="commit-metadata">${esc(JSON.stringify(entry.metadata, null, 2))}</pre></div></div>
+    ${(entry.notes || []).length ? `<div class="card"><h2>Notes</h2><div id="commit-notes">${entry.notes.map((n) =>
+      `<p class="note" data-note="${n.id}"><span class="muted">${esc(n.time)} · ${esc(n.author)}</span><br>${esc(metricsText(n.metrics))}${n.message ? " " + esc(n.message) : ""}</p>`).join("")}</div></div>` : ""}
     <div id="commit-body"></div>`;
   const metricRows = Object.entries(entry.metrics).map(([k, v]) => ({ name: k, value: v }));
   if (metricRows.length) table(main.querySelector("#commit-metrics"), [{ key: "name", label: "metric" }, { key: "value", label: "value", num: true, fmt: num }], metricRows);
