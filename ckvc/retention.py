@@ -4,7 +4,8 @@ then frees its snapshot and chunks.
 
 Rules combine as a union, evaluated on each branch's first-parent history:
 keep-last N, keep-best METRIC:min|max:N, keep-every K (position from the root,
-root = 0), keep-within DURATION. Tags, branch heads and HEAD are always kept, and
+root = 0), keep-within DURATION, max-size BYTES (the newest commits beyond the
+other rules whose data fits in the budget). Tags, branch heads and HEAD are always kept, and
 so is everything reachable from a branch the policy does not cover.
 """
 
@@ -13,13 +14,14 @@ from __future__ import annotations
 import math
 import time
 import warnings
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from ckvc import graph, notes
 from ckvc.core import Repository
 from ckvc.errors import CkvcError, DurabilityWarning, InterruptedOperationError, InvalidInputError
-from ckvc.retention_policy import KeepBest, RetentionPolicy, format_duration, parse_duration
+from ckvc.retention_policy import KeepBest, RetentionPolicy, format_duration, format_size, parse_duration
 
 __all__ = [  # the policy types stay importable from here
     "KeepBest", "RetentionPlan", "RetentionPolicy", "apply_retention", "format_duration", "parse_duration",
@@ -33,6 +35,12 @@ class RetentionPlan:
     kept: dict[str, list[str]] = field(default_factory=dict)  # commit -> the rules that keep it
     released: list[str] = field(default_factory=list)  # commits this plan prunes, newest first
     already_pruned: list[str] = field(default_factory=list)
+    # With max-size: the stored bytes the kept commits' data takes, each released
+    # commit's share of what gc then frees (an object counted once, by the newest
+    # released commit that needs it), and why the budget cannot be met.
+    kept_bytes: int | None = None
+    frees: dict[str, int] = field(default_factory=dict)
+    over_budget: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -40,6 +48,10 @@ class RetentionPlan:
             "kept": self.kept,
             "released": self.released,
             "already_pruned": self.already_pruned,
+            "kept_bytes": self.kept_bytes,
+            "frees": self.frees,
+            "frees_total": sum(self.frees.values()),
+            "over_budget": self.over_budget,
         }
 
 
@@ -98,6 +110,8 @@ def plan_retention(repo: Repository, policy: RetentionPolicy, *, now_ns: int | N
                 keep(commit.id, "reachable from a branch the policy does not cover")
 
     pruned = repo.pruned()
+    if policy.max_size is not None:
+        _fit_budget(repo, plan, [c for c in candidates if c not in plan.kept and c not in pruned], pruned)
     for commit_id in candidates:
         if commit_id in plan.kept:
             continue
@@ -106,6 +120,49 @@ def plan_retention(repo: Repository, policy: RetentionPolicy, *, now_ns: int | N
         else:
             plan.released.append(commit_id)
     return plan
+
+
+def _fit_budget(repo: Repository, plan: RetentionPlan, others: list[str], pruned: Mapping[str, Any]) -> None:
+    """max-size: keep, beyond the other rules, the newest of ``others`` while the data of
+    everything kept fits in the budget (an object shared by several commits counted
+    once, delta bases included); the first that does not fit and every older one go.
+    Fills the plan's kept_bytes, frees and over_budget."""
+    budget = plan.policy.max_size
+    assert budget is not None
+    source = graph.StoredObjects(repo)
+    counted: set[bytes] = set()
+
+    def data_of(commit_ids: list[str], have: set[bytes]) -> dict[bytes, int]:
+        found = graph.closure(source, commit_ids, have=have.__contains__, history=False)
+        return {oid: repo.store.locate(oid).record_size for oid in [*found.snapshots, *found.chunks]}
+
+    kept_now = [c for c in plan.kept if c not in pruned]
+    base = data_of(kept_now, counted)
+    counted.update(base)
+    total = sum(base.values())
+    if total > budget:
+        plan.over_budget = (
+            f"the commits other rules keep (branch heads, tags, HEAD included) take {format_size(total)}, "
+            f"over the budget of {format_size(budget)}: nothing else is kept"
+        )
+    commits = sorted(others, key=lambda c: repo.read_commit(c).time_ns, reverse=True)
+    fitting = True
+    for commit_id in commits:
+        extra = data_of([commit_id], counted)
+        size = sum(extra.values())
+        if fitting and total + size <= budget:
+            plan.kept.setdefault(commit_id, []).append(f"max-size {format_size(budget)}")
+            counted.update(extra)
+            total += size
+        else:
+            fitting = False  # the oldest go first: nothing older is kept in its place
+    plan.kept_bytes = total
+    for commit_id in commits:  # newest first: a shared object is freed by the newest that needed it
+        if commit_id in plan.kept:
+            continue
+        freed = data_of([commit_id], counted)
+        counted.update(freed)
+        plan.frees[commit_id] = sum(freed.values())
 
 
 def apply_retention(repo: Repository, plan: RetentionPlan) -> int:

@@ -24,6 +24,36 @@ def parse_duration(text: str) -> float:
     return float(m.group(1)) * _UNIT_S[m.group(2) or "s"]
 
 
+_SIZE_UNITS = {"": 1, "b": 1, "k": 1 << 10, "kb": 1000, "kib": 1 << 10, "m": 1 << 20, "mb": 1000**2,
+               "mib": 1 << 20, "g": 1 << 30, "gb": 1000**3, "gib": 1 << 30, "t": 1 << 40, "tb": 1000**4,
+               "tib": 1 << 40}  # fmt: skip
+
+
+def parse_size(text: str) -> int | None:
+    """``50GiB``, ``500MB``, ``1.5g``, ``123`` bytes; ``none``/``unlimited``: None."""
+    t = text.strip().lower().replace(" ", "")
+    if t in ("none", "unlimited", "off", ""):
+        return None
+    number = t.rstrip("abcdefghijklmnopqrstuvwxyz")
+    unit = t[len(number) :]
+    try:
+        value = float(number)
+    except ValueError:
+        raise InvalidInputError(f"not a size: {text!r} (e.g. 50GiB, 500MB, unlimited)") from None
+    if unit not in _SIZE_UNITS or value < 0 or not math.isfinite(value):
+        raise InvalidInputError(f"not a size: {text!r} (e.g. 50GiB, 500MB, unlimited)")
+    return int(value * _SIZE_UNITS[unit])
+
+
+def format_size(n: float) -> str:
+    """Bytes as policies and plans print them (1024-based, as parse_size reads them)."""
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    raise AssertionError("unreachable")
+
+
 def format_duration(seconds: float) -> str:
     for unit in ("w", "d", "h", "m"):
         if seconds >= _UNIT_S[unit] and seconds % _UNIT_S[unit] == 0:
@@ -73,6 +103,8 @@ class RetentionPolicy:
     keep_within_s: float | None = None
     branches: tuple[str, ...] | None = None  # None: every branch
     auto: bool = False  # apply after every commit
+    # Keep, beyond the other rules, the newest commits whose data fits in this many bytes.
+    max_size: int | None = None
 
     def __post_init__(self) -> None:
         if self.keep_last is not None:
@@ -81,7 +113,10 @@ class RetentionPolicy:
             _positive(self.keep_every, "keep-every")
         if self.keep_within_s is not None and not (self.keep_within_s > 0 and math.isfinite(self.keep_within_s)):
             raise InvalidInputError(f"keep-within must be a positive duration, got {self.keep_within_s!r}")
-        if not (self.keep_last or self.keep_best or self.keep_every or self.keep_within_s):
+        if self.max_size is not None and (isinstance(self.max_size, bool) or not isinstance(self.max_size, int)
+                                          or self.max_size < 0):  # fmt: skip
+            raise InvalidInputError(f"max-size must be a number of bytes, got {self.max_size!r}")
+        if not (self.keep_last or self.keep_best or self.keep_every or self.keep_within_s or self.max_size is not None):
             raise InvalidInputError("a retention policy needs at least one keep rule")
 
     def describe(self) -> str:
@@ -93,6 +128,8 @@ class RetentionPolicy:
             rules.append(f"keep-every {self.keep_every}")
         if self.keep_within_s:
             rules.append(f"keep-within {format_duration(self.keep_within_s)}")
+        if self.max_size is not None:
+            rules.append(f"max-size {format_size(self.max_size)}")
         if self.branches is not None:
             rules.append(f"branches {','.join(self.branches)}")
         return ", ".join(rules)
@@ -113,4 +150,5 @@ class RetentionPolicy:
             keep_within_s=raw.get("keep_within_s"),
             branches=tuple(branches) if branches is not None else None,
             auto=bool(raw.get("auto", False)),
+            max_size=raw.get("max_size"),
         )

@@ -565,3 +565,50 @@ def test_torn_prune_log_line_does_not_swallow_the_next_record(repo: ckvc.Repo) -
     plan = repo.retain(RetentionPolicy(keep_last=1))
     assert plan.released == [ids[2], ids[1], ids[0]]
     assert set(repo.pruned()) == set(plan.released)
+
+
+def _budget_repo(repo: ckvc.Repo, n: int = 8) -> list[str]:
+    """n commits: a shared tensor (deduplicated) and a fresh 256 KiB one each, raw codec."""
+    shared = torch.randn(64 << 10, generator=torch.Generator().manual_seed(99))
+    ids = []
+    for i in range(n):
+        fresh = torch.randn(64 << 10, generator=torch.Generator().manual_seed(i))
+        ids.append(repo.commit({"shared": shared, "fresh": fresh}, f"epoch {i}", time_ns=1_700_000_000_000_000_000 + i))
+    return ids
+
+
+def test_max_size_keeps_the_newest_that_fit_and_frees_what_it_says(make_repo: Any) -> None:
+    """retain --max-size: stored bytes within the budget (shared chunks counted once), the
+    oldest released first, and the dry run's per-commit "frees" add up to what gc frees."""
+    from ckvc.gc import collect_garbage
+
+    repo = make_repo(codec={"name": "raw"})
+    ids = _budget_repo(repo)
+    one = repo.du().stored_chunk_bytes
+    head_only = plan_retention(repo.core, RetentionPolicy(max_size=0))
+    assert head_only.released == ids[-2::-1] and head_only.over_budget is not None  # the head alone is over 0
+    budget = head_only.kept_bytes + 3 * (256 << 10) + 4096  # the head, then three more fresh tensors
+    plan = repo.retain(RetentionPolicy(max_size=budget), dry_run=True)
+    assert plan.released == ids[:4][::-1]  # the four oldest go; the head and the three newest stay
+    assert plan.kept_bytes is not None and plan.kept_bytes <= budget and plan.over_budget is None
+    assert all(plan.frees[c] >= 256 << 10 for c in plan.released)  # each its own fresh tensor
+    assert set(plan.frees) == set(plan.released)
+    repo.retain(RetentionPolicy(max_size=budget))
+    report = collect_garbage(repo.core, now=True)
+    expected = sum(plan.frees.values())
+    assert abs(report.bytes_freed - expected) <= 0.01 * expected, (report.bytes_freed, expected)
+    assert repo.du().stored_chunk_bytes <= budget < one
+    for kept in ids[4:]:
+        repo.load(kept)  # everything kept still loads
+
+
+def test_max_size_combines_with_other_rules_and_says_when_it_cannot(make_repo: Any) -> None:
+    repo = make_repo(codec={"name": "raw"})
+    ids = _budget_repo(repo, 5)
+    plan = plan_retention(repo.core, RetentionPolicy(keep_last=3, max_size=1))
+    assert plan.over_budget is not None and "over the budget" in plan.over_budget
+    assert plan.released == ids[:2][::-1]  # keep-last wins over the budget; nothing more is kept
+    policy = RetentionPolicy(keep_last=1, max_size=50 << 30)
+    assert RetentionPolicy.from_config(policy.to_config()) == policy
+    assert "max-size 50.0 GiB" in policy.describe()
+    assert plan_retention(repo.core, policy).released == []  # everything fits in 50 GiB

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 import click
 
 from ckvc.cli.main import FSCK_DAMAGE_EXIT, Context, cli
-from ckvc.cli.output import echo_codecs, emit_json, human_bytes, json_option, progress_bar
+from ckvc.cli.output import echo_codecs, emit_json, human_bytes, json_option, progress_bar, warn
 from ckvc.errors import InvalidInputError
 
 if TYPE_CHECKING:
@@ -195,6 +195,9 @@ def du(obj: Context, as_json: bool) -> None:
 @click.option("--keep-best", multiple=True, metavar="METRIC:min|max:N", help="Keep the N best by a metric.")
 @click.option("--keep-every", type=int, default=None, metavar="K", help="Keep every K-th commit (root = 0).")
 @click.option("--keep-within", default=None, metavar="DURATION", help="Keep commits younger than e.g. 7d, 12h.")
+@click.option(
+    "--max-size", default=None, metavar="SIZE", help="Also keep the newest commits whose data fits in e.g. 50GiB."
+)
 @click.option("--branch", "branches", multiple=True, metavar="B", help="Only prune on these branches.")
 @click.option("--auto/--no-auto", default=None, help="Apply the stored policy after every commit.")
 @click.option("--dry-run", is_flag=True, help="Show what would be released and why the rest is kept.")
@@ -206,6 +209,7 @@ def retain(
     keep_best: tuple[str, ...],
     keep_every: int | None,
     keep_within: str | None,
+    max_size: str | None,
     branches: tuple[str, ...],
     auto: bool | None,
     dry_run: bool,
@@ -215,11 +219,14 @@ def retain(
     metrics stay; `ckvc gc` frees their data once their packs are older than the
     gc_grace period, `ckvc gc --now` at once). Rules given here are stored as the
     repository's policy; with none, the stored policy is used."""
-    from ckvc.retention_policy import KeepBest, RetentionPolicy, parse_duration
+    from ckvc.retention_policy import KeepBest, RetentionPolicy, parse_duration, parse_size
 
     repo = obj.repo
     stored = repo.retention_policy()
-    if keep_last or keep_best or keep_every or keep_within:
+    budget = parse_size(max_size) if max_size is not None else None
+    if max_size is not None and budget is None:
+        raise InvalidInputError(f"--max-size takes a size such as 50GiB, got {max_size!r}")
+    if keep_last or keep_best or keep_every or keep_within or budget is not None:
         policy = RetentionPolicy(
             keep_last=keep_last,
             keep_best=tuple(KeepBest.parse(b) for b in keep_best),
@@ -227,6 +234,7 @@ def retain(
             keep_within_s=parse_duration(keep_within) if keep_within else None,
             branches=branches or None,
             auto=bool(auto) if auto is not None else bool(stored and stored.auto),
+            max_size=budget,
         )
     elif stored is not None:
         policy = stored
@@ -253,7 +261,15 @@ def retain(
         click.echo(f"  keep    {cid[:12]}  {msg:<24.24} {'; '.join(reasons)}")
     for cid in plan.released:
         msg = messages[cid].message.splitlines()[0] if cid in messages and messages[cid].message else ""
-        click.echo(f"  release {cid[:12]}  {msg}")
+        frees = f"  frees {human_bytes(plan.frees[cid])}" if cid in plan.frees else ""
+        click.echo(f"  release {cid[:12]}  {msg:<24.24}{frees}")
+    if plan.kept_bytes is not None:
+        click.echo(
+            f"kept data: {human_bytes(plan.kept_bytes)}; {'would free' if dry_run else 'gc frees'} "
+            f"{human_bytes(sum(plan.frees.values()))}"
+        )
+    if plan.over_budget:
+        warn(plan.over_budget)
     if not dry_run and plan.released:
         grace = _duration_text(repo.config.gc_grace_s)
         click.echo(

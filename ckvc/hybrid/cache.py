@@ -46,6 +46,7 @@ from ckvc.hybrid.promisor import RemotePromisor, promisor_names
 from ckvc.hybrid.settings import HybridSettings
 from ckvc.ids import ObjectType
 from ckvc.refs import BRANCH_PREFIX
+from ckvc.retention_policy import parse_size
 from ckvc.storage.index import IndexEntry
 from ckvc.storage.packs import PackWriter, RecordInfo, parse_record
 
@@ -61,27 +62,6 @@ LFU_HALF_LIFE = 16
 PROTECT_AFTER = 2
 EXCLUSIVE_TIMEOUT_S = 30.0
 PACKS_PER_BUDGET = 32
-
-_SIZE_UNITS = {"": 1, "b": 1, "k": 1 << 10, "kb": 1000, "kib": 1 << 10, "m": 1 << 20, "mb": 1000**2,
-               "mib": 1 << 20, "g": 1 << 30, "gb": 1000**3, "gib": 1 << 30, "t": 1 << 40, "tb": 1000**4,
-               "tib": 1 << 40}  # fmt: skip
-
-
-def parse_size(text: str) -> int | None:
-    """``50GiB``, ``500MB``, ``1.5g``, ``123`` bytes; ``none``/``unlimited``: None."""
-    t = text.strip().lower().replace(" ", "")
-    if t in ("none", "unlimited", "off", ""):
-        return None
-    number = t.rstrip("abcdefghijklmnopqrstuvwxyz")
-    unit = t[len(number) :]
-    try:
-        value = float(number)
-    except ValueError:
-        raise InvalidInputError(f"not a size: {text!r} (e.g. 50GiB, 500MB, unlimited)") from None
-    if unit not in _SIZE_UNITS or value < 0:
-        raise InvalidInputError(f"not a size: {text!r} (e.g. 50GiB, 500MB, unlimited)")
-    return int(value * _SIZE_UNITS[unit])
-
 
 # ---- state ----------------------------------------------------------------------
 
