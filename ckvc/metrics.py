@@ -72,6 +72,22 @@ def collect(repo: Repo, *, now_ns: int | None = None) -> list[Metric]:
                 [({"remote": backlog.remote}, backlog.failures)],
             ),
         ]  # fmt: skip
+    if core.dir is not None:
+        from ckvc.scrub import SCRUB_FILE, scrub_status
+
+        scrubbed = scrub_status(core.dir / SCRUB_FILE, du.pack_count)
+        last = scrubbed["last_complete"]
+        out += [
+            Metric("ckvc_scrub_cycle_coverage_ratio", "Packs the current scrub cycle has verified, of all packs",
+                   "gauge", [({}, scrubbed["coverage"] or 0.0)]),
+            Metric("ckvc_scrub_damaged_packs", "Packs a scrub found damaged and no later cycle read clean", "gauge",
+                   [({}, len(scrubbed["damage"]))]),
+        ]  # fmt: skip
+        if last is not None:
+            out.append(
+                Metric("ckvc_scrub_last_complete_timestamp_seconds", "When the last complete scrub cycle ended",
+                       "gauge", [({}, last["finished_ns"] / 1e9)])
+            )  # fmt: skip
     if core.hybrid is not None:
         report = repo.cache.report()
         out += [

@@ -41,6 +41,7 @@ if TYPE_CHECKING:
     from ckvc.refs import RefStore
     from ckvc.remote.location import RemoteList
     from ckvc.restore import IncompatibleKeys
+    from ckvc.scrub import ScrubReport
     from ckvc.state import MapLocation, PendingBlob
     from ckvc.storage.object_store import ObjectStore
     from ckvc.view import CommitView
@@ -431,6 +432,41 @@ class Repo:
             self, rev, Path(out), format=format, prefix=prefix, progress=progress, allow_pickle=allow_pickle,
             verify_signatures=verify_signatures, sign_key=key,
         )  # fmt: skip
+
+    # ---- scrub (ckvc.scrub) --------------------------------------------------------
+    def scrub(
+        self, remote: str | None = None, *, max_bytes: int | None = None, max_seconds: float | None = None,
+        progress: ProgressCallback | None = None, clock: Callable[[], float] | None = None,
+    ) -> ScrubReport:  # fmt: skip
+        """Verify the packs this scrub cycle has not, longest unverified first, within a
+        budget of bytes or seconds (neither: the rest of the cycle); of ``remote`` (its
+        packs, read through its backend) when given. Resumable; repairs nothing."""
+        import time
+
+        from ckvc.scrub import SCRUB_FILE, scrub
+
+        clock = clock or time.monotonic
+        if remote is None:
+            return scrub(
+                self.core.store, self.core.local_dir / SCRUB_FILE, max_bytes=max_bytes, max_seconds=max_seconds,
+                clock=clock, progress=progress,
+            )  # fmt: skip
+        from ckvc.remote.common import remotes_of
+        from ckvc.remote.location import REMOTES_DIR
+        from ckvc.remote.repository import open_remote
+
+        spec = remotes_of(self.core).get(remote)
+        handle = open_remote(self.core, spec)
+        try:
+            state = self.core.local_dir / REMOTES_DIR / spec.name / SCRUB_FILE
+            state.parent.mkdir(parents=True, exist_ok=True)
+            handle.core.store.refresh()
+            return scrub(
+                handle.core.store, state, max_bytes=max_bytes, max_seconds=max_seconds, clock=clock,
+                progress=progress,
+            )  # fmt: skip
+        finally:
+            handle.close()
 
     # ---- notes (ckvc.notes) --------------------------------------------------------
     def note(

@@ -47,7 +47,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("write",),
     ("read",),
     ("view", "inspect", "stats"),
-    ("fsck", "gc", "retention", "manifest", "hooks"),
+    ("fsck", "gc", "retention", "manifest", "hooks", "scrub"),
     ("hybrid.settings",),  # hybrid.json: a lazy clone's fetch reads it
     ("remote",),
     ("hybrid",),  # the hybrid cache: promisor, budget, auto_push, status, in front of the remotes

@@ -587,6 +587,7 @@ def test_max_size_keeps_the_newest_that_fit_and_frees_what_it_says(make_repo: An
     one = repo.du().stored_chunk_bytes
     head_only = plan_retention(repo.core, RetentionPolicy(max_size=0))
     assert head_only.released == ids[-2::-1] and head_only.over_budget is not None  # the head alone is over 0
+    assert head_only.kept_bytes is not None
     budget = head_only.kept_bytes + 3 * (256 << 10) + 4096  # the head, then three more fresh tensors
     plan = repo.retain(RetentionPolicy(max_size=budget), dry_run=True)
     assert plan.released == ids[:4][::-1]  # the four oldest go; the head and the three newest stay

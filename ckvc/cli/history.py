@@ -457,8 +457,11 @@ def status(obj: Context, as_json: bool) -> None:
     branch_name, commit_id = obj.repo.head()
     state = obj.repo.status()
     backlog = state.backlog
+    from ckvc.scrub import SCRUB_FILE, scrub_status
+
+    scrubbed = scrub_status(obj.repo.core.local_dir / SCRUB_FILE, len(obj.repo.store.packs()))
     if as_json:
-        emit_json({**state.to_json(), "branch": branch_name, "commit": commit_id})
+        emit_json({**state.to_json(), "branch": branch_name, "commit": commit_id, "scrub": scrubbed})
         return
     if commit_id is None:
         click.echo(f"On branch {branch_name}, no commits yet")
@@ -488,6 +491,13 @@ def status(obj: Context, as_json: bool) -> None:
             click.echo(f"{'ahead of' if t.ahead else 'behind'} {where} by {t.ahead or t.behind} commit(s)")
         else:
             click.echo(f"up to date with {where}")
+    last = scrubbed["last_complete"]
+    if last is not None or scrubbed["verified_packs"]:
+        done = f"last complete cycle {time_text(last['finished_ns'])}" if last else "no cycle complete yet"
+        coverage = scrubbed["coverage"] or 0.0
+        click.echo(f"scrub: {done}; current cycle {coverage:.0%} done")
+    for pack, problem in scrubbed["damage"].items():
+        click.echo(f"scrub found damage in {pack}: {problem} (ckvc fsck --repair)")
     if backlog is not None and backlog.entries:
         refs = ", ".join(dict.fromkeys(e.ref.removeprefix("refs/heads/") for e in backlog.entries))
         click.echo(f"auto_push to {backlog.remote}: {len(backlog.entries)} commit(s) queued on {refs}")

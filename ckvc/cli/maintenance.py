@@ -280,6 +280,43 @@ def retain(
 
 
 @cli.command()
+@click.option("--remote", "remote", default=None, metavar="NAME", help="Scrub this remote's packs (read remotely).")
+@click.option("--budget", "budget", default=None, metavar="DURATION", help="Stop after e.g. 10m (between packs).")
+@click.option("--bytes", "byte_budget", default=None, metavar="SIZE", help="Stop after reading e.g. 50GiB of packs.")
+@json_option
+@click.pass_obj
+def scrub(obj: Context, remote: str | None, budget: str | None, byte_budget: str | None, as_json: bool) -> None:
+    """Verify, a budget at a time, the packs not verified for the longest, until every
+    pack has been read once in a cycle; resumable (killed, it loses at most one pack).
+    Exit 1 while damage found by a scrub is on record; repairs nothing (ckvc fsck --repair)."""
+    from ckvc.retention_policy import parse_duration, parse_size
+    from ckvc.scrub import ScrubReport
+
+    seconds = parse_duration(budget) if budget is not None else None
+    size = parse_size(byte_budget) if byte_budget is not None else None
+    if byte_budget is not None and size is None:
+        raise InvalidInputError(f"--bytes takes a size such as 50GiB, got {byte_budget!r}")
+    with progress_bar("scrub", not as_json) as progress:
+        report: ScrubReport = obj.repo.scrub(remote, max_bytes=size, max_seconds=seconds, progress=progress)
+    if as_json:
+        emit_json(report.to_json())
+    else:
+        where = f"remote {remote}" if remote else "this repository"
+        click.echo(
+            f"scrub of {where}, cycle {report.cycle}: verified {len(report.packs_verified)} packs "
+            f"({human_bytes(report.bytes_verified)}, {report.objects_verified} objects) in {report.seconds:.1f} s; "
+            + ("cycle complete" if report.cycle_complete else f"{report.coverage:.0%} of the cycle's packs done")
+        )
+        last = report.last_complete
+        if last is not None:
+            click.echo(f"last complete cycle: {last['cycle']}, {last['packs']} packs, {human_bytes(last['bytes'])}")
+        for pack, problem in report.known_damage.items():
+            click.echo(f"DAMAGE in pack {pack}: {problem}")
+    if not report.ok:
+        sys.exit(1)
+
+
+@cli.command()
 @click.option("--dry-run", is_flag=True, help="Only print what would be reclaimed.")
 @click.option("--now", is_flag=True, help="Skip the grace period (only when nothing else is writing).")
 @click.option("--grace", default=None, metavar="DURATION", help="Grace period for young packs (default from config).")
