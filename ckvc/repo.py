@@ -514,6 +514,9 @@ class Repo:
             raise SignatureError(verdict.describe())
         return verdict
 
+    push_mirror = OnCore(remote_api.push_mirror)
+    mirror = staticmethod(remote_api.mirror)
+
     status = OnCore(hybrid_api.status)
     backup_status = OnCore(hybrid_api.backup_status)
     wait_for_backup = OnCore(hybrid_api.wait_for_backup)

@@ -34,7 +34,7 @@ def packed(repo: ckvc.Repo, n: int = N) -> list[str]:
 def test_n_runs_of_a_1_over_n_budget_cover_every_pack_once_per_cycle(make_repo: Any) -> None:
     repo = make_repo(codec={"name": "raw"})
     packs = packed(repo)
-    total = sum(repo.store.pack_info(p).size for p in packs)  # type: ignore[union-attr]
+    total = sum(repo.store.pack_info(p).size for p in packs)
     counting = counted(repo.store)
     budget = -(-total // N)  # 1/N of the store: a run finishes the pack that reaches it
     reports = []
@@ -69,7 +69,7 @@ def test_a_time_budget_is_checked_between_packs(make_repo: Any) -> None:
 def test_a_flipped_byte_is_found_in_the_cycle_that_reaches_it(make_repo: Any) -> None:
     repo = make_repo(codec={"name": "raw"})
     packs = packed(repo)
-    victim = max(packs, key=lambda p: repo.store.pack_info(p).size)  # type: ignore[union-attr]
+    victim = max(packs, key=lambda p: repo.store.pack_info(p).size)
     path = repo.core.local_dir / pack_key(victim)
     data = bytearray(path.read_bytes())
     data[len(data) // 2] ^= 0x10

@@ -17,6 +17,7 @@ from ckvc.errors import InvalidInputError
 
 if TYPE_CHECKING:
     from ckvc.remote.common import FetchResult, PushResult, TransferStats
+    from ckvc.remote.push import MirrorResult
 
 
 def _rate(stats: TransferStats) -> str:
@@ -104,13 +105,29 @@ def _report(result: PushResult | FetchResult, as_json: bool, verb: str) -> None:
 @click.option("--force", "-f", is_flag=True, help="Move remote refs even where commits would be dropped.")
 @click.option("--tags", is_flag=True, help="Push every tag too.")
 @click.option("--all", "all_branches", is_flag=True, help="Push every local branch.")
+@click.option("--mirror", is_flag=True, help="Make REMOTE's branches and tags exactly these (forced; others deleted).")
 @json_option
 @click.pass_obj
 def push(
-    obj: Context, remote_name: str, refs: tuple[str, ...], force: bool, tags: bool, all_branches: bool, as_json: bool
+    obj: Context,
+    remote_name: str,
+    refs: tuple[str, ...],
+    force: bool,
+    tags: bool,
+    all_branches: bool,
+    mirror: bool,
+    as_json: bool,
 ) -> None:
     """Send what REMOTE lacks of REF... (default: the current branch; --all: every
-    branch), then move its refs."""
+    branch), then move its refs. --mirror: every branch and tag, forced, and REMOTE's
+    refs that this repository lacks deleted."""
+    if mirror:
+        if refs or all_branches or tags or force:
+            raise InvalidInputError("push --mirror takes no REF, --all, --tags or --force: it sends everything")
+        with progress_bar("push", not as_json) as progress:
+            mirrored = obj.repo.push_mirror(remote_name, progress=progress)
+        _mirror_report(mirrored, as_json)
+        return
     if all_branches and refs:
         raise InvalidInputError("push --all takes no REF: it pushes every branch")
     wanted = list(obj.repo.branches()) if all_branches else list(refs)
@@ -119,6 +136,58 @@ def push(
     _report(result, as_json, "To")
     if not as_json and not result.updated:
         click.echo("Everything up-to-date")
+
+
+def _mirror_report(result: MirrorResult, as_json: bool) -> None:
+    if as_json:
+        emit_json(result.to_json())
+        return
+    stats = result.stats
+    click.echo(
+        f"Mirrored {result.source} to {result.target}: {stats.objects} objects, {human_bytes(stats.record_bytes)} "
+        f"in {stats.packs} packs ({human_bytes(stats.wire_bytes)} sent)"
+    )
+    for line in _ref_lines((u.ref, u.old, u.new, u.forced) for u in result.updated):
+        click.echo(line)
+    for ref, old in result.deleted.items():
+        click.echo(f" - [deleted]         {ref} (was {old[:12]})")
+    if not result.updated and not result.deleted:
+        click.echo("Everything up-to-date")
+
+
+@cli.command()
+@click.argument("source")
+@click.argument("target")
+@click.option("--source-endpoint", default=None, metavar="URL", help="SOURCE's S3-compatible endpoint.")
+@click.option("--target-endpoint", default=None, metavar="URL", help="TARGET's S3-compatible endpoint.")
+@click.option("--prune", is_flag=True, help="Delete TARGET's branches and tags that SOURCE lacks.")
+@json_option
+@click.pass_obj
+def mirror(
+    obj: Context,
+    source: str,
+    target: str,
+    source_endpoint: str | None,
+    target_endpoint: str | None,
+    prune: bool,
+    as_json: bool,
+) -> None:
+    """Copy every branch and tag of SOURCE (a remote URL, or a repository's path) to
+    TARGET (a URL; made if it holds no repository), sending only what TARGET lacks,
+    streamed and verified, with no local copy. A killed mirror resumes where it stopped."""
+    from ckvc.repo import Repo
+
+    base = Path(obj.directory)
+    if "://" not in source:
+        source = str((base / source).resolve())
+    if "://" not in target:
+        target = str((base / target).resolve())
+    with progress_bar("mirror", not as_json) as progress:
+        result = Repo.mirror(
+            source, target, source_endpoint=source_endpoint, target_endpoint=target_endpoint, prune=prune,
+            progress=progress,
+        )  # fmt: skip
+    _mirror_report(result, as_json)
 
 
 @cli.command()

@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     from ckvc.remote.common import FetchResult, PullResult, PushResult
     from ckvc.remote.gc import RemoteGcReport
     from ckvc.remote.location import RemoteList
+    from ckvc.remote.push import MirrorResult
     from ckvc.remote.repair import RepairReport
 
 
@@ -98,3 +99,58 @@ def gc_remote(
     from ckvc.remote.gc import gc_remote
 
     return gc_remote(core, remote, dry_run=dry_run, now=now, grace_s=grace_s)
+
+
+def mirror(
+    source: str, target: str, *, source_endpoint: str | None = None, target_endpoint: str | None = None,
+    source_region: str | None = None, target_region: str | None = None, prune: bool = False,
+    progress: ProgressCallback | None = None,
+) -> MirrorResult:  # fmt: skip
+    """``ckvc mirror SOURCE TARGET``: every branch and tag of ``source`` (a remote URL,
+    or the path of a local repository) on ``target`` (a URL; created if it holds no
+    repository), sending only the objects it lacks, streamed and verified, with no
+    local copy; ``prune`` deletes target refs the source lacks. Resumable."""
+    from pathlib import Path
+
+    from ckvc.core import REPO_DIR
+    from ckvc.remote.location import RemoteSpec, normalize_url
+    from ckvc.remote.push import mirror_to
+    from ckvc.remote.repository import open_remote
+
+    local = Path(source)
+    opened = None
+    if "://" not in source and (local / REPO_DIR / "config.json").is_file():
+        core = Repository.open_local(local)
+    else:
+        opened = open_remote(None, RemoteSpec("source", normalize_url(source), source_endpoint, source_region))
+        core = opened.core
+    try:
+        spec = RemoteSpec("target", normalize_url(target), target_endpoint, target_region)
+        handle = open_remote(None, spec, create_from=core.config)
+        try:
+            return mirror_to(core, handle, prune=prune, progress=progress, label=source)
+        finally:
+            handle.close()
+    finally:
+        core.close()
+
+
+def push_mirror(core: Repository, remote: str = "origin", *, progress: ProgressCallback | None = None) -> MirrorResult:
+    """``ckvc push --mirror REMOTE``: ``mirror`` from this repository to a configured
+    remote (every branch and tag, forced; refs it lacks deleted), its remote-tracking
+    refs moved to match."""
+    from ckvc.refs import BRANCH_PREFIX
+    from ckvc.remote.common import move_tracking, remotes_of
+    from ckvc.remote.push import mirror_to
+    from ckvc.remote.repository import open_remote
+
+    spec = remotes_of(core).get(remote)
+    handle = open_remote(core, spec, create_from=core.config)
+    try:
+        done = mirror_to(core, handle, prune=True, progress=progress, label=str(core.path))
+    finally:
+        handle.close()
+    for update in done.updated:
+        if update.ref.startswith(BRANCH_PREFIX):
+            move_tracking(core, spec.name, update.ref[len(BRANCH_PREFIX) :], update.new, "push --mirror")
+    return done

@@ -5,13 +5,15 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 from ckvc import graph
 from ckvc.codecs.codec_ids import WHOLE_CODECS
 from ckvc.config import RepoConfig
 from ckvc.core import Repository
 from ckvc.errors import (
+    CkvcError,
     InvalidInputError,
     NonFastForwardError,
     RefConflictError,
@@ -267,3 +269,73 @@ def _upload(
     for wave in plan.waves:
         groups = split_groups(wave, max_pack)
         upload_packs(local.store, handle.backend, groups, handle.core.executor, landed, verifier)
+
+
+# ---- mirror ------------------------------------------------------------------------
+
+
+@dataclass
+class MirrorResult:
+    """What ``mirror`` moved: the refs set, the refs deleted (``prune``), the objects."""
+
+    source: str
+    target: str
+    updated: list[RefUpdate] = field(default_factory=list)
+    deleted: dict[str, str] = field(default_factory=dict)  # ref -> what it named
+    up_to_date: list[str] = field(default_factory=list)
+    stats: TransferStats = field(default_factory=TransferStats)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "source": self.source,
+            "target": self.target,
+            "updated": [u.to_json() for u in self.updated],
+            "deleted": self.deleted,
+            "up_to_date": self.up_to_date,
+            **self.stats.to_json("bytes_sent"),
+        }
+
+
+def _descends(source: Repository, old: str, new: str) -> bool:
+    try:
+        return is_ancestor(source, old, new)
+    except CkvcError:  # the target's commit is not in the source at all
+        return False
+
+
+def mirror_to(
+    source: Repository, handle: Remote, *, prune: bool = False, progress: Progress | None = None, label: str = ""
+) -> MirrorResult:
+    """Make ``handle`` hold every branch and tag of ``source`` (a local repository or
+    another remote's core): the objects it lacks sent as push sends them (stored
+    records, each verified before it leaves, in packs published whole), signatures
+    and notes, then every ref set to the source's by compare-and-swap, forced, as
+    ``git push --mirror``; ``prune``: refs the source lacks are deleted. Nothing is
+    staged locally (records stream from the source's packs into the new ones), and a
+    killed mirror resumes: what was published is not sent again."""
+    started = time.monotonic()
+    result = MirrorResult(label or repr(source), handle.spec.url)
+    wanted = {k: v for k, v in source.refs.list_refs("refs/").items() if k.startswith((BRANCH_PREFIX, TAG_PREFIX))}
+    with counted(handle, result.stats, started), handle.core.store.pin():
+        handle.core.store.refresh()
+        _raise_format(handle, source.config)
+        max_pack = min(source.config.max_pack_size, handle.core.config.max_pack_size)
+        theirs = {k: v for k, v in handle.core.refs.list_refs("refs/").items()}
+        work = _plan_push(source, handle, list(dict.fromkeys(wanted.values())), max_pack)
+        _upload(source, handle, work, max_pack, result.stats, progress)
+        copy_sidecars(source.refs.backend, handle.backend, handle.core.object_exists)
+        for ref, new in sorted(wanted.items()):
+            old = theirs.get(ref)
+            if old == new:
+                result.up_to_date.append(ref)
+                continue
+            handle.backend.check_locks_held()
+            forced = old is not None and not (ref.startswith(BRANCH_PREFIX) and _descends(source, old, new))
+            handle.core.refs.set_if_equals(ref, old, new, f"mirror: from {result.source}")
+            result.updated.append(RefUpdate(ref, old, new, forced=forced))
+        if prune:
+            for ref, old in sorted(theirs.items()):
+                if ref not in wanted and ref.startswith((BRANCH_PREFIX, TAG_PREFIX)):
+                    handle.core.refs.delete_if_equals(ref, old, f"mirror --prune: not in {result.source}")
+                    result.deleted[ref] = old
+    return result

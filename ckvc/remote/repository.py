@@ -250,9 +250,10 @@ def create_layout(backend: Backend, template: RepoConfig) -> None:
     backend.put_if_absent(CONFIG_NAME, config.encoded())
 
 
-def open_remote(local: Repository, spec: RemoteSpec, *, create_from: RepoConfig | None = None) -> Remote:
-    """Open the remote ``spec`` names, its catalog refreshed. ``create_from``: create
-    the remote repository with these settings if there is none (push). A remote
+def open_remote(local: Repository | None, spec: RemoteSpec, *, create_from: RepoConfig | None = None) -> Remote:
+    """Open the remote ``spec`` names, its catalog refreshed (kept under ``local``'s
+    directory; in memory without one: ``ckvc mirror`` between two URLs). ``create_from``:
+    create the remote repository with these settings if there is none (push). A remote
     of an unknown format version is refused (UnsupportedFormatError, from the
     config's version rule)."""
     raw = open_backend(spec.url, endpoint=spec.endpoint, region=spec.region)
@@ -266,7 +267,8 @@ def open_remote(local: Repository, spec: RemoteSpec, *, create_from: RepoConfig 
                 raw.root.mkdir(parents=True, exist_ok=True)
             create_layout(backend, create_from)
         config = found or RepoConfig.load(backend)
-        store = CatalogStore(backend, index=_catalog(local, spec.name, config.repo_id))
+        catalog = MemoryIndex() if local is None else _catalog(local, spec.name, config.repo_id)
+        store = CatalogStore(backend, index=catalog)
     except BaseException:
         backend.close()  # its connections and threads, not left to the garbage collector
         raise
