@@ -314,6 +314,13 @@ class DistributedCommitError(CkvcError):
         super().__init__(message)
 
 
+class EvaluationFailedError(CkvcError):
+    """``ckvc validate``: the user's evaluation function could not be run, raised, or
+    returned something that is not a metric (a mismatch is not this: exit 1)."""
+
+    exit_code = 41
+
+
 class UnexpectedError(CkvcError):
     """Exit code of the CLI's last-resort handler: an exception ckvc did not expect (a bug)."""
 
@@ -405,6 +412,7 @@ __all__ = [
     "DamagedIndexError",
     "DistributedCommitError",
     "DurabilityWarning",
+    "EvaluationFailedError",
     "IncompatibleStateError",
     "InsufficientMemoryError",
     "InterruptedOperationError",

@@ -44,6 +44,7 @@ if TYPE_CHECKING:
     from ckvc.scrub import ScrubReport
     from ckvc.state import MapLocation, PendingBlob
     from ckvc.storage.object_store import ObjectStore
+    from ckvc.validate import Validation
     from ckvc.view import CommitView
     from ckvc.write import CommitStats, OnConflict
 
@@ -432,6 +433,21 @@ class Repo:
             self, rev, Path(out), format=format, prefix=prefix, progress=progress, allow_pickle=allow_pickle,
             verify_signatures=verify_signatures, sign_key=key,
         )  # fmt: skip
+
+    def validate(
+        self, rev: str, evaluate: Callable[[Any], Any] | str, *, metric: str | None = None, rtol: float = 1e-6,
+        atol: float = 0.0, record: bool = True, fresh_process: bool = False,
+    ) -> Validation:  # fmt: skip
+        """Does ``rev`` still perform as recorded? Load it, run ``evaluate(state)`` (a
+        callable, or "module:function"; ``fresh_process``: imported and run in a new
+        interpreter), compare what it returns (a number named ``metric``, or a dict)
+        with the commit's recorded metrics within ``rtol``/``atol``, and (``record``)
+        add a note "validated: ok" or "validated: MISMATCH ..." (ckvc.validate)."""
+        from ckvc.validate import validate
+
+        return validate(
+            self.core, rev, evaluate, metric=metric, rtol=rtol, atol=atol, record=record, fresh_process=fresh_process
+        )
 
     # ---- scrub (ckvc.scrub) --------------------------------------------------------
     def scrub(

@@ -54,7 +54,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("formats",),
     # load_into (the facade's Repo.load_into) works on the core alone, below the
     # facade; the framework integrations (dcp, lightning, ...) take a Repo.
-    ("restore", "committer"),  # Repo.load_into and Repo.commit, below the facade
+    ("restore", "committer", "validate"),  # Repo.load_into and Repo.commit, below the facade
     ("repo",),
     ("metrics",),  # ckvc stats and /metrics: over the facade's reports
     ("distributed",),  # multi-rank commits over a Repo; the DCP integration builds on it

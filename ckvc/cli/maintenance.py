@@ -375,3 +375,65 @@ def gc(obj: Context, dry_run: bool, now: bool, grace: str | None, remote: str | 
         )
         if report.kept_revived:
             click.echo(f"{len(report.kept_revived)} packs kept: a concurrent commit needs them")
+
+
+@cli.command()
+@click.argument("revs", nargs=-1)
+@click.option("--eval", "evaluate", required=True, metavar="MODULE:FUNCTION", help="Called with the loaded state.")
+@click.option("--metric", default=None, metavar="NAME", help="What a function returning one number measures.")
+@click.option("--rtol", type=float, default=1e-6, show_default=True, help="Relative tolerance.")
+@click.option("--atol", type=float, default=0.0, show_default=True, help="Absolute tolerance.")
+@click.option("--all", "all_commits", is_flag=True, help="Every commit any branch reaches (pruned ones skipped).")
+@click.option("--branch", "branches", multiple=True, metavar="B", help="The commits of branch B.")
+@click.option("--since", default=None, metavar="DURATION", help="Only commits younger than e.g. 7d.")
+@click.option("--no-note", is_flag=True, help="Do not record the outcome as a note.")
+@json_option
+@click.pass_obj
+def validate(
+    obj: Context,
+    revs: tuple[str, ...],
+    evaluate: str,
+    metric: str | None,
+    rtol: float,
+    atol: float,
+    all_commits: bool,
+    branches: tuple[str, ...],
+    since: str | None,
+    no_note: bool,
+    as_json: bool,
+) -> None:
+    """Re-run an evaluation on commits and compare with the metrics they recorded:
+    each commit is loaded in a fresh interpreter, MODULE:FUNCTION (importable from the
+    current directory) gets the state and returns a number or a dict of metrics, and the
+    outcome is recorded as a note. Exit 1 when any commit mismatches."""
+    import time
+
+    from ckvc.retention_policy import parse_duration
+
+    repo = obj.repo
+    pruned = repo.pruned()
+    chosen: list[str] = [repo.resolve(r) for r in revs]
+    if all_commits:
+        chosen += [c.id for c in repo.log(all=True)]
+    for branch in branches:
+        chosen += [c.id for c in repo.log(branch, first_parent=True)]
+    if not (revs or all_commits or branches):
+        chosen.append(repo.resolve("HEAD"))
+    if since is not None:
+        horizon = time.time_ns() - int(parse_duration(since) * 1e9)
+        chosen = [c for c in chosen if repo.read_commit(c).time_ns >= horizon]
+    chosen = [c for c in dict.fromkeys(chosen) if c not in pruned]
+    results = []
+    for commit_id in chosen:
+        result = repo.validate(
+            commit_id, evaluate, metric=metric, rtol=rtol, atol=atol, record=not no_note, fresh_process=True
+        )
+        results.append(result)
+        if not as_json:
+            click.echo(f"{commit_id[:12]}  {result.summary()}")
+    if as_json:
+        emit_json({"ok": all(r.ok for r in results), "commits": [r.to_json() for r in results]})
+    elif not chosen:
+        click.echo("no commit to validate")
+    if not all(r.ok for r in results):
+        sys.exit(1)

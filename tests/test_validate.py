@@ -1,0 +1,106 @@
+"""ckvc validate: a real evaluation re-run on a commit agrees with the metric it
+recorded (a note says so); a commit whose weights were perturbed but whose metric was
+copied is caught (exit 1, a MISMATCH note); the evaluation's own failures are typed."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from helpers import run
+
+import ckvc
+from ckvc.errors import EvaluationFailedError, InvalidInputError
+from ckvc.validate import VALIDATED_KEY
+
+EVAL = """
+import torch
+
+def data():
+    g = torch.Generator().manual_seed(7)
+    x = torch.randn(64, 8, generator=g)
+    return x, x @ torch.arange(8.0).unsqueeze(1)
+
+def model_of(state):
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
+    model.load_state_dict(state["model"])
+    return model
+
+def val_loss(state):
+    x, y = data()
+    with torch.no_grad():
+        return float(torch.nn.functional.mse_loss(model_of(state)(x), y))
+
+def both(state):
+    return {"val_loss": val_loss(state), "extra": 1.0}
+
+def broken(state):
+    raise RuntimeError("the eval set is gone")
+"""
+
+
+@pytest.fixture
+def trained(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[ckvc.Repo, str, Any]:
+    """A trained MLP committed with its real validation loss; the eval module importable."""
+    (tmp_path / "myeval.py").write_text(textwrap.dedent(EVAL))
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import myeval  # type: ignore[import-not-found]
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
+    opt = torch.optim.Adam(model.parameters(), lr=0.05)
+    x, y = myeval.data()
+    for _ in range(30):
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        opt.step()
+    repo = ckvc.Repo.init(tmp_path / "r")
+    state = {"model": model.state_dict()}
+    cid = repo.commit(state, "trained", metrics={"val_loss": myeval.val_loss(state)})
+    return repo, cid, myeval
+
+
+def test_ok_then_a_perturbed_copy_is_caught(trained: tuple[ckvc.Repo, str, Any], tmp_path: Path) -> None:
+    repo, cid, myeval = trained
+    result = repo.validate(cid, "myeval:val_loss", metric="val_loss")
+    assert result.ok and result.note is not None
+    assert result.note.metadata[VALIDATED_KEY]["outcome"] == "ok"
+    assert repo.notes(cid)[-1].message.startswith("validated: ok")
+    # a weight perturbed in a new commit that copies the old metric
+    state = repo.load(cid)
+    state["model"]["0.weight"][0, 0] += 0.5
+    bad = repo.commit(state, "perturbed", metrics=dict(repo.read_commit(cid).metrics))
+    caught = repo.validate(bad, myeval.val_loss, metric="val_loss")
+    assert not caught.ok and caught.mismatched == ["val_loss"]
+    assert caught.summary().startswith("validated: MISMATCH val_loss")
+    # the CLI: a fresh interpreter per commit, exit 1 on the mismatch, notes recorded
+    done = run(repo.path, "validate", cid, bad, "--eval", "myeval:val_loss", "--metric", "val_loss", "--json")
+    assert done.exit_code == 1, done.output
+    outcome = json.loads(done.stdout)
+    assert [c["ok"] for c in outcome["commits"]] == [True, False] and not outcome["ok"]
+    assert run(repo.path, "validate", "--eval", "myeval:both", "--branch", "main").exit_code == 1
+    good = run(repo.path, "validate", cid, "--eval", "myeval:both")
+    assert good.exit_code == 0 and "validated: ok" in good.stdout
+    # a validation's note records, it does not re-score: no metric in it
+    assert all(not n.metrics and VALIDATED_KEY in n.metadata for n in repo.notes(cid) + repo.notes(bad))
+
+
+def test_evaluation_failures_are_typed(trained: tuple[ckvc.Repo, str, Any]) -> None:
+    repo, cid, _ = trained
+    with pytest.raises(EvaluationFailedError, match="the eval set is gone"):
+        repo.validate(cid, "myeval:broken")
+    with pytest.raises(EvaluationFailedError, match="the eval set is gone"):
+        repo.validate(cid, "myeval:broken", fresh_process=True)
+    with pytest.raises(InvalidInputError, match="MODULE:FUNCTION"):
+        repo.validate(cid, "myeval")
+    with pytest.raises(InvalidInputError, match="name the metric"):
+        repo.validate(cid, "myeval:val_loss")
+    with pytest.raises(InvalidInputError, match="recorded none of"):
+        repo.validate(cid, lambda state: {"accuracy": 0.5})
+    assert run(repo.path, "validate", cid, "--eval", "myeval:broken").exit_code == 41
+    assert [n for n in repo.notes(cid)] == []  # nothing recorded for a failed evaluation
