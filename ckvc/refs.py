@@ -54,7 +54,7 @@ from ckvc.errors import (
 )
 from ckvc.ids import is_full_hex_id
 from ckvc.journal import Journal
-from ckvc.storage.backend import Backend, Version
+from ckvc.storage.backend import Backend, BackendError, Version
 from ckvc.storage.durable import looks_torn
 from ckvc.storage.local import backend_at
 
@@ -279,7 +279,7 @@ class RefStore:
                     warnings.warn(DamageWarning(f"skipping stray file {full}: not a valid ref name"), stacklevel=2)
                     continue
                 try:
-                    value = self.read(full)
+                    value = self._listed(full)
                 except RefNotFoundError as exc:
                     if damaged is None:
                         raise
@@ -288,6 +288,21 @@ class RefStore:
                 if value is not None:
                     out[full] = value
         return dict(sorted(out.items()))
+
+    def _listed(self, name: str) -> str | None:
+        """The id a listed ref names. Without OS locks a ref key is never removed (a
+        deletion writes a tombstone), so a listed key that reads as absent is a store
+        that has not caught up, or a failed read: read once more, then a transient
+        BackendError, never a branch silently missing from a listing."""
+        found = self._get(name)
+        if found is None and not self.locked:
+            found = self._get(name)
+            if found is None:
+                raise BackendError(
+                    f"{name} is listed but reads as absent (the store has not caught up?): try again",
+                    key=name, transient=True,
+                )  # fmt: skip
+        return None if found is None else self._checked(name, self._text(name, found[0]))
 
     def stray_refs(self) -> list[StrayRef]:
         """Files under refs/ whose names are not valid ref names (a valid name with

@@ -415,3 +415,31 @@ def test_the_object_store_layout_is_keys_per_entry_and_tombstones() -> None:
     assert backend.get("refs/tags/v1") == b""  # the tombstone: a deletion by compare-and-swap
     assert refs.read("refs/tags/v1") is None and refs.list_refs() == {MAIN: B}
     assert not any("lock" in k for k in keys)
+
+
+def test_a_listed_ref_that_reads_as_absent_is_read_again_then_refused() -> None:
+    """On an object store a ref key is never removed (deletion writes a tombstone): a
+    key the listing shows but a GET does not find (a store catching up, a failed
+    read) is read again, then a transient BackendError, never a branch silently
+    missing from a fetch (the torture suite's 404-listed fault)."""
+    backend = MemoryBackend(object_store_semantics=True)
+    refs = RefStore(backend)
+    refs.set_if_equals("refs/heads/main", None, "a" * 64, "test")
+    misses = {"n": 0}
+    original = backend.get_versioned
+
+    def flaky(key: str) -> tuple[bytes, Version] | None:
+        if key == "refs/heads/main" and misses["n"] > 0:
+            misses["n"] -= 1
+            return None
+        return original(key)
+
+    backend.get_versioned = flaky  # type: ignore[method-assign]
+    misses["n"] = 1
+    assert refs.list_refs() == {"refs/heads/main": "a" * 64}
+    misses["n"] = 2
+    with pytest.raises(BackendError, match="listed but reads as absent") as info:
+        refs.list_refs()
+    assert info.value.transient
+    refs.delete_if_equals("refs/heads/main", "a" * 64, "test")
+    assert refs.list_refs() == {}  # a tombstone: deleted, no error
