@@ -695,3 +695,40 @@ def test_killed_directory_export_leaves_old_version_and_next_run_sweeps(tmp_path
     export_commit(repo, "HEAD", out)
     assert (out / "a").read_bytes() == b"new" and (out / "b").read_bytes() == b"new"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out", "r"]
+
+
+@pytest.mark.parametrize("fmt", ["pt", "safetensors", "dir"])
+def test_two_exports_of_one_commit_are_byte_identical(
+    tmp_path: Path, fmt: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Reproducible exports (issue 29): one commit exported twice, the clock a day apart
+    and under other temporary names, gives the same bytes in every format (a state as
+    pt and safetensors; a committed folder as dir)."""
+    import time
+
+    repo = Repo.init(tmp_path / "r")
+    shared = torch.arange(12.0)
+    state = {"w": torch.randn(4, 4), "view": shared[3:7], "full": shared, "b": torch.ones(2, dtype=torch.bfloat16)}
+    if fmt == "dir":
+        folder = tmp_path / "folder"
+        (folder / "sub").mkdir(parents=True)
+        torch.save(state, folder / "model.pt")
+        safetensors.torch.save_file({"w": state["w"]}, folder / "sub" / "w.safetensors")
+        assert run(tmp_path / "r", "commit", str(folder)).exit_code == 0
+    else:
+        repo.commit(state, "s")
+    name = {"pt": "x.pt", "safetensors": "x.safetensors", "dir": "x"}[fmt]
+    real_time, real_ns = time.time, time.time_ns
+    outs = []
+    for day in range(2):
+        monkeypatch.setattr(time, "time", lambda day=day: real_time() + 86400 * day)
+        monkeypatch.setattr(time, "time_ns", lambda day=day: real_ns() + 86400 * 10**9 * day)
+        out = tmp_path / f"e{day}" / name
+        out.parent.mkdir()
+        export_commit(repo, "HEAD", out, format=fmt)  # type: ignore[arg-type]
+        outs.append(out)
+    monkeypatch.undo()
+    files = [{p.relative_to(o).as_posix(): sha(p) for p in sorted(o.rglob("*")) if p.is_file()} if o.is_dir()
+             else {"": sha(o)} for o in outs]  # fmt: skip
+    assert files[0] == files[1] and files[0]
+    repo.close()
