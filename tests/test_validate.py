@@ -158,7 +158,8 @@ def test_minilm_fine_tune_validates_then_a_perturbed_copy_mismatches(
     model.load_state_dict(weights, strict=False)
     opt = torch.optim.SGD(model.parameters(), lr=1e-4)  # one fine-tune step on a toy objective
     batch = tokenizer(minilm_eval.SENTENCES[:2], padding=True, return_tensors="pt")
-    loss = -torch.nn.functional.cosine_similarity(*model(**batch).last_hidden_state.mean(1), dim=0)
+    pooled = model(**batch).last_hidden_state.mean(1)
+    loss = -torch.nn.functional.cosine_similarity(pooled[0], pooled[1], dim=0)
     loss.backward()
     opt.step()
     state = {"model": {k: v.detach().clone() for k, v in model.state_dict().items()}}
