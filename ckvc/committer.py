@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from ckvc import graph, retention
 from ckvc.core import ProgressCallback, Repository, at_exit
 from ckvc.errors import CkvcError, InvalidInputError
-from ckvc.runs import RUN_KEY, current_run
+from ckvc.runs import RUN_KEY, current_run, step_of
 
 # ckvc.write (torch, numpy, the codecs) is imported by the first commit, so that
 # opening a Repo for log or status stays light.
@@ -56,7 +56,7 @@ class Committer:
         else:
             background.raise_unseen()
         started = time.perf_counter()
-        run = current_run()  # the run this commit comes from, for a resume to check
+        run = current_run(step_of(state))  # the run this commit comes from, for a resume to check
         if run is not None and (metadata is None or RUN_KEY not in metadata):
             metadata = {**(metadata or {}), RUN_KEY: run}
         request = write.CommitRequest.checked(message, metrics, metadata, time_ns=time_ns, sign=sign)

@@ -11,7 +11,7 @@ from ckvc.errors import InvalidInputError, RunMismatchError
 from ckvc.objects import Commit
 
 # Commit metadata naming the run a commit came from:
-# {"id": run id, "world_size": n, "mesh": "dp=2,tp=4"}, each where known.
+# {"id": run id, "world_size": n, "mesh": "dp=2,tp=4", "step": n}, each where known.
 RUN_KEY = "ckvc.run"
 _mesh: str | None = None
 
@@ -60,7 +60,18 @@ def world_size_now() -> int | None:
     return int(text) if text.isdigit() and int(text) > 0 else None
 
 
-def current_run() -> dict[str, Any] | None:
+def step_of(state: Any) -> int | None:
+    """The training step a state says it is at: its top-level "global_step" or "step"
+    (an int), as the Trainer, Lightning and plain loops save it."""
+    if isinstance(state, dict):
+        for key in ("global_step", "step"):
+            value = state.get(key)
+            if isinstance(value, int) and not isinstance(value, bool):
+                return value
+    return None
+
+
+def current_run(step: int | None = None) -> dict[str, Any] | None:
     """What a commit records of its run (RUN_KEY): the run id (CKVC_RUN_ID, else
     torchrun's TORCHELASTIC_RUN_ID) and the world size; None for a single process
     outside any run, whose commits stay as they were."""
@@ -73,6 +84,7 @@ def current_run() -> dict[str, Any] | None:
         **({"id": run_id} if run_id else {}),
         **({"world_size": world} if world is not None else {}),
         **({"mesh": mesh} if mesh is not None else {}),
+        **({"step": step} if step is not None else {}),
     }
 
 

@@ -170,7 +170,7 @@ def test_a_resume_at_another_world_size_is_refused_naming_both(tmp_path: Path, m
     monkeypatch.setenv("TORCHELASTIC_RUN_ID", "job-17")
     with ckvc.Repo.init(tmp_path) as repo:
         cid = repo.commit({"model": model.state_dict(), "step": 3}, message="at 4")
-        assert repo.read_commit(cid).metadata["ckvc.run"] == {"id": "job-17", "world_size": 4}
+        assert repo.read_commit(cid).metadata["ckvc.run"] == {"id": "job-17", "world_size": 4, "step": 3}
         monkeypatch.setenv("WORLD_SIZE", "2")
         target = torch.nn.Linear(3, 2)
         before = [p.detach().clone() for p in target.parameters()]
