@@ -303,6 +303,13 @@ class WebApi:
         """``ckvc du --json``."""
         return self._run(lambda repo: repo.du().to_json())
 
+    def scrub(self) -> dict[str, Any]:
+        """``ckvc status --json``'s "scrub": the last complete cycle, the current one's
+        coverage and the damage a scrub found (ckvc.scrub)."""
+        from ckvc.scrub import SCRUB_FILE, scrub_status
+
+        return self._run(lambda repo: scrub_status(repo.core.local_dir / SCRUB_FILE, len(repo.store.packs())))
+
     def metrics_text(self) -> str:
         """``GET /metrics``: ckvc.metrics in the Prometheus text format."""
         from ckvc.metrics import collect, prometheus_text

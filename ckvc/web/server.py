@@ -238,6 +238,8 @@ class Handler(BaseHTTPRequestHandler):
             result = api.diff(query.get("a", ""), query.get("b", "HEAD"), stat=flag(query.get("stat")))
         elif path == "/api/du":
             result = api.du()
+        elif path == "/api/scrub":
+            result = api.scrub()
         elif path == "/api/retain":
             result = api.retain()
         else:

@@ -342,3 +342,16 @@ def test_signed_commits_are_marked_with_their_signer(tmp_path: Path) -> None:
         by_id = {e["id"]: e["signature"] for e in body}
         assert by_id[signed]["status"] == "good" and by_id[plain]["status"] == "unsigned"
         assert body == cli_json(tmp_path / "repo", "log")
+
+
+def test_scrub_status_is_served_as_status_prints_it(tmp_path: Path) -> None:
+    import contextlib
+
+    with ckvc.Repo.init(tmp_path / "repo") as repo:
+        for i in range(3):
+            repo.commit({"w": torch.full((100,), float(i))}, message=f"c{i}")
+        repo.scrub(max_bytes=1)
+    with contextlib.contextmanager(serving)(tmp_path / "repo") as server:
+        status, body = get(server, "/api/scrub")
+        assert status == 200 and body == cli_json(tmp_path / "repo", "status")["scrub"]
+        assert body["verified_packs"] == 1 and body["last_complete"] is None and 0 < body["coverage"] < 1

@@ -529,7 +529,7 @@ async function pageDiff(main) {
 // ---- storage ----------------------------------------------------------------------------------
 
 async function pageStorage(main) {
-  const [du, plan, log] = await Promise.all([api("/api/du"), api("/api/retain"), api("/api/log?all=1")]);
+  const [du, plan, log, scrub] = await Promise.all([api("/api/du"), api("/api/retain"), api("/api/log?all=1"), api("/api/scrub")]);
   const messages = new Map(log.map((c) => [c.id, firstLine(c.message)]));
   const stat = (id, value, label, isBytes = true) => `<div class="stat"><div class="v" id="${id}" data-value="${value}">${isBytes ? bytes(value) : num(value)}</div><div class="k">${label}</div></div>`;
   main.innerHTML = `<h1>Storage</h1><div class="stats" id="du-stats">
@@ -539,7 +539,10 @@ async function pageStorage(main) {
     ${stat("du-total", du.total_ratio, "overall ×", false)}${stat("du-commits", du.commits, "live commits", false)}${stat("du-pruned", du.pruned_commits, "pruned commits", false)}</div>
     <div class="grid" style="margin-top:14px"><div class="card"><h2>By codec</h2><div id="by-codec"></div></div><div class="card"><h2>By top-level key</h2><div id="du-by-key"></div></div></div>
     <div class="card"><h2>Unique bytes per commit (what pruning it alone would free)</h2><div id="unique-box"></div></div>
-    <div class="card"><h2>Retention policy (dry run)</h2><div id="retention"></div></div>`;
+    <div class="card"><h2>Retention policy (dry run)</h2><div id="retention"></div></div>
+    <div class="card"><h2>Scrub</h2><p id="scrub-status">${scrub.last_complete ? `last complete cycle ${scrub.last_complete.cycle}: ${scrub.last_complete.packs} packs, ${bytes(scrub.last_complete.bytes)}` : "no complete cycle yet"};
+    current cycle ${scrub.coverage === null ? "-" : (scrub.coverage * 100).toFixed(0) + "%"} done</p>
+    ${Object.entries(scrub.damage).map(([p, d]) => `<p class="scrub-damage mark unverified" data-pack="${esc(p)}">damage in ${esc(p)}: ${esc(d)}</p>`).join("")}</div>`;
   const codecs = Object.entries(du.by_codec);
   bars(main.querySelector("#by-codec"), codecs.map(([k, c]) => ({ name: k, value: c.stored_bytes, text: `${bytes(c.stored_bytes)} (${(c.ratio * 100).toFixed(1)}% of raw)`,
     tip: `${k}: ${c.chunks} chunks, ${bytes(c.raw_bytes)} raw → ${bytes(c.stored_bytes)} stored` })), { id: "codec-bars", width: 560, labelWidth: 140 });
