@@ -698,9 +698,7 @@ def test_killed_directory_export_leaves_old_version_and_next_run_sweeps(tmp_path
 
 
 @pytest.mark.parametrize("fmt", ["pt", "safetensors", "dir"])
-def test_two_exports_of_one_commit_are_byte_identical(
-    tmp_path: Path, fmt: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_two_exports_of_one_commit_are_byte_identical(tmp_path: Path, fmt: str) -> None:
     """Reproducible exports (issue 29): one commit exported twice, the clock a day apart
     and under other temporary names, gives the same bytes in every format (a state as
     pt and safetensors; a committed folder as dir)."""
@@ -721,13 +719,13 @@ def test_two_exports_of_one_commit_are_byte_identical(
     real_time, real_ns = time.time, time.time_ns
     outs = []
     for day in range(2):
-        monkeypatch.setattr(time, "time", lambda day=day: real_time() + 86400 * day)
-        monkeypatch.setattr(time, "time_ns", lambda day=day: real_ns() + 86400 * 10**9 * day)
-        out = tmp_path / f"e{day}" / name
-        out.parent.mkdir()
-        export_commit(repo, "HEAD", out, format=fmt)  # type: ignore[arg-type]
+        with pytest.MonkeyPatch.context() as clock:
+            clock.setattr(time, "time", lambda day=day: real_time() + 86400 * day)
+            clock.setattr(time, "time_ns", lambda day=day: real_ns() + 86400 * 10**9 * day)
+            out = tmp_path / f"e{day}" / name
+            out.parent.mkdir()
+            export_commit(repo, "HEAD", out, format=fmt)  # type: ignore[arg-type]
         outs.append(out)
-    monkeypatch.undo()
     files = [{p.relative_to(o).as_posix(): sha(p) for p in sorted(o.rglob("*")) if p.is_file()} if o.is_dir()
              else {"": sha(o)} for o in outs]  # fmt: skip
     assert files[0] == files[1] and files[0]

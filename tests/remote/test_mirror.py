@@ -9,6 +9,7 @@ import json
 import signal
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -49,8 +50,16 @@ def test_directory_remote_to_s3_then_prefix_to_prefix(tmp_path: Path, s3: tuple[
     assert sorted(u.ref for u in first.updated) == sorted(a.ls_remote("origin").keys() - {"HEAD"})
     again = ckvc.Repo.mirror(str(tmp_path / "dir-remote"), f"{bucket}/one", target_endpoint=endpoint)
     assert again.stats.objects == 0 and again.stats.packs == 0 and not again.updated
-    second = ckvc.Repo.mirror(f"{bucket}/one", f"{bucket}/two", source_endpoint=endpoint, target_endpoint=endpoint)
+    # bucket to bucket writes nothing locally: no temporary file, nothing in the working directory
+    scratch, cwd = tmp_path / "scratch", tmp_path / "cwd"
+    scratch.mkdir()
+    cwd.mkdir()
+    with pytest.MonkeyPatch.context() as local:  # its own: the S3 fixtures' credentials stay patched
+        local.setattr(tempfile, "tempdir", str(scratch))
+        local.chdir(cwd)
+        second = ckvc.Repo.mirror(f"{bucket}/one", f"{bucket}/two", source_endpoint=endpoint, target_endpoint=endpoint)
     assert second.stats.objects == len(live)
+    assert not any(scratch.iterdir()) and not any(cwd.iterdir())
     b = ckvc.Repo.clone(f"{bucket}/two", tmp_path / "b", endpoint=endpoint)
     assert_same_history(a, b)
     assert_state_equal(b.load("v1"), a.load("v1"))
