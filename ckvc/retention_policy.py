@@ -138,6 +138,8 @@ class RetentionPolicy:
         out = asdict(self)
         out["keep_best"] = [str(b) for b in self.keep_best]
         out["branches"] = list(self.branches) if self.branches is not None else None
+        if self.max_size is None:  # absent unless used: configs written before it stay as they were
+            del out["max_size"]
         return out
 
     @classmethod
