@@ -115,10 +115,12 @@ def _export_dcp(repo: Repo, rev: str, output: Path) -> list[Path]:
 @click.option(
     "--format",
     "fmt",
-    type=click.Choice(["pt", "safetensors", "dir"]),
+    type=click.Choice(["pt", "safetensors", "dir", "hf"]),
     default=None,
     help="Output kind (default: the commit's own kind, else OUTPUT's suffix).",
 )
+@click.option("--max-shard-size", default=None, metavar="SIZE", help="--format hf: shards of at most SIZE (5GiB).")
+@click.option("--config", "config_from", default=None, metavar="PATH", help="--format hf: config files to carry.")
 @click.option(
     "--sign-key",
     default=None,
@@ -128,7 +130,15 @@ def _export_dcp(repo: Repo, rev: str, output: Path) -> list[Path]:
 @json_option
 @click.pass_obj
 def export(
-    obj: Context, rev: str, output: Path, prefix: str | None, fmt: str | None, sign_key: str | None, as_json: bool
+    obj: Context,
+    rev: str,
+    output: Path,
+    prefix: str | None,
+    fmt: str | None,
+    max_shard_size: str | None,
+    config_from: str | None,
+    sign_key: str | None,
+    as_json: bool,
 ) -> None:
     """Write commit REV to OUTPUT without moving HEAD: e.g. the weights alone of a
     training state as one file, ckvc export HEAD model.safetensors --prefix model.
@@ -142,7 +152,21 @@ def export(
     if prefix is not None and not prefix.endswith("."):
         prefix += "."  # "model" means the leaves under model
     key = None if sign_key is None else load_signing_key(Path(obj.directory) / sign_key)
-    if fmt is None and prefix is None and _is_dcp(repo, rev):
+    if (max_shard_size is not None or config_from is not None) and fmt != "hf":
+        raise InvalidInputError("--max-shard-size and --config go with --format hf")
+    if fmt == "hf":
+        if prefix is not None or key is not None:
+            raise InvalidInputError("--format hf takes no --prefix or --sign-key")
+        from ckvc.integrations.hf_export import DEFAULT_SHARD_BYTES, export_hf
+        from ckvc.retention_policy import parse_size
+
+        shard = parse_size(max_shard_size) if max_shard_size is not None else DEFAULT_SHARD_BYTES
+        if shard is None:
+            raise InvalidInputError(f"--max-shard-size takes a size such as 2GiB, got {max_shard_size!r}")
+        config = Path(obj.directory) / config_from if config_from is not None else None
+        with progress_bar("export", not as_json) as progress:
+            written = export_hf(repo, rev, output, max_shard_bytes=shard, config_from=config, progress=progress)
+    elif fmt is None and prefix is None and _is_dcp(repo, rev):
         if key is not None:
             raise InvalidInputError("a DCP commit exports as a DCP folder, which is not signed; give --format")
         written = _export_dcp(repo, rev, output)
