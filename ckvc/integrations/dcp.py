@@ -64,7 +64,7 @@ from ckvc.config import FILES_VERSION
 from ckvc.core import Repository
 from ckvc.errors import CkvcError, CorruptObjectError, InvalidInputError, ObjectNotFoundError
 from ckvc.integrations import DCP_METADATA_KEY
-from ckvc.objects import Blob, Commit
+from ckvc.objects import Blob, Commit, Snapshot
 from ckvc.refs import branch_ref
 from ckvc.repo import Repo
 from ckvc.state import TensorInfo
@@ -418,11 +418,13 @@ def _fetch_history(core: Repository, remote: str) -> None:
 
 @dataclass(frozen=True)
 class _Stored:
-    """Where DCP's metadata finds an item: the commit and the item's blob and shape."""
+    """Where DCP's metadata finds an item: the commit and the item's blob and shape
+    (and, for a tensor of a plain commit, its element offset into a shared blob)."""
 
     commit: str
     blob: int
     shape: tuple[int, ...]
+    offset: int = 0
 
 
 def _properties(entry: Mapping[str, Any]) -> TensorProperties:
@@ -439,13 +441,36 @@ def _properties(entry: Mapping[str, Any]) -> TensorProperties:
     )
 
 
+def plain_metadata(commit: Commit, snapshot: Snapshot, root: Any) -> Metadata:
+    """DCP's Metadata of a commit ``Writer`` did not make (a state dict, an HF folder's
+    tensors): each tensor one whole chunk under its flattened path, so that DCP's
+    planner reshards it (``dcp.load`` at any world size, each rank reading its byte
+    ranges). Non-tensor leaves are not offered; a tensor that is a strided view of a
+    shared buffer cannot be read by ranges and is refused."""
+    state_dict_metadata: dict[str, Any] = {}
+    storage: dict[MetadataIndex, _Stored] = {}
+    for path, leaf in state_mod.flatten(root).items():
+        if not isinstance(leaf, TensorInfo):
+            continue
+        if leaf.stride is not None and tuple(leaf.stride) != _contiguous_strides(leaf.shape):
+            raise InvalidInputError(f"{path!r} of commit {commit.id[:12]} is a strided view: DCP cannot read it")
+        offsets = torch.Size([0] * len(leaf.shape))
+        properties = TensorProperties(
+            dtype=state_mod.torch_dtype(snapshot.blobs[leaf.blob].dtype), requires_grad=leaf.requires_grad
+        )
+        chunk = ChunkStorageMetadata(offsets=offsets, sizes=torch.Size(leaf.shape))
+        state_dict_metadata[path] = TensorStorageMetadata(properties, torch.Size(leaf.shape), [chunk])
+        storage[MetadataIndex(path, offsets)] = _Stored(commit.id, leaf.blob, leaf.shape, leaf.offset)
+    return Metadata(state_dict_metadata=state_dict_metadata, storage_data=storage)
+
+
 def read_dcp_metadata(core: Repository, commit: Commit) -> Metadata:
-    """DCP's Metadata rebuilt from a commit ``Writer`` made; its ``storage_data``
-    maps each item to its blob. CorruptObjectError for any other commit."""
+    """DCP's Metadata rebuilt from a commit ``Writer`` made (or, for any other commit,
+    :func:`plain_metadata`); its ``storage_data`` maps each item to its blob."""
     snapshot = core.read_snapshot(commit)
     root = state_mod.parse_snapshot(snapshot, commit.id, allow_pickle=False).build()
     if not isinstance(root, dict) or root.get("format") != FORMAT or root.get("version") != VERSION:
-        raise InvalidInputError(f"commit {commit.id[:12]} was not written by ckvc.dcp.Writer")
+        return plain_metadata(commit, snapshot, root)
     try:
         state_dict_metadata: dict[str, Any] = {}
         storage: dict[MetadataIndex, _Stored] = {}
@@ -555,8 +580,10 @@ class Reader(StorageReader):
             target = planner.resolve_tensor(req).detach()
             targets.append((req, target))
             whole = not any(req.storage_offsets) and tuple(req.lengths) == stored.shape
+            exact = stored.offset == 0 and blob.nbytes == math.prod(stored.shape) * target.element_size()
             if (
                 whole
+                and exact
                 and target.device.type == "cpu"
                 and target.is_contiguous()
                 and state_mod.dtype_name(target.dtype) == blob.dtype
@@ -570,7 +597,7 @@ class Reader(StorageReader):
                 )
                 continue
             strides = _contiguous_strides(stored.shape)
-            offset = sum(o * s for o, s in zip(req.storage_offsets, strides, strict=True))
+            offset = stored.offset + sum(o * s for o, s in zip(req.storage_offsets, strides, strict=True))
             region = TensorInfo(stored.blob, tuple(req.lengths), strides, offset, state_mod.KIND_TENSOR, "cpu", False)
             staged.append((req, region, target))
         reads = direct + loader.plan(info for _, info, _ in staged)

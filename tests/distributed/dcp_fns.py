@@ -159,3 +159,12 @@ def save_and_wait_for_hooks(rank: int, world: int, repo_dir: str, seed: int) -> 
     saved = save_dtensors(rank, world, repo_dir, seed)
     wait_for_hooks()
     return saved
+
+
+def load_plain_into_dtensors(rank: int, world: int, repo_dir: str, rev: str, seed: int) -> dict[str, Any]:
+    """A plain commit (not a DCP save: a state dict, an HF folder's tensors) loaded
+    into DTensors at this world size through ckvc.dcp.Reader: each rank its rows."""
+    state = dtensor_state(world, seed, empty=True)["model"]
+    dcp.load({"model": state}, storage_reader=ckvc.dcp.Reader(repo_dir, rev))  # the commit's paths: model.*
+    local_rows = {k: int(v.to_local().shape[0]) for k, v in state.items()}
+    return {"model": describe_state({k: v.full_tensor() for k, v in state.items()}), "local_rows": local_rows}

@@ -134,8 +134,11 @@ def test_refusals(tmp_path: Path) -> None:
     repo_dir = _init(tmp_path)
     with ckvc.Repo.open(repo_dir) as repo:
         plain = repo.commit({"w": torch.ones(3)})
-        with pytest.raises(CheckpointException, match=r"not written by ckvc\.dcp\.Writer"):
-            dcp.load({"w": torch.zeros(3)}, storage_reader=ckvc.dcp.Reader(repo, plain), no_dist=True)
+        loaded = {"w": torch.zeros(3)}  # a plain commit reads too (each tensor one whole chunk)
+        dcp.load(loaded, storage_reader=ckvc.dcp.Reader(repo, plain), no_dist=True)
+        assert torch.equal(loaded["w"], torch.ones(3))
+        with pytest.raises(CheckpointException, match="Missing key"):
+            dcp.load({"v": torch.zeros(3)}, storage_reader=ckvc.dcp.Reader(repo, plain), no_dist=True)
         with pytest.raises(InvalidInputError, match="pass branch="):
             dcp.save({"w": torch.ones(3)}, checkpoint_id="x", storage_writer=ckvc.dcp.Writer(repo), no_dist=True)
         with pytest.raises(InvalidInputError, match="use_collectives=False"):
@@ -224,3 +227,24 @@ def test_another_writer_moving_the_branch_during_a_save(tmp_path: Path, on_confl
                 dcp.save(_state(5), storage_writer=writer, no_dist=True)
             assert "on_conflict='retry'" in str(info.value)
             assert [c.id for c in repo.log("main")] == [interloper[0], first]
+
+
+def test_a_plain_commit_loads_into_dtensors_at_world_size_2(tmp_path: Path) -> None:
+    """Any commit, not only a DCP save (here a plain state dict, as an HF folder's
+    tensors are), loads through ckvc.dcp.Reader into DTensors sharded over 2 gloo
+    ranks, bit-exact, each rank holding its own rows; and with no_dist at world size 1,
+    views of a shared buffer included."""
+    repo_dir = tmp_path / "repo"
+    full = dcp_fns.full_tensors(5)
+    with ckvc.Repo.init(repo_dir) as repo:
+        commit_id = repo.commit({"model": full, "step": 3}, "a plain state dict")
+    results = run_world(2, dcp_fns.load_plain_into_dtensors, (str(repo_dir), commit_id, 5))
+    for r in results:
+        assert r["model"] == describe_state(full)
+    assert [r["local_rows"]["sharded"] for r in results] == [5, 5]
+    shared = torch.arange(20.0)
+    with ckvc.Repo.open(repo_dir) as repo:
+        views = repo.commit({"head": shared[:5], "tail": shared[12:], "all": shared}, "views of one buffer")
+        target = {"head": torch.empty(5), "tail": torch.empty(8), "all": torch.empty(20)}
+        dcp.load(target, storage_reader=ckvc.dcp.Reader(repo, views), no_dist=True)
+        assert torch.equal(target["tail"], shared[12:]) and torch.equal(target["head"], shared[:5])
