@@ -30,6 +30,7 @@ import dataclasses
 import io
 import math
 import os
+import re
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -449,9 +450,14 @@ def plain_metadata(commit: Commit, snapshot: Snapshot, root: Any) -> Metadata:
     shared buffer cannot be read by ranges and is refused."""
     state_dict_metadata: dict[str, Any] = {}
     storage: dict[MetadataIndex, _Stored] = {}
-    for path, leaf in state_mod.flatten(root).items():
-        if not isinstance(leaf, TensorInfo):
-            continue
+    leaves = {p: leaf for p, leaf in state_mod.flatten(root).items() if isinstance(leaf, TensorInfo)}
+    # A committed model folder (an HF checkpoint): its tensors under their names in the
+    # weight files, without the file's name ("model-00001-of-00002.safetensors."), as
+    # the model's state dict names them, unless two files hold the same name.
+    inner = {re.sub(r"^(?:[^/]*/)*[^/]*?\.safetensors\.", "", p): p for p in leaves}
+    if commit.metadata.get("ckvc.source") == "directory" and len(inner) == len(leaves):
+        leaves = {name: leaves[p] for name, p in inner.items()}
+    for path, leaf in leaves.items():
         if leaf.stride is not None and tuple(leaf.stride) != _contiguous_strides(leaf.shape):
             raise InvalidInputError(f"{path!r} of commit {commit.id[:12]} is a strided view: DCP cannot read it")
         offsets = torch.Size([0] * len(leaf.shape))

@@ -168,3 +168,12 @@ def load_plain_into_dtensors(rank: int, world: int, repo_dir: str, rev: str, see
     dcp.load({"model": state}, storage_reader=ckvc.dcp.Reader(repo_dir, rev))  # the commit's paths: model.*
     local_rows = {k: int(v.to_local().shape[0]) for k, v in state.items()}
     return {"model": describe_state({k: v.full_tensor() for k, v in state.items()}), "local_rows": local_rows}
+
+
+def load_named_into_dtensors(rank: int, world: int, repo_dir: str, rev: str, shapes: dict[str, list[int]]) -> Any:
+    """Tensors of the given names and shapes (float32) loaded into DTensors sharded by
+    rows over this world, through ckvc.dcp.Reader; their full values described."""
+    mesh = init_device_mesh("cpu", (world,))
+    state = {k: distribute_tensor(torch.zeros(shape), mesh, [Shard(0)]) for k, shape in shapes.items()}
+    dcp.load(state, storage_reader=ckvc.dcp.Reader(repo_dir, rev))
+    return describe_state({k: v.full_tensor() for k, v in state.items()})

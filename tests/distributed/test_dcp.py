@@ -248,3 +248,27 @@ def test_a_plain_commit_loads_into_dtensors_at_world_size_2(tmp_path: Path) -> N
         target = {"head": torch.empty(5), "tail": torch.empty(8), "all": torch.empty(20)}
         dcp.load(target, storage_reader=ckvc.dcp.Reader(repo, views), no_dist=True)
         assert torch.equal(target["tail"], shared[12:]) and torch.equal(target["head"], shared[:5])
+
+
+def test_a_committed_hf_folder_loads_into_dtensors_at_world_size_2(tmp_path: Path) -> None:
+    """A Hugging Face model folder (sharded safetensors, as save_pretrained writes it)
+    committed with `ckvc commit`, loaded through ckvc.dcp.Reader into DTensors over 2
+    gloo ranks under the model's own names, bit-exact."""
+    transformers = pytest.importorskip("transformers")
+    config = transformers.LlamaConfig(
+        vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_attention_heads=2,
+        num_key_value_heads=1, max_position_embeddings=32,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(config)
+    model.save_pretrained(tmp_path / "hf", max_shard_size="8KB", safe_serialization=True)
+    assert len(list((tmp_path / "hf").glob("model-*.safetensors"))) > 1
+    repo_dir = _init(tmp_path)
+    assert run(repo_dir, "commit", str(tmp_path / "hf"), "-m", "hf folder").exit_code == 0
+    with ckvc.Repo.open(repo_dir) as repo:
+        rev = repo.resolve("HEAD")
+    state = {k: v for k, v in model.state_dict().items() if k != "lm_head.weight" or not config.tie_word_embeddings}
+    shapes = {k: list(v.shape) for k, v in state.items()}
+    results = run_world(2, dcp_fns.load_named_into_dtensors, (str(repo_dir), rev, shapes))
+    expected = describe_state(state)
+    assert all(r == expected for r in results)
