@@ -177,3 +177,41 @@ def load_named_into_dtensors(rank: int, world: int, repo_dir: str, rev: str, sha
     state = {k: distribute_tensor(torch.zeros(shape), mesh, [Shard(0)]) for k, shape in shapes.items()}
     dcp.load(state, storage_reader=ckvc.dcp.Reader(repo_dir, rev))
     return describe_state({k: v.full_tensor() for k, v in state.items()})
+
+
+TINY_LLAMA = {
+    "vocab_size": 64, "hidden_size": 16, "intermediate_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2,
+    "num_key_value_heads": 1, "max_position_embeddings": 32,
+}  # fmt: skip
+
+
+def train_llama_fsdp2(rank: int, world: int, repo_dir: str, config_dir: str) -> dict[str, Any]:
+    """A tiny Llama (from its config) trained 3 steps with FSDP2 over this world, saved
+    through ckvc.dcp.Writer; rank 0 reports its logits on a fixed input (a collective
+    forward: every rank runs it)."""
+    import transformers
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+    from torch.distributed.fsdp import fully_shard
+
+    config = transformers.LlamaConfig(**TINY_LLAMA)
+    if rank == 0:
+        config.save_pretrained(config_dir)
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(config)
+    mesh = init_device_mesh("cpu", (world,))
+    for layer in model.model.layers:
+        fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    g = torch.Generator().manual_seed(rank)
+    for _ in range(3):
+        ids = torch.randint(0, 64, (2, 12), generator=g)
+        model(ids, labels=ids).loss.backward()
+        opt.step()
+        opt.zero_grad()
+    model_sd, optim_sd = get_state_dict(model, opt)
+    saved = dcp.save({"model": model_sd, "optim": optim_sd}, storage_writer=ckvc.dcp.Writer(repo_dir, message="fsdp2"))
+    assert saved.storage_meta is not None
+    with torch.no_grad():
+        logits = model(torch.arange(12).unsqueeze(0)).logits
+    return {"id": saved.storage_meta.checkpoint_id, "logits": logits.tolist() if rank == 0 else None}

@@ -272,3 +272,22 @@ def test_a_committed_hf_folder_loads_into_dtensors_at_world_size_2(tmp_path: Pat
     results = run_world(2, dcp_fns.load_named_into_dtensors, (str(repo_dir), rev, shapes))
     expected = describe_state(state)
     assert all(r == expected for r in results)
+
+
+def test_fsdp2_training_at_world_size_2_exports_to_a_loadable_hf_folder(tmp_path: Path) -> None:
+    """A tiny Llama trained with FSDP2 over 2 gloo ranks and saved through
+    ckvc.dcp.Writer; export --format hf; transformers loads the folder and gives the
+    trained model's logits."""
+    transformers = pytest.importorskip("transformers")
+    from ckvc.integrations.hf_export import export_hf
+
+    repo_dir = _init(tmp_path)
+    results = run_world(2, dcp_fns.train_llama_fsdp2, (str(repo_dir), str(tmp_path / "cfg")))
+    out = tmp_path / "hf"
+    with ckvc.Repo.open(repo_dir) as repo:
+        export_hf(repo, results[0]["id"], out, max_shard_bytes=16 << 10, config_from=tmp_path / "cfg")
+    assert len(list(out.glob("model-*.safetensors"))) > 1
+    loaded = transformers.AutoModelForCausalLM.from_pretrained(out).eval()
+    with torch.no_grad():
+        got = loaded(torch.arange(12).unsqueeze(0)).logits
+    assert torch.allclose(got, torch.tensor(results[0]["logits"]), rtol=0, atol=1e-6)
