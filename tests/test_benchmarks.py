@@ -43,6 +43,7 @@ RUNS = {
     "s3-client": ("s3_client.py --size-mib 1 --rounds 1 --small 2 --ranged-mib 1", "conditional writes on moto:"),
     "hybrid": ("hybrid.py --sections policy --ops 4 --seeds 1 --dir {tmp}", "chosen lru vs lru"),
     "signing": ("signing.py --size-mb 8 --rounds 1 --dir {tmp}", "signed/plain"),
+    "hf-export": ("hf_export.py --size-mb 80 --shard-mb 32 --dir {tmp}", "peak RSS above the interpreter"),
     # a directory remote, and moto where it is installed (else the script says "S3 left out")
     "remote": (
         "remote.py --history synthetic --epochs 2 --size-mb 2 --rounds 1 --dir {tmp}",
