@@ -93,6 +93,7 @@ def test_a_malformed_file_is_stored_with_a_warning_and_refused_with_strict(tmp_p
     reason = warning.split("byte for byte: ", 1)[1]
     with ckvc.Repo.open(tmp_path / "r") as repo:  # show, log and the web UI show it with the commit
         assert repo.read_commit(repo.resolve("HEAD")).metadata["ckvc.stored_as_bytes"] == {name: reason}
+    assert f"NOT PARSED, stored as bytes: {name}: {reason}" in run(tmp_path / "r", "show", "--no-data").stdout
     out = tmp_path / f"out-{name}"
     assert run(tmp_path / "r", "export", "HEAD", str(out)).exit_code == 0
     assert out.read_bytes() == data  # byte for byte

@@ -247,6 +247,10 @@ def show(obj: Context, rev: str, no_data: bool, as_json: bool) -> None:
         click.echo(_note_line(note))
     if c.metadata:
         click.echo("Metadata: " + " ".join(f"{k}={_meta_text(v)}" for k, v in c.metadata.items()))
+    unparsed = c.metadata.get("ckvc.stored_as_bytes")  # ckvc.formats.folder.UNPARSED_KEY
+    if isinstance(unparsed, dict):
+        for name, why in unparsed.items():
+            click.echo(f"NOT PARSED, stored as bytes: {name}: {why}")
     click.echo(f"\n    {c.message or '(no message)'}\n")
     what = f"{info.blobs} blobs" if no_data else f"{len(info.tensors)} tensors"
     click.echo(f"{what}, {human_bytes(info.logical_bytes)} logical, {human_bytes(info.stored_bytes)} stored")
