@@ -4,7 +4,8 @@ the errors of reading and writing files, and a part's raw bytes."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import re
+from collections.abc import Callable, Iterable
 from typing import Any, Literal
 
 import numpy as np
@@ -121,3 +122,12 @@ def contents(state: Any) -> Any:
     if isinstance(state, dict) and any(isinstance(v, StoredFile) for v in state.values()):
         return {k: contents(v) for k, v in state.items()}
     return state
+
+
+def names_in_weight_files(paths: Iterable[str]) -> dict[str, str] | None:
+    """A committed model folder's tensor paths ("sub/model-00001-of-00002.safetensors.w")
+    by their names inside the weight files ("w"), as the model's state dict names them;
+    None when two files hold the same name."""
+    listed = list(paths)
+    inner = {re.sub(r"^(?:[^/]*/)*[^/]*?\.safetensors\.", "", p): p for p in listed}
+    return inner if len(inner) == len(listed) else None

@@ -30,7 +30,6 @@ import dataclasses
 import io
 import math
 import os
-import re
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -64,6 +63,7 @@ from ckvc import state as state_mod
 from ckvc.config import FILES_VERSION
 from ckvc.core import Repository
 from ckvc.errors import CkvcError, CorruptObjectError, InvalidInputError, ObjectNotFoundError
+from ckvc.formats.layout import DIRECTORY_SOURCE, names_in_weight_files
 from ckvc.integrations import DCP_METADATA_KEY
 from ckvc.objects import Blob, Commit, Snapshot
 from ckvc.refs import branch_ref
@@ -450,12 +450,15 @@ def plain_metadata(commit: Commit, snapshot: Snapshot, root: Any) -> Metadata:
     shared buffer cannot be read by ranges and is refused."""
     state_dict_metadata: dict[str, Any] = {}
     storage: dict[MetadataIndex, _Stored] = {}
-    leaves = {p: leaf for p, leaf in state_mod.flatten(root).items() if isinstance(leaf, TensorInfo)}
+    leaves = {
+        p: leaf
+        for p, leaf in state_mod.flatten(root).items()
+        if isinstance(leaf, TensorInfo) and leaf.kind != state_mod.KIND_NUMPY  # numpy arrays: not torch tensors
+    }
     # A committed model folder (an HF checkpoint): its tensors under their names in the
-    # weight files, without the file's name ("model-00001-of-00002.safetensors."), as
-    # the model's state dict names them, unless two files hold the same name.
-    inner = {re.sub(r"^(?:[^/]*/)*[^/]*?\.safetensors\.", "", p): p for p in leaves}
-    if commit.metadata.get("ckvc.source") == "directory" and len(inner) == len(leaves):
+    # weight files, as the model's state dict names them.
+    inner = names_in_weight_files(leaves) if commit.metadata.get("ckvc.source") == DIRECTORY_SOURCE else None
+    if inner is not None:
         leaves = {name: leaves[p] for name, p in inner.items()}
     for path, leaf in leaves.items():
         if leaf.stride is not None and tuple(leaf.stride) != _contiguous_strides(leaf.shape):
@@ -656,6 +659,8 @@ def export_dcp(repo: Repo | str | os.PathLike[str], rev: str, directory: str | o
         raise InvalidInputError(f"{target} exists and is not an empty directory")
     core = _RepoHandle(repo).core
     commit = graph.readable_commit(core, rev)
+    if METADATA_KEY not in commit.metadata:  # a plain commit's tensors may be views a DCP directory cannot hold
+        raise InvalidInputError(f"commit {commit.id[:12]} was not written by ckvc.dcp.Writer: export it otherwise")
     metadata = read_dcp_metadata(core, commit)
     items: list[WriteItem] = []
     for fqn, md in metadata.state_dict_metadata.items():

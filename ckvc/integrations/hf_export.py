@@ -7,7 +7,9 @@ state dict or a DCP commit (``ckvc.dcp.Writer``: each tensor reassembled whole f
 its shards by DCP's own planner, reading only the shard's tensors). Streaming: one
 output shard's tensors are in memory at a time. Names: a state holding a "model"
 entry beside others (optimizer, step) exports the model's tensors with the "model."
-prefix removed; ``fqn_map`` renames (or drops, returning None) any name. Config
+prefix removed (a state dict of the model itself keeps its names, and a committed
+model folder its tensors' names inside the weight files); ``fqn_map`` renames (or
+drops, returning None) any name. Config
 files come from ``config_from`` (a folder: its ``*.json`` and tokenizer files, or a
 file), as a training run keeps them beside its checkpoints. The same commit exported
 twice gives the same bytes.
@@ -45,18 +47,20 @@ class Planned:
     nbytes: int
 
 
-def default_names(paths: list[str]) -> Callable[[str], str | None]:
-    """The standard mapping: with a top-level "model" beside other entries, the model's
-    tensors without the "model." prefix (the rest dropped); else every name as it is."""
-    if any(p.startswith("model.") for p in paths) and not all(p.startswith("model.") for p in paths):
-        return lambda p: p[len("model.") :] if p.startswith("model.") else None
-    if paths and all(p.startswith("model.") for p in paths):
-        return lambda p: p[len("model.") :]
-    return lambda p: p
+def _under_model(nested: bool) -> Callable[[str], str | None]:
+    """The standard mapping: a state holding its model as a "model" entry (beside an
+    optimizer, a step) exports the model's tensors without the "model." prefix, the
+    rest dropped; a state dict of the model itself keeps its names."""
+    if not nested:
+        return lambda p: p
+    return lambda p: p[len("model.") :] if p.startswith("model.") else None
 
 
-def _tensors_of(repo: Repo, commit_id: str) -> tuple[list[tuple[str, int]], bool]:
-    """(source name, byte size) of every tensor, and whether the commit is a DCP save."""
+def _tensors_of(repo: Repo, commit_id: str) -> tuple[list[tuple[str, int]], bool, Callable[[str], str | None]]:
+    """(source name, byte size) of every tensor, whether the commit is a DCP save, and
+    the names they take by default."""
+    from ckvc import state as state_mod
+    from ckvc.formats.layout import DIRECTORY_SOURCE, names_in_weight_files
     from ckvc.integrations import DCP_METADATA_KEY
 
     commit = repo.read_commit(commit_id)
@@ -73,9 +77,18 @@ def _tensors_of(repo: Repo, commit_id: str) -> tuple[list[tuple[str, int]], bool
                 for d in md.size:
                     numel *= int(d)
                 out.append((fqn, numel * md.properties.dtype.itemsize))
-        return sorted(out), True
+        paths = metadata.planner_data if isinstance(metadata.planner_data, dict) else {}
+        nested = any(len(path) > 1 and path[0] == "model" for path in paths.values())  # DCP's fqn -> object path
+        return sorted(out), True, _under_model(nested)
     view = repo.view(commit_id)
-    return sorted((p, view.info(p).nbytes) for p in view), False
+    tensors = sorted((p, view.info(p).nbytes) for p in view)
+    if commit.metadata.get("ckvc.source") == DIRECTORY_SOURCE:  # a committed model folder
+        inner = names_in_weight_files(p for p, _ in tensors)
+        if inner is not None:
+            back = {path: name for name, path in inner.items()}
+            return tensors, False, back.get
+    root = state_mod.parse_snapshot(repo.read_snapshot(commit), commit.id, allow_pickle=False).build()
+    return tensors, False, _under_model(isinstance(root, dict) and isinstance(root.get("model"), dict))
 
 
 def plan_shards(
@@ -112,7 +125,15 @@ def plan_shards(
 def _load_shard(repo: Repo, commit_id: str, shard: list[Planned], dcp: bool) -> dict[str, torch.Tensor]:
     if not dcp:
         flat = repo.load(commit_id, "cpu", keys=[p.source for p in shard])
-        return {p.name: flat[p.source].contiguous() for p in shard}
+        out: dict[str, torch.Tensor] = {}
+        storages: set[int] = set()
+        for p in shard:
+            tensor = flat[p.source].contiguous()
+            where = tensor.untyped_storage().data_ptr()
+            # tied weights share storage, which safetensors refuses: each gets its own copy
+            out[p.name] = tensor.clone() if where in storages and tensor.numel() else tensor
+            storages.add(where)
+        return out
     import torch
     from torch.distributed.checkpoint import load as dcp_load
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
@@ -162,8 +183,8 @@ def export_hf(
         raise OutputPathError(f"{target} exists and is not an empty folder")
     if not target.parent.is_dir():
         raise OutputPathError(f"{target.parent} is not a folder")
-    tensors, dcp = _tensors_of(repo, commit.id)
-    rename = fqn_map or default_names([name for name, _ in tensors])
+    tensors, dcp, default = _tensors_of(repo, commit.id)
+    rename = fqn_map or default
     shards = plan_shards(tensors, rename, max_shard_bytes)
     carried = list(_carried_files(Path(config_from) if config_from is not None else None))
     total = sum(p.nbytes for shard in shards for p in shard)

@@ -189,7 +189,18 @@ def copy_sidecars(source: Backend, target: Backend, wanted: Callable[[str], bool
     """The signatures and notes (ckvc.sidecars) ``source`` holds and ``target`` lacks, for
     the objects ``wanted`` accepts: push sends them before it moves a ref, fetch takes
     them before it moves one, so a ref never names a commit whose records lag."""
-    from ckvc import notes, signing
+    from ckvc import notes, sidecars, signing
 
-    signing.copy_signatures(signing.SignatureStore(source), signing.SignatureStore(target), wanted)
     notes.copy_notes(source, target, wanted)
+    noted: set[str] | None = None
+
+    def signed(oid: str) -> bool:  # an object there, or a note there (a note's signature names its id)
+        nonlocal noted
+        if wanted(oid):
+            return True
+        if noted is None:
+            listing = sidecars.by_object(target, notes.NOTES).values()
+            noted = {key.rpartition("/")[2].removesuffix(sidecars.SUFFIX) for keys in listing for key in keys}
+        return oid in noted
+
+    signing.copy_signatures(signing.SignatureStore(source), signing.SignatureStore(target), signed)

@@ -99,3 +99,27 @@ def test_names_mapped_and_checked(tmp_path: Path) -> None:
     with pytest.raises(OutputPathError, match="not an empty folder"):
         export_hf(repo, "HEAD", busy)
     assert run(repo.path, "export", "HEAD", "o.pt", "--max-shard-size", "1MiB").exit_code == 14
+
+
+def test_flat_state_dict_tied_weights_and_a_committed_folder(tmp_path: Path) -> None:
+    """The model's own state dict (names "model.*" and "lm_head.weight") keeps every name;
+    tied embeddings (one storage for two names) export; a committed HF folder exports
+    under its tensors' own names."""
+    model = tiny_llama()
+    model.config.tie_word_embeddings = True
+    model.tie_weights()
+    model.config.save_pretrained(tmp_path / "cfg")
+    repo = ckvc.Repo.init(tmp_path / "r")
+    repo.commit(dict(model.state_dict()), "the model's own state dict")
+    out = tmp_path / "flat"
+    export_hf(repo, "HEAD", out, config_from=tmp_path / "cfg")
+    from safetensors.torch import load_file
+
+    names = set(load_file(out / "model.safetensors"))
+    assert names == set(model.state_dict()) and "lm_head.weight" in names
+    assert torch.equal(logits(transformers.AutoModelForCausalLM.from_pretrained(out).eval()), logits(model))
+    model.save_pretrained(tmp_path / "folder", max_shard_size="20KB")
+    assert run(repo.path, "commit", str(tmp_path / "folder"), "-m", "folder").exit_code == 0
+    again = tmp_path / "from-folder"
+    export_hf(repo, "HEAD", again, config_from=tmp_path / "folder")
+    assert torch.equal(logits(transformers.AutoModelForCausalLM.from_pretrained(again).eval()), logits(model))
