@@ -155,3 +155,19 @@ def test_cli_note_log_and_show(tmp_path: Path) -> None:
     bad = run(root, "note", "HEAD", "--metric", "x=high")
     assert bad.exit_code == 14 and "not a number" in bad.output
     assert os.listdir(root / ".ckvc" / "notes" / cid)  # one record
+
+
+def test_signed_notes_count_after_a_clone_under_require_signatures(make_repo: Any, tmp_path: Path, url: str) -> None:
+    """A note's signature names the note's id, not a stored object: push and clone carry
+    it with the note, so a clone that requires signatures still counts the note."""
+    repo = make_repo()
+    (cid,) = history(repo, [0.9])
+    key = signing.generate_key(tmp_path / "k")
+    signing.set_trust(repo.core, "sign_key", str(key.path))
+    repo.sign(cid)
+    noted = repo.note(cid, metrics={"val_loss": 0.2}, sign=True)
+    repo.remotes.add("origin", url)
+    repo.push()
+    clone = ckvc.Repo.clone(url, tmp_path / "c", trusted_keys=str(key.path) + ".pub", require_signatures=True)
+    assert clone.notes(cid) == [noted]
+    clone.close()
