@@ -49,7 +49,18 @@ class ScrubState:
             raise InvalidInputError(f"{path} is not readable JSON ({exc}); delete it to start a new cycle") from None
         if not isinstance(data, dict) or set(data) - set(cls.__dataclass_fields__):
             raise InvalidInputError(f"{path} is not a scrub record; delete it to start a new cycle")
-        return cls(**data)
+        state = cls(**data)
+        maps = (state.verified, state.last_verified, state.damage)
+        if (
+            any(not isinstance(m, dict) for m in maps)
+            or not all(isinstance(v, int) for m in maps[:2] for v in m.values())
+            or not all(isinstance(v, str) for v in state.damage.values())
+            or not isinstance(state.cycle, int) or not isinstance(state.cycle_started_ns, int)
+            or not isinstance(state.cycle_bytes, int)
+            or not (state.last_complete is None or isinstance(state.last_complete, dict))
+        ):  # fmt: skip
+            raise InvalidInputError(f"{path} is not a scrub record; delete it to start a new cycle")
+        return state
 
     def save(self, path: Path) -> None:
         write_atomic(path, (json.dumps(asdict(self), sort_keys=True, indent=1) + "\n").encode())
@@ -136,7 +147,10 @@ def scrub(
             break
         if max_seconds is not None and clock() - started >= max_seconds:
             break
-        count, problem = _verify_pack(store, name)
+        with store.pin():  # a gc cannot delete the pack while it is read
+            count, problem = _verify_pack(store, name)
+            if problem is not None and store.pack_info(name) is None:
+                continue  # gone before the pin: a gc took it, nothing was damaged
         when = now_ns()
         state.verified[name] = state.last_verified[name] = when
         size = sizes.get(name, 0)

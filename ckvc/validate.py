@@ -70,7 +70,11 @@ def as_metrics(result: Any, metric: str | None) -> dict[str, float]:
         return {metric: out[metric]} if metric is not None and metric in out else out
     if isinstance(result, bool) or not isinstance(result, int | float):
         if hasattr(result, "item"):  # a 0-d tensor or numpy scalar
-            return as_metrics(result.item(), metric)
+            try:
+                number = result.item()
+            except (ValueError, RuntimeError) as exc:
+                raise EvaluationFailedError(f"the evaluation returned {type(result).__name__}: {exc}") from None
+            return as_metrics(number, metric)
         raise EvaluationFailedError(f"the evaluation returned {type(result).__name__}; expected a number or a dict")
     if metric is None:
         raise InvalidInputError("the evaluation returned one number: name the metric it measures (--metric NAME)")
@@ -188,10 +192,14 @@ def _evaluate_in_subprocess(core: Repository, commit_id: str, target: str, metri
     done = subprocess.run(args, capture_output=True, text=True, check=False, cwd=os.getcwd())
     for line in reversed(done.stdout.splitlines()):
         if line.startswith(RESULT_MARK):
-            payload = json.loads(line[len(RESULT_MARK) :])
-            if "error" in payload:
-                raise EvaluationFailedError(payload["error"])
-            return {k: float(v) for k, v in payload["metrics"].items()}
+            try:
+                payload = json.loads(line[len(RESULT_MARK) :])
+                if "error" in payload:
+                    raise EvaluationFailedError(payload["error"])
+                return {str(k): float(v) for k, v in payload["metrics"].items()}
+            except (ValueError, TypeError, AttributeError, KeyError):
+                malformed = f"the evaluation process printed a malformed result: {line[:200]}"
+                raise EvaluationFailedError(malformed) from None
     tail = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["no output"]
     raise EvaluationFailedError(f"the evaluation process ended with status {done.returncode}: {tail[0]}")
 

@@ -155,9 +155,12 @@ class ExportVerification:
 
 def _hash_file(path: Path) -> str:
     h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while piece := f.read(HASH_PIECE):
-            h.update(piece)
+    try:
+        with open(path, "rb") as f:
+            while piece := f.read(HASH_PIECE):
+                h.update(piece)
+    except OSError as exc:
+        raise InvalidInputError(f"cannot read {path}: {exc.strerror or exc}") from None
     return h.hexdigest()
 
 
@@ -195,6 +198,9 @@ def verify_folder(path: Path, bundle_path: Path, public: PublicKey) -> ExportVer
         for root, dirs, names in os.walk(path):
             rel_root = os.path.relpath(root, path)
             dirs[:] = [d for d in dirs if os.path.normpath(os.path.join(rel_root, d)) not in ignored]
+            for d in dirs:
+                if Path(root, d).is_symlink():  # os.walk does not enter it: it would go unchecked
+                    raise SignatureError(f"{Path(root, d)} is a symlink; the bundle allows none")
             for name in names:
                 rel = os.path.normpath(os.path.join(rel_root, name))
                 if rel in ignored:
