@@ -14,7 +14,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from typing import TYPE_CHECKING, Any
 
-from ckvc import graph
+from ckvc import graph, signing
 from ckvc.codecs import CODEC_NAMES
 from ckvc.core import Repository
 from ckvc.objects import Commit, Snapshot
@@ -628,6 +628,9 @@ def diff(core: Repository, a: str, b: str, paths: Sequence[str] = (), *, data: b
     ca, cb = core.read_commit(a), core.read_commit(b)
     graph.check_not_pruned(core, ca.id)
     graph.check_not_pruned(core, cb.id)
+    if data:  # tensor values are compared: read as every read is, under require_signatures
+        signing.require_signed(core, ca.id)
+        signing.require_signed(core, cb.id)
     sa, sb = core.read_snapshot(ca), core.read_snapshot(cb)
     la = state_mod.flatten(state_mod.parse_snapshot(sa, ca.id, allow_pickle=None).build())
     lb = state_mod.flatten(state_mod.parse_snapshot(sb, cb.id, allow_pickle=None).build())

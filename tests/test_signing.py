@@ -278,6 +278,9 @@ def test_require_signatures_refuses_every_read_path_before_reading(signed: Any, 
             read()
         assert reads == [], f"{name} read objects before refusing"
     assert repo.head() == head and not (tmp_path / "x.pt").exists()
+    with pytest.raises(SignatureError):
+        repo.diff(good, bad)  # compares tensor values: a read too
+    assert repo.diff(good, bad, data=False).changed  # --stat reads no tensor byte
     assert_state_equal(repo.load(good), state(1))  # the signed one reads
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")

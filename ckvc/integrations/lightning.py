@@ -80,7 +80,29 @@ def _file_io(packages: tuple[str, ...]) -> Any:
     return importlib.import_module(PACKAGES[packages[0]][0]).TorchCheckpointIO()
 
 
-_classes: dict[tuple[str, ...], type] = {}
+_classes: dict[tuple[type, tuple[str, ...]], type] = {}
+_SEPARATOR = "__"  # CkvcCheckpointIO__lightning__pytorch_lightning: the packages, by name
+
+
+def _made(cls: type, packages: tuple[str, ...]) -> type:
+    """``cls`` with the CheckpointIO and Callback of ``packages`` (one class per pair)."""
+    made = _classes.get((cls, packages))
+    if made is None:
+        name = _SEPARATOR.join((cls.__name__, *packages))
+        made = type(name, (cls, *_bases(packages)), {"_packages": packages, "__module__": cls.__module__})
+        made.__qualname__ = name
+        _classes[(cls, packages)] = made
+    return made
+
+
+def __getattr__(name: str) -> Any:
+    """The made classes by name (a pickled plugin unpickled in a fresh process, e.g.
+    ddp_spawn's workers, finds its class here)."""
+    base, _, rest = name.partition(_SEPARATOR)
+    packages = tuple(rest.split(_SEPARATOR)) if rest else ()
+    if base == "CkvcCheckpointIO" and packages and all(p in PACKAGES for p in packages):
+        return _made(CkvcCheckpointIO, packages)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 class CkvcCheckpointIO:
@@ -108,15 +130,9 @@ class CkvcCheckpointIO:
     _packages: tuple[str, ...] = ()
 
     def __new__(cls, *args: Any, package: str | None = None, **kwargs: Any) -> CkvcCheckpointIO:
-        if cls._packages:  # a subclass made below
+        if cls._packages:  # a class made by _made (or a subclass of one)
             return super().__new__(cls)
-        packages = lightning_packages(package)
-        made = _classes.get(packages)
-        if made is None:
-            name = "CkvcCheckpointIO_" + "_".join(packages)
-            made = type(name, (cls, *_bases(packages)), {"_packages": packages, "__module__": __name__})
-            globals()[name] = _classes[packages] = made  # pickle finds it by name
-        instance: CkvcCheckpointIO = super().__new__(made)
+        instance: CkvcCheckpointIO = super().__new__(_made(cls, lightning_packages(package)))
         return instance
 
     def __init__(

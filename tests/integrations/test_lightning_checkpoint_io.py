@@ -219,11 +219,32 @@ print("ok", type(io).__name__)
 """
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout.split()[-1] == f"CkvcCheckpointIO_{package}"
+    assert done.stdout.split()[-1] == f"CkvcCheckpointIO__{package}"
     from ckvc.integrations.lightning import CkvcCheckpointIO
 
     with pytest.raises(InvalidInputError, match="package must be one of"):
         CkvcCheckpointIO(tmp_path / "repo", package="lightning_fabric")
+
+
+def test_subclasses_and_pickling(tmp_path: Path) -> None:
+    """A user's subclass stays itself; a plugin pickles and unpickles by its made class's name."""
+    import pickle
+
+    from ckvc.integrations.lightning import CkvcCheckpointIO
+
+    class MyIO(CkvcCheckpointIO):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            self.mine = True
+
+    mine = MyIO(tmp_path / "a")
+    plain = CkvcCheckpointIO(tmp_path / "b")
+    assert isinstance(mine, MyIO) and mine.mine and not isinstance(plain, MyIO)
+    import ckvc.integrations.lightning as module
+
+    name = type(plain).__name__
+    assert getattr(module, name) is type(plain)
+    assert type(pickle.loads(pickle.dumps(plain))) is type(plain)
 
 
 def test_ckvc_paths_are_checked(tmp_path: Path) -> None:
