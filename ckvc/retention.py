@@ -136,8 +136,15 @@ def _fit_budget(repo: Repository, plan: RetentionPlan, others: list[str], pruned
         found = graph.closure(source, commit_ids, have=have.__contains__, history=False)
         return {oid: repo.store.locate(oid).record_size for oid in [*found.snapshots, *found.chunks]}
 
-    kept_now = [c for c in plan.kept if c not in pruned]
-    base = data_of(kept_now, counted)
+    # What gc keeps whatever this plan says: everything the refs reach (merged-in
+    # history, tags, branches outside the policy included), but for the commits the
+    # budget decides on and those pruned already.
+    deciding = set(others)
+    tips = list(dict.fromkeys(graph.ref_tips(repo, include_reflogs=False).values()))
+    found = graph.closure(
+        source, tips, pruned=lambda c: "decided here" if c.id in deciding or c.id in pruned else None
+    )
+    base = {oid: repo.store.locate(oid).record_size for oid in [*found.snapshots, *found.chunks]}
     counted.update(base)
     total = sum(base.values())
     if total > budget:

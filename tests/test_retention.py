@@ -613,3 +613,24 @@ def test_max_size_combines_with_other_rules_and_says_when_it_cannot(make_repo: A
     assert RetentionPolicy.from_config(policy.to_config()) == policy
     assert "max-size 50.0 GiB" in policy.describe()
     assert plan_retention(repo.core, policy).released == []  # everything fits in 50 GiB
+
+
+def test_max_size_counts_what_gc_keeps_beyond_the_first_parent_line(make_repo: Any) -> None:
+    """A merged-in commit (a second parent, on no branch) keeps its data whatever the
+    policy says: the budget counts it, and the dry run's frees still equal gc's."""
+    from ckvc.gc import collect_garbage
+
+    repo = make_repo(codec={"name": "raw"})
+    ids = _budget_repo(repo, 3)
+    repo.branch("side", ids[0])
+    repo.switch("side")
+    side = repo.commit({"side": torch.randn(64 << 10, generator=torch.Generator().manual_seed(50))}, "side work")
+    repo.switch("main")
+    repo.commit({"shared": torch.zeros(1)}, "merge", merge=[side])
+    repo.delete_branch("side")
+    plan = repo.retain(RetentionPolicy(max_size=1), dry_run=True)
+    assert plan.kept_bytes is not None and plan.kept_bytes >= 256 << 10  # the side commit's tensor is in it
+    repo.retain(RetentionPolicy(max_size=1))
+    report = collect_garbage(repo.core, now=True)
+    expected = sum(plan.frees.values())
+    assert abs(report.bytes_freed - expected) <= 0.01 * expected, (report.bytes_freed, expected)
