@@ -141,9 +141,7 @@ def _fit_budget(repo: Repository, plan: RetentionPlan, others: list[str], pruned
     # budget decides on and those pruned already.
     deciding = set(others)
     tips = list(dict.fromkeys(graph.ref_tips(repo, include_reflogs=False).values()))
-    found = graph.closure(
-        source, tips, pruned=lambda c: "decided here" if c.id in deciding or c.id in pruned else None
-    )
+    found = graph.closure(source, tips, pruned=lambda c: "decided here" if c.id in deciding or c.id in pruned else None)
     base = {oid: repo.store.locate(oid).record_size for oid in [*found.snapshots, *found.chunks]}
     counted.update(base)
     total = sum(base.values())
