@@ -36,10 +36,6 @@ NOTES = "notes"
 FORMAT_VERSION = 1
 
 
-def _canonical(data: Mapping[str, Any]) -> bytes:
-    return json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=True).encode()
-
-
 @dataclass(frozen=True)
 class Note:
     commit: str
@@ -51,7 +47,7 @@ class Note:
 
     def encode(self) -> bytes:
         return (
-            _canonical(
+            sidecars.canonical_json(
                 {
                     "author": self.author,
                     "commit": self.commit,

@@ -6,12 +6,19 @@ push and fetch carry them with :func:`copy` (docs/FORMAT.md sections 21 and 22).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import json
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from ckvc.ids import is_full_hex_id
 from ckvc.storage.backend import Backend
 
 SUFFIX = ".json"
+
+
+def canonical_json(data: Mapping[str, Any]) -> bytes:
+    """A record's bytes: keys sorted, no spaces, ASCII (FORMAT sections 21 and 22)."""
+    return json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode()
 
 
 def keys_of(backend: Backend, kind: str, object_id: str) -> list[str]:

@@ -226,10 +226,6 @@ def allowed_signers_line(key: PublicKey) -> str:
 # ---- signatures -------------------------------------------------------------------
 
 
-def _canonical(data: Mapping[str, Any]) -> bytes:
-    return json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode()
-
-
 @dataclass(frozen=True)
 class Signature:
     """One signature record (FORMAT.md section 21)."""
@@ -255,10 +251,12 @@ class Signature:
 
     def message(self) -> bytes:
         """The bytes the key signs: the domain line, then every field but the signature."""
-        return DOMAIN + _canonical(self._fields())
+        return DOMAIN + sidecars.canonical_json(self._fields())
 
     def encode(self) -> bytes:
-        return _canonical({**self._fields(), "signature": base64.b64encode(self.signature).decode()}) + b"\n"
+        return (
+            sidecars.canonical_json({**self._fields(), "signature": base64.b64encode(self.signature).decode()}) + b"\n"
+        )
 
     @property
     def id(self) -> str:

@@ -15,16 +15,11 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+# One byte formatter for the CLI and the retention plans (the CLI's commands import it from here).
+from ckvc.retention_policy import format_size as human_bytes
+
 if TYPE_CHECKING:
     from ckvc.inspect import CodecUsage
-
-
-def human_bytes(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    raise AssertionError("unreachable")
 
 
 def time_text(ns: int) -> str:
