@@ -411,7 +411,7 @@ def parameter_names(state: Any, snapshot: Snapshot) -> dict[str, str]:
     like a model, MODEL_KEYS); anything else keeps its plain path. Files inside a
     committed folder are not searched: a .safetensors file does not keep that order."""
     from ckvc.state import TORCH_DTYPES, TensorInfo
-    from ckvc.state.encode import join_path
+    from ckvc.state.parse import join_path
 
     def is_float(info: TensorInfo) -> bool:
         dtype = TORCH_DTYPES.get(snapshot.blobs[info.blob].dtype)

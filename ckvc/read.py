@@ -30,7 +30,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
-import torch
 
 from ckvc import state as state_mod
 from ckvc.chunking import BATCH_BYTES, chunk_spans, size_batches
@@ -41,6 +40,8 @@ from ckvc.objects import Blob, Commit, Snapshot
 from ckvc.state import MapLocation, TensorInfo
 
 if TYPE_CHECKING:
+    import torch
+
     from ckvc.executor import Executor
     from ckvc.storage.index import IndexEntry
     from ckvc.storage.object_store import ObjectStore
@@ -188,8 +189,11 @@ def plan(store: ObjectStore, reads: Iterable[ChunkRead]) -> list[PackReads]:
 
 
 def _scratch(read: ChunkRead) -> np.ndarray:
-    if read.pinned and torch.cuda.is_available():
-        return torch.empty(read.size, dtype=torch.uint8, pin_memory=True).numpy()
+    if read.pinned:  # only GPU destinations ask for pinned scratch, so torch is here already
+        import torch
+
+        if torch.cuda.is_available():
+            return torch.empty(read.size, dtype=torch.uint8, pin_memory=True).numpy()
     return np.empty(read.size, dtype=np.uint8)
 
 
@@ -313,18 +317,25 @@ def _run_reads(core: ReadCore, commit: Commit, reads: Sequence[ChunkRead], progr
 # ---- blobs and tensors --------------------------------------------------------
 
 
+def _allocator(arrays: bool) -> Callable[[str, int], tuple[Any, memoryview]]:
+    """How a blob's buffer is made: a torch tensor, or with ``arrays`` a NumPy array (no torch)."""
+    return state_mod.allocate_array if arrays else state_mod.allocate_blob
+
+
 def read_blobs(
-    core: ReadCore, commit: Commit, blobs: Sequence[Blob], progress: ProgressCallback | None = None
-) -> list[torch.Tensor | np.ndarray]:
+    core: ReadCore, commit: Commit, blobs: Sequence[Blob], progress: ProgressCallback | None = None,
+    *, arrays: bool = False,
+) -> list[torch.Tensor | np.ndarray]:  # fmt: skip
     """Every blob allocated whole and filled with its chunks: flat CPU buffers of
-    their dtypes. Chunks of all blobs are in flight together, so small tensors load
-    in parallel too."""
+    their dtypes (NumPy arrays with ``arrays``). Chunks of all blobs are in flight
+    together, so small tensors load in parallel too."""
     entries = [check_chunk_sizes(core.store, commit, blob) for blob in blobs]  # before anything is allocated
     bases: list[torch.Tensor | np.ndarray] = []
     reads: list[ChunkRead] = []
+    allocate = _allocator(arrays)
     for blob, located in zip(blobs, entries, strict=True):
         spans = blob_spans(blob, commit)
-        base, view = state_mod.allocate_blob(blob.dtype, blob.nbytes)
+        base, view = allocate(blob.dtype, blob.nbytes)
         bases.append(base)
         reads.extend(
             ChunkRead(blob, oid, b - a, into=view[a:b], entry=entry)
@@ -343,14 +354,22 @@ def _view_end(info: TensorInfo) -> int:
 class BlobLoader:
     """Reads what some tensor nodes need, each blob once and only the chunks that
     cover the elements asked for, and builds the tensors. Tensors of one blob
-    share its buffer, so tied weights and views come back sharing storage."""
+    share its buffer, so tied weights and views come back sharing storage.
+    ``arrays``: NumPy arrays instead of tensors, without torch (ckvc.numpy)."""
 
-    def __init__(self, core: ReadCore, commit: Commit, snapshot: Snapshot, map_location: MapLocation) -> None:
+    def __init__(
+        self, core: ReadCore, commit: Commit, snapshot: Snapshot, map_location: MapLocation, *, arrays: bool = False
+    ) -> None:
         self.core = core
         self.commit = commit
         self.snapshot = snapshot
         self._bases: dict[int, tuple[torch.Tensor | np.ndarray, int]] = {}  # blob -> (buffer, its first element)
-        self._maker = state_mod.TensorMaker(self._bases.__getitem__, map_location)
+        self._allocate = _allocator(arrays)
+        self._maker: state_mod.BlobViews = (
+            state_mod.ArrayMaker(self._bases.__getitem__)
+            if arrays
+            else state_mod.TensorMaker(self._bases.__getitem__, map_location)
+        )
 
     def blob(self, info: TensorInfo) -> Blob:
         blobs = self.snapshot.blobs
@@ -393,7 +412,7 @@ class BlobLoader:
                 start, end = spans[chunks[0]][0], spans[chunks[-1]][1]
                 entries = check_chunk_sizes(self.core.store, self.commit, blob, chunks)
             try:
-                base, view = state_mod.allocate_blob(blob.dtype, end - start)
+                base, view = self._allocate(blob.dtype, end - start)
             except CorruptObjectError as exc:
                 raise exc.with_context(commit=self.commit.id, tensor=blob.path) from None
             for i, entry in zip(chunks, entries, strict=True):
@@ -549,13 +568,14 @@ def load_leaves(
     map_location: MapLocation = None,
     progress: ProgressCallback | None = None,
     subtrees: Mapping[str, Any] | None = None,
+    arrays: bool = False,
 ) -> dict[str, Any]:
     """The selected leaves (:func:`select_leaves`) as a flat dict by path, tensors
     read together, each blob once; nothing is read when the selection is refused.
     ``subtrees`` (path -> node of the built state): loaded whole, nested, beside them."""
     selected: dict[str, Any] = {p: leaves[p] for p in select_leaves(leaves, commit, keys, prefix)}
     selected.update(subtrees or {})
-    loader = BlobLoader(core, commit, snapshot, map_location)
+    loader = BlobLoader(core, commit, snapshot, map_location, arrays=arrays)
     reads = loader.plan(info for node in selected.values() for info in infos_in(node))
     run_reads(core, commit, reads, Progress(progress, sum(r.size for r in reads)))
     return {p: fill_tree(node, loader) for p, node in selected.items()}
@@ -575,15 +595,17 @@ def load_state(
     prefix: str | None = None,
     files: bool = False,
     subtree: str | None = None,
+    arrays: bool = False,
 ) -> Any:
     """The state ``commit`` stores (``Repo.load``); with ``keys``/``prefix`` a flat
     dict of those leaves (:func:`load_leaves`), a key naming a subtree ("rng")
     giving its nested value; with ``subtree`` only the value at that path.
     ``files``: file nodes come back as StoredFile (content and layout), for
-    ckvc.formats to write them back."""
+    ckvc.formats to write them back. ``arrays``: tensors as NumPy arrays, torch
+    dtypes and devices as their names, and torch never imported (ckvc.numpy)."""
     snapshot = core.read_snapshot(commit)
     # fsck's structure checks, before anything is allocated or read.
-    parsed = state_mod.parse_snapshot(snapshot, commit.id, allow_pickle=allow_pickle, files=files)
+    parsed = state_mod.parse_snapshot(snapshot, commit.id, allow_pickle=allow_pickle, files=files, torch_free=arrays)
     if subtree is not None:
         if keys is not None or prefix is not None:
             raise InvalidInputError("subtree= loads one nested value; it takes no keys or prefix")
@@ -591,8 +613,9 @@ def load_state(
             raise InvalidInputError("subtree must be a str path such as 'rng' or 'model.encoder'")
         only = {subtree: node_at(parsed.build(), subtree, commit)}
         loaded = load_leaves(
-            core, commit, snapshot, {}, [], None, map_location=map_location, progress=progress, subtrees=only
-        )
+            core, commit, snapshot, {}, [], None, map_location=map_location, progress=progress, subtrees=only,
+            arrays=arrays,
+        )  # fmt: skip
         return loaded[subtree]
     if keys is not None or prefix is not None:
         root = parsed.build()
@@ -610,7 +633,9 @@ def load_state(
             nested = {}
         return load_leaves(
             core, commit, snapshot, leaves, keys, prefix, map_location=map_location, progress=progress,
-            subtrees=nested,
+            subtrees=nested, arrays=arrays,
         )  # fmt: skip
-    bases = read_blobs(core, commit, snapshot.blobs, progress)
+    bases = read_blobs(core, commit, snapshot.blobs, progress, arrays=arrays)
+    if arrays:
+        return parsed.build(state_mod.ArrayMaker(lambda index: (bases[index], None)))
     return state_mod.build_state(parsed, bases.__getitem__, map_location=map_location)

@@ -58,7 +58,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("repo",),
     ("metrics",),  # ckvc stats and /metrics: over the facade's reports
     ("distributed",),  # multi-rank commits over a Repo; the DCP integration builds on it
-    ("integrations", "importer", "dcp"),
+    ("numpy",),  # a commit as NumPy arrays, without torch; ckvc.jax builds on it
+    ("integrations", "importer", "dcp", "jax"),
     ("web",),  # `ckvc serve`: over Repo and the to_json() results
     ("cli", "__main__"),
     ("",),  # the package root: exports lazily from everything
@@ -71,6 +72,8 @@ EXTENSION_MODULES = frozenset({"ckvc._native"})
 TORCH_FREE: tuple[str, ...] = (
     "ckvc.refs", "ckvc.pruned", "ckvc.config", "ckvc.codecs", "ckvc.objects", "ckvc.ids", "ckvc.executor",
     "ckvc.core", "ckvc.graph", "ckvc.retention_policy", "ckvc.web", "ckvc.web.routes", "ckvc.web.server",
+    # the NumPy and JAX readers: the parser, the read engine and the arrays made from blobs
+    "ckvc.state", "ckvc.state.parse", "ckvc.state.arrays", "ckvc.state.tables", "ckvc.read", "ckvc.numpy", "ckvc.jax",
 )  # fmt: skip
 
 

@@ -10,36 +10,31 @@ resumes with. Reading chunks lives in ckvc.read.
 
 Tensors that share one storage (tied weights, views of one buffer) share one blob,
 and are restored sharing one storage again.
+
+``parse``, ``tables`` and ``arrays`` import no torch; the names from ``decode``,
+``encode`` and ``rng`` (and the torch dtype tables) are imported on first use, so
+``import ckvc.state`` stays torch-free for ckvc.numpy.
 """
 
 from __future__ import annotations
 
-from ckvc.state.decode import (  # noqa: F401
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from ckvc.state.arrays import ArrayMaker, BlobViews, allocate_array, numpy_dtype  # noqa: F401
+from ckvc.state.parse import (  # noqa: F401
     ParsedTree,
     PickledValue,
     TensorInfo,
-    TensorMaker,
-    allocate_blob,
-    build_state,
-    decode_state,
     describe_state,
     flatten,
-    materialize,
+    join_path,
     parse_snapshot,
     parse_tree,
-    place,
     skeleton,
 )
-from ckvc.state.encode import (  # noqa: F401
-    EncodedState,
-    encode_state,
-    join_path,
-)
-from ckvc.state.rng import (  # noqa: F401
-    rng_state,
-    set_rng_state,
-)
 from ckvc.state.tables import (  # noqa: F401
+    DTYPE_FACTS,
     EXT_BIGINT,
     EXT_DEVICE,
     EXT_DTYPE,
@@ -59,8 +54,6 @@ from ckvc.state.tables import (  # noqa: F401
     MAX_SHARED_SPAN_OVERHEAD,
     NUMPY_DTYPE_PREFIX,
     NUMPY_KINDS,
-    TORCH_DTYPE_NAMES,
-    TORCH_DTYPES,
     UINT64_MAX,
     MapLocation,
     PendingBlob,
@@ -72,3 +65,38 @@ from ckvc.state.tables import (  # noqa: F401
     is_utf8,
     torch_dtype,
 )
+
+if TYPE_CHECKING:
+    from ckvc.state.decode import (  # noqa: F401
+        TensorMaker,
+        allocate_blob,
+        build_state,
+        decode_state,
+        materialize,
+        place,
+    )
+    from ckvc.state.encode import (  # noqa: F401
+        EncodedState,
+        encode_state,
+    )
+    from ckvc.state.rng import (  # noqa: F401
+        rng_state,
+        set_rng_state,
+    )
+    from ckvc.state.tables import TORCH_DTYPE_NAMES, TORCH_DTYPES  # noqa: F401
+
+# The names that need torch: imported from their module on first use.
+_LAZY = {
+    "TensorMaker": "decode", "allocate_blob": "decode", "build_state": "decode", "decode_state": "decode",
+    "materialize": "decode", "place": "decode", "EncodedState": "encode", "encode_state": "encode",
+    "rng_state": "rng", "set_rng_state": "rng", "TORCH_DTYPES": "tables", "TORCH_DTYPE_NAMES": "tables",
+}  # fmt: skip
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"ckvc.state.{module}"), name)
+    globals()[name] = value
+    return value

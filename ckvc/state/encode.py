@@ -17,6 +17,7 @@ import torch
 from ckvc.errors import (
     UnsupportedTypeError,
 )
+from ckvc.state.parse import join_path
 from ckvc.state.tables import (
     EXT_BIGINT,
     EXT_DEVICE,
@@ -89,10 +90,6 @@ def _to_host(t: torch.Tensor, pin: bool) -> tuple[torch.Tensor, bool]:
     host = t.to("cpu").contiguous()
     shared = host.untyped_storage().data_ptr() == t.untyped_storage().data_ptr() and t.device.type == "cpu"
     return host, not shared
-
-
-def join_path(path: str, key: object) -> str:
-    return f"{path}.{key}" if path else str(key)
 
 
 class _Encoder:

@@ -1,7 +1,11 @@
 """What the value tree format (docs/FORMAT.md §10) names: the extension codes,
 tensor node kinds, dtype tables, the blob checks, and the two records that cross
 from the encoder to the writer (:class:`PendingBlob`) and from the file formats to
-the encoder (:class:`StoredFile`)."""
+the encoder (:class:`StoredFile`).
+
+Imports no torch: the parser (ckvc.state.parse) and the torch-free readers
+(ckvc.numpy, ckvc.jax) use these tables too. ``TORCH_DTYPES`` and
+``TORCH_DTYPE_NAMES`` are built on first use, importing torch then."""
 
 from __future__ import annotations
 
@@ -9,16 +13,20 @@ import functools
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 
 from ckvc.chunking import MAX_CHUNK_SIZE
 from ckvc.errors import (
     CorruptObjectError,
 )
 from ckvc.objects import Blob
+
+if TYPE_CHECKING:
+    from typing import TypeAlias
+
+    import torch
 
 # msgpack extension type codes used in the tree (docs/FORMAT.md, "Value tree").
 EXT_TUPLE = 1
@@ -64,20 +72,40 @@ KIND_NUMPY = 2
 NUMPY_DTYPE_PREFIX = "numpy:"
 
 
-TORCH_DTYPES: dict[str, torch.dtype] = {
-    name: getattr(torch, name)
-    for name in (
-        "float64", "float32", "float16", "bfloat16",
-        "float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2", "float8_e5m2fnuz", "float8_e8m0fnu",
-        "float4_e2m1fn_x2",
-        "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
-        "bool", "complex32", "complex64", "complex128",
-    )
-    if hasattr(torch, name)
+# Every torch dtype a blob may hold (docs/FORMAT.md §10.5): its bytes per element,
+# and whether a tensor of it may require grad (floating point or complex). Written
+# out rather than asked of torch, so the parser and the NumPy reader need no torch;
+# tests/state check it against torch.
+DTYPE_FACTS: dict[str, tuple[int, bool]] = {
+    "float64": (8, True), "float32": (4, True), "float16": (2, True), "bfloat16": (2, True),
+    "float8_e4m3fn": (1, True), "float8_e4m3fnuz": (1, True), "float8_e5m2": (1, True),
+    "float8_e5m2fnuz": (1, True), "float8_e8m0fnu": (1, True), "float4_e2m1fn_x2": (1, True),
+    "int8": (1, False), "int16": (2, False), "int32": (4, False), "int64": (8, False),
+    "uint8": (1, False), "uint16": (2, False), "uint32": (4, False), "uint64": (8, False),
+    "bool": (1, False), "complex32": (4, True), "complex64": (8, True), "complex128": (16, True),
 }  # fmt: skip
 
 
-TORCH_DTYPE_NAMES = {dtype: name for name, dtype in TORCH_DTYPES.items()}
+if TYPE_CHECKING:
+    TORCH_DTYPES: dict[str, torch.dtype]
+    TORCH_DTYPE_NAMES: dict[torch.dtype, str]
+
+
+@functools.cache
+def _torch_tables() -> tuple[dict[str, torch.dtype], dict[torch.dtype, str]]:
+    import torch
+
+    names = {name: getattr(torch, name) for name in DTYPE_FACTS if hasattr(torch, name)}
+    return names, {dtype: name for name, dtype in names.items()}
+
+
+def __getattr__(name: str) -> Any:
+    """TORCH_DTYPES (name -> torch.dtype) and TORCH_DTYPE_NAMES, made on first use."""
+    if name == "TORCH_DTYPES":
+        return _torch_tables()[0]
+    if name == "TORCH_DTYPE_NAMES":
+        return _torch_tables()[1]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 # Numpy kinds with a fixed-size, pointer-free representation.
@@ -102,7 +130,10 @@ MAX_DEPTH = 128
 MAX_SHARED_SPAN_OVERHEAD = 2
 
 
-MapLocation = None | str | torch.device | dict[str, str] | Callable[[Any, str], Any]
+if TYPE_CHECKING:
+    MapLocation: TypeAlias = str | torch.device | dict[str, str] | Callable[[Any, str], Any] | None
+else:
+    MapLocation = Any  # only ever an annotation; the real alias needs torch
 
 
 @dataclass
@@ -131,7 +162,7 @@ class StoredFile:
 
 def dtype_name(dtype: torch.dtype) -> str:
     try:
-        return TORCH_DTYPE_NAMES[dtype]
+        return _torch_tables()[1][dtype]
     except KeyError:
         raise KeyError(f"unsupported torch dtype {dtype}") from None
 
@@ -169,7 +200,7 @@ def blob_itemsize(dtype: str) -> int:
             raise CorruptObjectError(f"numpy dtype {dtype!r:.100} is not allowed in a blob")
         return int(np_dtype.itemsize)
     try:
-        return TORCH_DTYPES[dtype].itemsize
+        return DTYPE_FACTS[dtype][0]
     except KeyError:
         raise CorruptObjectError(f"unknown dtype {dtype!r:.100}") from None
 
@@ -191,6 +222,6 @@ def check_blob(blob: Blob) -> int:
 def torch_dtype(name: str) -> torch.dtype:
     """The torch dtype a blob's dtype name stands for."""
     try:
-        return TORCH_DTYPES[name]
+        return _torch_tables()[0][name]
     except KeyError:
         raise CorruptObjectError(f"unknown dtype {name!r}") from None
