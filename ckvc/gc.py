@@ -35,6 +35,7 @@ from ckvc import graph
 from ckvc.errors import CkvcError, CorruptObjectError, ObjectNotFoundError, after_landing, storage_errors
 from ckvc.ids import ObjectType
 from ckvc.inspect import fields_json
+from ckvc.pruned import remote_released
 from ckvc.storage.backend import Backend, KeyInfo
 from ckvc.storage.object_store import RETIRED_PREFIX, RETIRED_SUFFIX, ObjectStore
 from ckvc.storage.packs import PACK_DIR, TMP_SUFFIX, PackWriter, RecordInfo, pack_key, parse_record
@@ -164,10 +165,10 @@ def mark(
         promised = None if store.has(oid) else store.promised_size(oid)
         return promised is not None and promised[0] == ObjectType.CHUNK
 
-    def released(commit: Commit) -> str | None:
-        if commit.id not in pruned or (remote and store.has(bytes.fromhex(commit.tree))):
-            return None
-        return pruned[commit.id].policy
+    def locally_released(commit: Commit) -> str | None:
+        return pruned[commit.id].policy if commit.id in pruned else None
+
+    released = remote_released(pruned, store.has) if remote else locally_released
 
     def refuse(oid: str, role: ObjectType, exc: ObjectNotFoundError | CorruptObjectError) -> None:
         raise CorruptObjectError(

@@ -10,6 +10,13 @@ its snapshot and chunks. Pruning is never undone.
 Where the backend cannot append, each ``add`` is one entry key under
 ``pruned/`` (ckvc.journal); without OS locks two writers may both record a
 commit, which is harmless: the first record wins.
+
+On a remote a record covers a commit only while the remote lacks its snapshot
+(FORMAT 18.2), unless the remote's own retention wrote it (``retain --remote``:
+``"remote_retention": "<the commit's snapshot id>"``), which covers the commit
+whatever the remote holds and wins over a plain record for the same commit
+(:func:`remote_released`). Its snapshot is *hollow* on that remote: present, but
+its chunks may be gone, so a pusher does not take it as whole (:func:`hollow_snapshots`).
 """
 
 from __future__ import annotations
@@ -19,9 +26,10 @@ import json
 import os
 import time
 import warnings
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ckvc.errors import DamageWarning, storage_errors
 from ckvc.ids import is_full_hex_id
@@ -34,12 +42,18 @@ PRUNE_LOG = "pruned.jsonl"
 PRUNE_ENTRIES = "pruned"  # the log's name where each add is its own key
 PRUNE_LOCK = "pruned.lock"
 
+if TYPE_CHECKING:
+    from ckvc.objects import Commit
+
 
 @dataclass(frozen=True)
 class PruneRecord:
     commit: str
     policy: str
     time_ns: int
+    # Written by a remote's own retention: the commit's snapshot id (hex); such a
+    # record covers the commit whatever the remote holds.
+    remote_retention: str | None = None
 
 
 class PruneLog:
@@ -66,7 +80,9 @@ class PruneLog:
                 if not looks_torn(line):
                     bad.append(f"{self.name} line {number}: not a prune record")
                 continue
-            out.setdefault(record.commit, record)
+            first = out.setdefault(record.commit, record)
+            if record.remote_retention is not None and first.remote_retention is None:
+                out[record.commit] = record  # the remote's own retention decides over a pusher's record
         if bad:
             if damaged is not None:
                 damaged.extend(bad)
@@ -74,17 +90,22 @@ class PruneLog:
                 warnings.warn(DamageWarning(f"skipped {len(bad)} damaged line(s) in {self.name}"), stacklevel=2)
         return out
 
-    def add(self, commits: Iterable[str], policy: str) -> int:
-        """Record ``commits`` as pruned (those not pruned already). Returns how many."""
+    def add(self, commits: Iterable[str], policy: str, *, snapshots: Mapping[str, str] | None = None) -> int:
+        """Record ``commits`` as pruned (those not pruned already). Returns how many.
+        ``snapshots`` (commit -> its snapshot id): the records are a remote's own
+        retention's (``retain --remote``), written for a commit whose only record
+        is a pusher's too."""
         lock = self.backend.lock(PRUNE_LOCK) if self.backend.capabilities.file_locks else contextlib.nullcontext()
         with storage_errors("writing the prune log", "no commit was marked as pruned"), lock:
             known = self.records()
             now = time.time_ns()
-            lines = [
-                json.dumps({"commit": c, "policy": policy, "time_ns": now}, sort_keys=True) + "\n"
-                for c in dict.fromkeys(commits)
-                if c not in known
-            ]
+            lines = []
+            for commit in dict.fromkeys(commits):
+                record: dict[str, object] = {"commit": commit, "policy": policy, "time_ns": now}
+                if snapshots is not None:
+                    record["remote_retention"] = snapshots[commit]
+                if commit not in known or (snapshots is not None and known[commit].remote_retention is None):
+                    lines.append(json.dumps(record, sort_keys=True) + "\n")
             if lines:
                 self.journal.add(self.name, "".join(lines).encode())
             return len(lines)
@@ -93,7 +114,32 @@ class PruneLog:
 def _parse(line: bytes) -> PruneRecord | None:
     try:
         d = json.loads(line.decode("utf-8"))
-        record = PruneRecord(str(d["commit"]), str(d["policy"]), int(d["time_ns"]))
-    except (ValueError, KeyError, TypeError):
+        snapshot = d.get("remote_retention")
+        if snapshot is not None and not (type(snapshot) is str and is_full_hex_id(snapshot)):
+            return None
+        record = PruneRecord(str(d["commit"]), str(d["policy"]), int(d["time_ns"]), snapshot)
+    except (ValueError, KeyError, TypeError, AttributeError):
         return None
     return record if is_full_hex_id(record.commit) else None
+
+
+def remote_released(records: Mapping[str, PruneRecord], has: Callable[[bytes], bool]) -> Callable[[Commit], str | None]:
+    """graph.closure's ``pruned`` on a remote (FORMAT 18.2): a commit's policy when
+    its record covers it there: a remote retention record always, a pusher's
+    record only while the remote lacks the commit's snapshot (present, it came
+    with a whole push of that commit, after the record). ``has``: the remote store's."""
+
+    def released(commit: Commit) -> str | None:
+        record = records.get(commit.id)
+        if record is None or (record.remote_retention is None and has(bytes.fromhex(commit.tree))):
+            return None
+        return record.policy
+
+    return released
+
+
+def hollow_snapshots(records: Mapping[str, PruneRecord]) -> set[bytes]:
+    """The snapshots a remote's own retention released (FORMAT 17): present on the
+    remote, but their chunks may be gone. A pusher MUST NOT stop its walk at one;
+    a remote gc does not keep chunks for one by its presence alone."""
+    return {bytes.fromhex(r.remote_retention) for r in records.values() if r.remote_retention is not None}

@@ -395,6 +395,7 @@ class Repo:
     fsck_remote = OnCore(remote_api.fsck_remote)
     repair = OnCore(remote_api.repair)
     gc_remote = OnCore(remote_api.gc_remote)
+    retain_remote = OnCore(remote_api.retain_remote)
     push = OnCore(hybrid_api.push)
 
     @classmethod

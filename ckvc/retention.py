@@ -21,6 +21,7 @@ from typing import Any
 from ckvc import graph, notes
 from ckvc.core import Repository
 from ckvc.errors import CkvcError, DurabilityWarning, InterruptedOperationError, InvalidInputError
+from ckvc.pruned import remote_released
 from ckvc.retention_policy import KeepBest, RetentionPolicy, format_duration, format_size, parse_duration
 
 __all__ = [  # the policy types stay importable from here
@@ -41,6 +42,7 @@ class RetentionPlan:
     kept_bytes: int | None = None
     frees: dict[str, int] = field(default_factory=dict)
     over_budget: str | None = None
+    summaries: dict[str, str] = field(default_factory=dict)  # commit -> its message's first line, for reports
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -55,8 +57,12 @@ class RetentionPlan:
         }
 
 
-def plan_retention(repo: Repository, policy: RetentionPolicy, *, now_ns: int | None = None) -> RetentionPlan:
-    """Decide which commits to keep and which to release. Reads only commit objects."""
+def plan_retention(
+    repo: Repository, policy: RetentionPolicy, *, now_ns: int | None = None, remote: bool = False
+) -> RetentionPlan:
+    """Decide which commits to keep and which to release. Reads only commit objects.
+    ``remote``: ``repo`` is a remote, where a pusher's prune record of a commit
+    whose snapshot is there covers nothing (FORMAT 18.2): such a commit is decided again."""
     now_ns = time.time_ns() if now_ns is None else now_ns
     plan = RetentionPlan(policy)
     branches = graph.branches(repo)
@@ -66,6 +72,8 @@ def plan_retention(repo: Repository, policy: RetentionPolicy, *, now_ns: int | N
             raise InvalidInputError(f"retention policy names branch {name!r}, which does not exist")
 
     def keep(commit_id: str, reason: str) -> None:
+        if commit_id not in plan.summaries:  # a tag's or HEAD's commit off the covered histories
+            plan.summaries[commit_id] = repo.read_commit(commit_id).message.split("\n", 1)[0]
         reasons = plan.kept.setdefault(commit_id, [])
         if reason not in reasons:
             reasons.append(reason)
@@ -76,6 +84,7 @@ def plan_retention(repo: Repository, policy: RetentionPolicy, *, now_ns: int | N
         history = graph.log(repo, name, first_parent=True)  # tip first, root last
         for commit in history:
             candidates.setdefault(commit.id)
+            plan.summaries.setdefault(commit.id, commit.message.split("\n", 1)[0])
         if policy.keep_last:
             for commit in history[: policy.keep_last]:
                 keep(commit.id, f"keep-last {policy.keep_last} on {name}")
@@ -109,7 +118,10 @@ def plan_retention(repo: Repository, policy: RetentionPolicy, *, now_ns: int | N
             if commit.id in candidates:
                 keep(commit.id, "reachable from a branch the policy does not cover")
 
-    pruned = repo.pruned()
+    pruned: Mapping[str, Any] = repo.pruned()
+    if remote:
+        covers = remote_released(pruned, repo.store.has)
+        pruned = {c: r for c, r in pruned.items() if c in candidates and covers(repo.read_commit(c))}
     if policy.max_size is not None:
         _fit_budget(repo, plan, [c for c in candidates if c not in plan.kept and c not in pruned], pruned)
     for commit_id in candidates:
@@ -170,9 +182,11 @@ def _fit_budget(repo: Repository, plan: RetentionPlan, others: list[str], pruned
         plan.frees[commit_id] = sum(freed.values())
 
 
-def apply_retention(repo: Repository, plan: RetentionPlan) -> int:
-    """Record the plan's released commits as pruned. Returns how many were new."""
-    return repo.prune_log.add(plan.released, plan.policy.describe())
+def apply_retention(repo: Repository, plan: RetentionPlan, *, remote: bool = False) -> int:
+    """Record the plan's released commits as pruned (on a remote, as the remote's own
+    retention: FORMAT 17). Returns how many were new."""
+    snapshots = {c: repo.read_commit(c).tree for c in plan.released} if remote else None
+    return repo.prune_log.add(plan.released, plan.policy.describe(), snapshots=snapshots)
 
 
 def stored_policy(repo: Repository) -> RetentionPolicy | None:
@@ -189,17 +203,20 @@ def store_policy(repo: Repository, policy: RetentionPolicy | None) -> None:
     repo.save_config(config)
 
 
-def retain(repo: Repository, policy: RetentionPolicy | None = None, *, dry_run: bool = False) -> RetentionPlan:
+def retain(
+    repo: Repository, policy: RetentionPolicy | None = None, *, dry_run: bool = False, remote: bool = False
+) -> RetentionPlan:
     """Apply ``policy`` (default: the stored one): plan, then (unless ``dry_run``)
-    record every released commit as pruned. Returns the plan."""
+    record every released commit as pruned. Returns the plan. ``remote``: ``repo``
+    is a remote's (ckvc.remote.gc.retain_remote)."""
     policy = policy or stored_policy(repo)
     if policy is None:
         raise InvalidInputError("no retention policy given or stored (ckvc retain --keep-last N ...)")
     if not dry_run:
         repo.require_writable("applying retention")
-    plan = plan_retention(repo, policy)
+    plan = plan_retention(repo, policy, remote=remote)
     if not dry_run:
-        apply_retention(repo, plan)
+        apply_retention(repo, plan, remote=remote)
     return plan
 
 

@@ -101,6 +101,7 @@ KINDS = {
     "index-value",
     "remote-layout",
     "remote-local",
+    "prune-log",
 }
 
 
@@ -758,3 +759,36 @@ def test_remote_local_files(vec: Vector, tmp_path: Path) -> None:
         catalog.close()
     repo.close()
     forget_memory_remote(url)
+
+
+@pytest.mark.parametrize("vec", of_kind("prune-log"))
+def test_prune_log(vec: Vector, tmp_path: Path) -> None:
+    from ckvc.pruned import PruneLog, hollow_snapshots
+
+    (tmp_path / "pruned.jsonl").write_text("".join(line + "\n" for line in vec.lines("line")), encoding="utf-8")
+    damaged: list[str] = []
+    records = PruneLog(tmp_path).records(damaged=damaged)
+    expected = {}
+    for line in vec.lines("effective"):
+        commit, rest = line.split(" ", 1)
+        policy, snapshot = rest.rsplit(" ", 1)
+        expected[commit] = (policy, snapshot)
+    assert {c: (r.policy, r.remote_retention) for c, r in records.items()} == expected
+    assert hollow_snapshots(records) == {bytes.fromhex(x) for _, x in expected.values()}
+    assert damaged == [f"pruned.jsonl line {n}: not a prune record" for n in vec.lines("damaged")]
+    # the writer's bytes: sorted keys, the field only where set, and only for a commit
+    # that has no remote_retention record yet
+    log = PruneLog(tmp_path / "fresh")
+    (tmp_path / "fresh").mkdir()
+    assert log.add(["a" * 64], "keep-last 3") == 1
+    snapshots = {"a" * 64: "1" * 64, "b" * 64: "2" * 64}
+    assert log.add(["a" * 64, "b" * 64], "keep-last 2", snapshots=snapshots) == 2
+    assert log.add(["a" * 64], "keep-last 1", snapshots=snapshots) == 0
+    assert log.records()["a" * 64].remote_retention == "1" * 64
+    written = [json.loads(x) for x in (tmp_path / "fresh" / "pruned.jsonl").read_text().splitlines()]
+    assert [list(d) for d in written] == [
+        ["commit", "policy", "time_ns"], ["commit", "policy", "remote_retention", "time_ns"],
+        ["commit", "policy", "remote_retention", "time_ns"],
+    ]  # fmt: skip
+    for d, raw in zip(written, (tmp_path / "fresh" / "pruned.jsonl").read_text().splitlines(), strict=True):
+        assert raw == json.dumps(d, sort_keys=True)

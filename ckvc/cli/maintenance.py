@@ -200,6 +200,7 @@ def du(obj: Context, as_json: bool) -> None:
 )
 @click.option("--branch", "branches", multiple=True, metavar="B", help="Only prune on these branches.")
 @click.option("--auto/--no-auto", default=None, help="Apply the stored policy after every commit.")
+@click.option("--remote", "remote", default=None, metavar="NAME", help="Apply it to this remote's branches.")
 @click.option("--dry-run", is_flag=True, help="Show what would be released and why the rest is kept.")
 @json_option
 @click.pass_obj
@@ -212,13 +213,16 @@ def retain(
     max_size: str | None,
     branches: tuple[str, ...],
     auto: bool | None,
+    remote: str | None,
     dry_run: bool,
     as_json: bool,
 ) -> None:
     """Apply a retention policy: commits no rule keeps are pruned (history and
     metrics stay; `ckvc gc` frees their data once their packs are older than the
     gc_grace period, `ckvc gc --now` at once). Rules given here are stored as the
-    repository's policy; with none, the stored policy is used."""
+    repository's policy; with none, the stored policy is used. With --remote the
+    rules apply to that remote's branches (`ckvc gc --remote` frees the data) and
+    nothing is stored."""
     from ckvc.retention_policy import KeepBest, RetentionPolicy, parse_duration, parse_size
 
     repo = obj.repo
@@ -244,9 +248,14 @@ def retain(
             )
     else:
         raise InvalidInputError("no retention policy stored; give rules, e.g. ckvc retain --keep-last 3")
-    plan = repo.retain(policy, dry_run=dry_run)
-    if not dry_run and policy != stored:
-        repo.set_retention(policy)
+    if remote is not None:
+        if auto is not None:
+            raise InvalidInputError("--auto applies to this repository's commits; it takes no --remote")
+        plan = repo.retain_remote(remote, policy, dry_run=dry_run)
+    else:
+        plan = repo.retain(policy, dry_run=dry_run)
+        if not dry_run and policy != stored:
+            repo.set_retention(policy)
     if as_json:
         emit_json({**plan.to_json(), "dry_run": dry_run})
         return
@@ -255,12 +264,11 @@ def retain(
     click.echo(
         f"{verb} {len(plan.released)} commits; keeping {len(plan.kept)}; {len(plan.already_pruned)} pruned before"
     )
-    messages = {c.id: c for name in repo.branches() for c in repo.log(name)}
     for cid, reasons in plan.kept.items():
-        msg = messages[cid].message.splitlines()[0] if cid in messages and messages[cid].message else ""
+        msg = plan.summaries.get(cid, "")
         click.echo(f"  keep    {cid[:12]}  {msg:<24.24} {'; '.join(reasons)}")
     for cid in plan.released:
-        msg = messages[cid].message.splitlines()[0] if cid in messages and messages[cid].message else ""
+        msg = plan.summaries.get(cid, "")
         frees = f"  frees {human_bytes(plan.frees[cid])}" if cid in plan.frees else ""
         click.echo(f"  release {cid[:12]}  {msg:<24.24}{frees}")
     if plan.kept_bytes is not None:
@@ -270,7 +278,9 @@ def retain(
         )
     if plan.over_budget:
         warn(plan.over_budget)
-    if not dry_run and plan.released:
+    if not dry_run and plan.released and remote is not None:
+        click.echo(f"their data is freed by `ckvc gc --remote {remote}` (whole packs whose every record is released)")
+    elif not dry_run and plan.released:
         grace = _duration_text(repo.config.gc_grace_s)
         click.echo(
             f"their data is freed by `ckvc gc`, except packs written in the last {grace} (gc_grace), "

@@ -18,6 +18,8 @@ if TYPE_CHECKING:
     from ckvc.remote.location import RemoteList
     from ckvc.remote.push import MirrorResult
     from ckvc.remote.repair import RepairReport
+    from ckvc.retention import RetentionPlan
+    from ckvc.retention_policy import RetentionPolicy
 
 
 def remotes(core: Repository) -> RemoteList:
@@ -99,6 +101,16 @@ def gc_remote(
     from ckvc.remote.gc import gc_remote
 
     return gc_remote(core, remote, dry_run=dry_run, now=now, grace_s=grace_s)
+
+
+def retain_remote(
+    core: Repository, remote: str = "origin", policy: RetentionPolicy | None = None, *, dry_run: bool = False
+) -> RetentionPlan:
+    """Apply a retention policy (default: the stored one) to ``remote``'s branches;
+    ``gc_remote`` then frees the released commits' data."""
+    from ckvc.remote.gc import retain_remote
+
+    return retain_remote(core, remote, policy, dry_run=dry_run)
 
 
 def mirror(

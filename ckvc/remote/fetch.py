@@ -22,6 +22,7 @@ from ckvc.errors import (
 from ckvc.graph import is_ancestor
 from ckvc.ids import ObjectType
 from ckvc.objects import Commit, Snapshot, Tag
+from ckvc.pruned import remote_released
 from ckvc.refs import BRANCH_PREFIX, TAG_PREFIX
 from ckvc.remote.common import (
     FetchResult,
@@ -170,16 +171,7 @@ class Fetch:
     # ---- the walk: graph.closure over the remote's records, each verified as read ----
 
     def walk(self, tips: list[str]) -> None:
-        remote_store = self.handle.core.store
-        remote_pruned = self.handle.core.pruned()
-
-        def released(commit: Commit) -> str | None:
-            # a record covers a commit the remote holds without its data (FORMAT
-            # 18.2); with its snapshot there, a whole push followed the record
-            if commit.id not in remote_pruned or remote_store.has(bytes.fromhex(commit.tree)):
-                return None
-            return remote_pruned[commit.id].policy
-
+        released = remote_released(self.handle.core.pruned(), self.handle.core.store.has)
         found = graph.closure(self, tips, have=self.local.store.has, bases=False, pruned=released)
         self.pruned = found.pruned
         self.chunks = dict.fromkeys(found.chunks)

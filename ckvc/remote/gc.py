@@ -35,15 +35,16 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ckvc import graph
+from ckvc import graph, retention
 from ckvc.core import Repository
-from ckvc.errors import CorruptObjectError, ObjectNotFoundError, after_landing, storage_errors
+from ckvc.errors import CorruptObjectError, InvalidInputError, ObjectNotFoundError, after_landing, storage_errors
 from ckvc.gc import CRITICAL_SECTION_TIMEOUT_S, mark, pack_contents, purge_retired, retire_packs, retired_leftovers
 from ckvc.ids import ObjectType
 from ckvc.inspect import fields_json
-from ckvc.objects import Commit
+from ckvc.pruned import hollow_snapshots, remote_released
 from ckvc.remote.common import remotes_of
 from ckvc.remote.repository import Remote, open_remote
+from ckvc.retention_policy import RetentionPolicy
 from ckvc.storage.packs import RecordInfo
 
 # Stages a test hook sees: "planned" (plan made, no lock held), "retired" (the
@@ -122,19 +123,14 @@ def mark_needed(core: Repository, roots: Iterable[bytes], live: set[bytes], visi
         else:
             chunks.append(oid)
 
-    def released(commit: Commit) -> str | None:
-        # FORMAT 18.2: a present snapshot came with a whole push, after the record
-        if commit.id not in pruned or store.has(bytes.fromhex(commit.tree)):
-            return None
-        return pruned[commit.id].policy
-
+    hollow = hollow_snapshots(pruned)  # needed through an unreleased commit only, never by presence
     found = graph.closure(
         graph.StoredObjects(core),
         commits,
-        snapshots=snapshots,
+        snapshots=[oid for oid in snapshots if oid not in hollow],
         chunks=chunks,
         have=live.__contains__,
-        pruned=released,
+        pruned=remote_released(pruned, store.has),
         on_error=graph.skip_unreadable,
         visited=visited,
     ).ids()
@@ -274,3 +270,22 @@ def gc_remote(
         handle.close()
     report.seconds = time.perf_counter() - started
     return report
+
+
+def retain_remote(
+    local: Repository, remote: str = "origin", policy: RetentionPolicy | None = None, *, dry_run: bool = False
+) -> retention.RetentionPlan:
+    """Retention on a remote (``ckvc retain --remote``): ``policy`` (default: the local
+    repository's stored one) over the remote's own branches, tags and HEAD, the
+    released commits recorded in its prune log as its own retention's (FORMAT 17),
+    so that ``gc --remote`` frees their data whatever pushed it. History stays."""
+    policy = policy or retention.stored_policy(local)
+    if policy is None:
+        raise InvalidInputError("no retention policy given or stored (ckvc retain --remote NAME --keep-last N ...)")
+    spec = remotes_of(local).get(remote)
+    handle = open_remote(local, spec)
+    try:
+        with storage_errors(f"applying retention on {spec.name} ({spec.url})", "no commit was marked as pruned"):
+            return retention.retain(handle.core, policy, dry_run=dry_run, remote=True)
+    finally:
+        handle.close()

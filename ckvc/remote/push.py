@@ -20,6 +20,7 @@ from ckvc.errors import (
     RefNotFoundError,
 )
 from ckvc.graph import is_ancestor
+from ckvc.pruned import hollow_snapshots
 from ckvc.refs import BRANCH_PREFIX, TAG_PREFIX, check_ref_name
 from ckvc.remote.common import (
     Progress,
@@ -78,10 +79,14 @@ def _plan_push(local: Repository, remote: Remote, tips: list[str], max_pack: int
     """What the remote lacks of what ``tips`` reach, in publication waves. The walk
     stops at objects the remote has (the invariant makes their closure complete)."""
     pruned = local.pruned()
+    remote_has = remote.core.store.has
+    # A snapshot the remote's own retention released is there without its chunks
+    # (FORMAT 17): a new commit of the same state must send them again.
+    hollow = hollow_snapshots(remote.core.pruned())
     needed = graph.closure(
         graph.StoredObjects(local),
         tips,
-        have=remote.core.store.has,
+        have=(lambda oid: oid not in hollow and remote_has(oid)) if hollow else remote_has,
         pruned=lambda commit: pruned[commit.id].policy if commit.id in pruned else None,
     )
     # Parents before children, and a tag's target tag (found after it) before it.
