@@ -281,27 +281,24 @@ def _run_reads(core: ReadCore, commit: Commit, reads: Sequence[ChunkRead], progr
     store = core.store
     reads = _land_fetched(store, reads, progress)
     groups = plan(store, reads)
-    ordered = [read for group in groups for read in group.reads]
+    # Locally a batch is a pool task's worth (BATCH_BYTES); where each request
+    # costs a round trip, a batch is one pack's reads up to one large ranged
+    # read, so the store makes one request per run of records.
+    remote = store.backend.capabilities.latency == "remote"
+    limit = REMOTE_REQUEST_BYTES if remote else BATCH_BYTES
+    batches = [b for group in groups for b in size_batches(group.reads, lambda read: read.size, limit)]
     with core.executor.window() as window:
-        # Cold reads: the store fetches the chunks queued behind the running ones
+        # Cold reads: the store fetches the batches queued behind the running ones
         # while these decode, instead of each read waiting on the disk in turn.
         ahead = PREFETCH_WINDOWS * window.depth
-        for read in ordered[:ahead]:
-            store.prefetch(read.oid, read.entry)
-        queued = 0
-        # Locally a batch is a pool task's worth (BATCH_BYTES); where each request
-        # costs a round trip, a batch is one pack's reads up to one large ranged
-        # read, so the store makes one request per run of records.
-        remote = store.backend.capabilities.latency == "remote"
-        limit = REMOTE_REQUEST_BYTES if remote else BATCH_BYTES
-        batches = (b for group in groups for b in size_batches(group.reads, lambda read: read.size, limit))
-        for batch in batches:
+        for batch in batches[:ahead]:
+            _prefetch(store, batch)
+        for number, batch in enumerate(batches):
+            if number + ahead < len(batches):
+                _prefetch(store, batches[number + ahead])
             scratches: list[np.ndarray | None] = []
             targets: list[tuple[ChunkRead, memoryview]] = []
             for read in batch:
-                if queued + ahead < len(ordered):
-                    store.prefetch(ordered[queued + ahead].oid, ordered[queued + ahead].entry)
-                queued += 1
                 scratch = None
                 out = read.into
                 if out is None:
@@ -312,6 +309,19 @@ def _run_reads(core: ReadCore, commit: Commit, reads: Sequence[ChunkRead], progr
             window.submit(
                 _read_batch, store, commit, targets, then=functools.partial(_finish_batch, batch, scratches, progress)
             )
+
+
+def _prefetch(store: ObjectStore, batch: Sequence[ChunkRead]) -> None:
+    """One read-ahead hint for a batch (its reads are one pack's, by offset, when
+    planned with their entries): one call where there was one per small record."""
+    first, last = batch[0].entry, batch[-1].entry
+    one_pack = first is not None and last is not None and first.pack == last.pack and last.offset >= first.offset
+    if one_pack and all(r.entry is not None for r in batch):
+        assert first is not None and last is not None
+        store.prefetch_span(first.pack, first.offset, last.offset + last.record_size - first.offset)
+        return
+    for read in batch:
+        store.prefetch(read.oid, read.entry)
 
 
 # ---- blobs and tensors --------------------------------------------------------

@@ -14,6 +14,7 @@ over one pack writer; an error is mapped to its exact outcome by :func:`settle`.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import threading
 import time
@@ -25,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 from ckvc import graph, signing
-from ckvc.chunking import chunk_spans
+from ckvc.chunking import chunk_spans, size_batches
 from ckvc.codecs import DELTA, QUANT, DeltaBase, layout_for
 from ckvc.codecs.lossy import MODES as LOSSY_MODES
 from ckvc.codecs.lossy import quantize
@@ -400,9 +401,8 @@ def write_blobs(
         if progress is not None:
             progress(done, total)
 
-    # The window keeps every core busy while a pack is sealed (fsync); at 4 MiB
-    # chunks it bounds extra memory to a few tens of MiB.
-    with core.executor.window() as window:
+    def jobs() -> Iterator[tuple[int, memoryview, Any, bytes | None, str, Any]]:
+        """(blob index, chunk view, layout, delta base, dtype, lossy mode) per chunk, in order."""
         for index, blob in enumerate(pending):
             report.logical_bytes += len(blob.data)
             chunk_size = policy.chunk_size_for(blob.itemsize)
@@ -411,8 +411,21 @@ def write_blobs(
             bases = policy.bases(blob.path, blob.dtype, len(blob.data), chunk_size, mode, parent_blobs.get(blob.path))
             for i, (start, end) in enumerate(chunk_spans(len(blob.data), chunk_size)):
                 base_oid = policy.chunk_base(bases, i, end - start, mode)
-                then = lambda encoded, index=index, size=end - start: append(index, size, encoded)  # noqa: E731
-                window.submit(work, blob.data[start:end], layout, base_oid, blob.dtype, mode, then=then)
+                yield index, blob.data[start:end], layout, base_oid, blob.dtype, mode
+
+    def work_batch(group: list[tuple[int, memoryview, Any, bytes | None, str, Any]]) -> list[_Encoded]:
+        return [work(view, layout, base, dtype, mode) for _, view, layout, base, dtype, mode in group]
+
+    def land(group: list[tuple[int, memoryview, Any, bytes | None, str, Any]], results: list[_Encoded]) -> None:
+        for job, encoded in zip(group, results, strict=True):
+            append(job[0], len(job[1]), encoded)
+
+    # The window keeps every core busy while a pack is sealed (fsync); at 4 MiB
+    # chunks it bounds extra memory to a few tens of MiB. Small chunks share a task
+    # (size_batches): a task's fixed cost is that of encoding a few KiB.
+    with core.executor.window() as window:
+        for group in size_batches(jobs(), lambda job: len(job[1])):
+            window.submit(work_batch, group, then=functools.partial(land, group))
     for index, blob in enumerate(pending):
         if delta_tried[index]:
             policy.backoff.record(blob.path, delta_won[index])

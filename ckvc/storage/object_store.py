@@ -799,6 +799,11 @@ class ObjectStore:
         if entry is not None:
             self.reader.prefetch(entry.pack, entry.offset, entry.record_size)
 
+    def prefetch_span(self, pack: str, offset: int, size: int) -> None:
+        """A read-ahead hint for ``size`` bytes of ``pack`` from ``offset`` (several
+        neighbouring records at once)."""
+        self.reader.prefetch(pack, offset, size)
+
     def verify(self, oid: bytes) -> None:
         """Read and verify one object; raises CorruptObjectError or ObjectNotFoundError."""
         self.read(oid)

@@ -135,6 +135,10 @@ def parse_record(buf: Buffer, expected_size: int | None = None) -> Record:
     return Record(oid, kind, codec, raw_size, base, view[RECORD_HEADER_SIZE:end])
 
 
+# Records smaller than this are gathered into writes of about this size.
+COALESCE_BYTES = 256 << 10
+
+
 class PackWriter:
     """Appends records to a new pack in ``backend``'s ``directory``. Nothing is
     visible under the pack's key until :meth:`seal` has written the table of
@@ -148,6 +152,9 @@ class PackWriter:
         # abort: a temporary nobody holds is a dead writer's, which sweep removes.
         self.sink: Sink = backend.open_sink(self.key)
         self._done = False
+        # Small records wait here and reach the sink together: one write call per
+        # record cost more than encoding a few-KiB tensor (40,000-tensor states).
+        self._coalesced = bytearray()
         self.entries: list[RecordInfo] = []
         self.tail = b""  # the TOC and footer, once sealed (what a TOC copy holds)
         try:
@@ -158,16 +165,28 @@ class PackWriter:
 
     @property
     def size(self) -> int:
-        return self.sink.size
+        return self.sink.size + len(self._coalesced)
 
     def append(
         self, oid: bytes, kind: int, codec: int, raw_size: int, payload: Buffer, base: bytes | None = None
     ) -> RecordInfo:
         header = encode_record_header(oid, kind, codec, raw_size, len(payload), base)
         info = RecordInfo(oid, kind, codec, self.size, len(header) + len(payload), raw_size)
-        self.sink.writev((header, payload))
+        if len(payload) < COALESCE_BYTES:
+            self._coalesced += header
+            self._coalesced += payload
+            if len(self._coalesced) >= COALESCE_BYTES:
+                self._flush()
+        else:
+            self._flush()
+            self.sink.writev((header, payload))
         self.entries.append(info)
         return info
+
+    def _flush(self) -> None:
+        if self._coalesced:
+            self.sink.write(self._coalesced)
+            self._coalesced = bytearray()
 
     def seal(self) -> str:
         """Write the table of contents and footer and publish the pack (locally:
@@ -177,6 +196,7 @@ class PackWriter:
             toc += TOC_ENTRY.pack(e.oid, e.kind, e.codec, 0, e.offset, e.record_size, e.raw_size)
         toc_offset = self.size
         footer = FOOTER.pack(FOOTER_MAGIC, toc_offset, len(self.entries), zlib.crc32(toc), 0)
+        self._flush()
         self.sink.writev((toc, footer))
         self.sink.publish()
         self._done = True
