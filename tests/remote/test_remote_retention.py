@@ -156,3 +156,18 @@ def test_retain_remote_cli(tmp_path: Path, pushed: Pushed, monkeypatch: pytest.M
     unknown = runner.invoke(cli, ["retain", "--remote", "nowhere", "--keep-last", "1"])
     assert unknown.exit_code != 0 and "nowhere" in unknown.output
     assert [d["commit"] for d in pushed.prune_lines()] == [c[1], c[0]]
+
+
+def test_max_size_on_a_remote_frees_what_the_dry_run_says(tmp_path: Path) -> None:
+    p = Pushed(tmp_path, Where(str(tmp_path / "remote")))
+    try:
+        budget = 5 * p.chunk_pack(p.commits[0])[1] // 2  # room for two commits (chunks and snapshot), not three
+        policy = RetentionPolicy(keep_last=1, max_size=budget)
+        dry = p.repo.retain_remote("origin", policy, dry_run=True)
+        assert dry.kept_bytes is not None and dry.kept_bytes <= budget and dry.over_budget is None
+        assert dry.released == p.commits[:3][::-1]
+        p.repo.retain_remote("origin", policy)
+        freed = p.repo.gc_remote(now=True).bytes_freed
+        assert abs(freed - sum(dry.frees.values())) <= 0.01 * freed  # whole chunk packs, one per push
+    finally:
+        p.repo.close()
