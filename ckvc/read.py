@@ -136,15 +136,17 @@ def not_found(exc: ObjectNotFoundError, commit: Commit, tensor: str) -> ObjectNo
 
 
 def check_chunk_sizes(
-    store: ObjectStore, commit: Commit, blob: Blob, chunks: Iterable[int] | None = None
-) -> list[IndexEntry | None]:
+    store: ObjectStore, commit: Commit, blob: Blob, chunks: Iterable[int] | None = None,
+    looked_up: Sequence[IndexEntry | None] | None = None,
+) -> list[IndexEntry | None]:  # fmt: skip
     """Each chunk's size as the index records it against its span, before any
     buffer is allocated for the blob (fsck makes the same check). ``chunks``: the
-    indices to check (default all). Returns their index entries (None: a chunk a
-    promisor remote holds), for the reads to use rather than look them up again."""
+    indices to check (default all); ``looked_up``: their index entries when the
+    caller has them. Returns their index entries (None: a chunk a promisor remote
+    holds), for the reads to use rather than look them up again."""
     spans = blob_spans(blob, commit)
     wanted = range(len(spans)) if chunks is None else list(chunks)
-    entries = store.index.get_many([blob.chunks[i] for i in wanted])
+    entries = list(looked_up) if looked_up is not None else store.index.get_many([blob.chunks[i] for i in wanted])
     for n, (i, entry) in enumerate(zip(wanted, entries, strict=True)):
         oid, (start, end) = blob.chunks[i], spans[i]
         size = None if entry is None else (entry.kind, entry.raw_size)
@@ -339,7 +341,11 @@ def read_blobs(
     """Every blob allocated whole and filled with its chunks: flat CPU buffers of
     their dtypes (NumPy arrays with ``arrays``). Chunks of all blobs are in flight
     together, so small tensors load in parallel too."""
-    entries = [check_chunk_sizes(core.store, commit, blob) for blob in blobs]  # before anything is allocated
+    # every chunk looked up in one index transaction, then checked, before anything is allocated
+    found = iter(core.store.index.get_many([oid for blob in blobs for oid in blob.chunks]))
+    entries = [
+        check_chunk_sizes(core.store, commit, blob, looked_up=[next(found) for _ in blob.chunks]) for blob in blobs
+    ]
     bases: list[torch.Tensor | np.ndarray] = []
     reads: list[ChunkRead] = []
     allocate = _allocator(arrays)
