@@ -35,14 +35,13 @@ from ckvc import graph
 from ckvc.errors import CkvcError, CorruptObjectError, ObjectNotFoundError, after_landing, storage_errors
 from ckvc.ids import ObjectType
 from ckvc.inspect import fields_json
-from ckvc.pruned import remote_released
+from ckvc.pruned import local_released, remote_released
 from ckvc.storage.backend import Backend, KeyInfo
 from ckvc.storage.object_store import RETIRED_PREFIX, RETIRED_SUFFIX, ObjectStore
 from ckvc.storage.packs import PACK_DIR, TMP_SUFFIX, PackWriter, RecordInfo, pack_key, parse_record
 
 if TYPE_CHECKING:
     from ckvc.core import Repository
-    from ckvc.objects import Commit
 
 TRASH_SUFFIX = ".trash"
 CRITICAL_SECTION_TIMEOUT_S = 600.0
@@ -165,10 +164,7 @@ def mark(
         promised = None if store.has(oid) else store.promised_size(oid)
         return promised is not None and promised[0] == ObjectType.CHUNK
 
-    def locally_released(commit: Commit) -> str | None:
-        return pruned[commit.id].policy if commit.id in pruned else None
-
-    released = remote_released(pruned, store.has) if remote else locally_released
+    released = remote_released(pruned, store.has) if remote else local_released(pruned)
 
     def refuse(oid: str, role: ObjectType, exc: ObjectNotFoundError | CorruptObjectError) -> None:
         raise CorruptObjectError(

@@ -115,7 +115,7 @@ def _parse(line: bytes) -> PruneRecord | None:
     try:
         d = json.loads(line.decode("utf-8"))
         snapshot = d.get("remote_retention")
-        if snapshot is not None and not (type(snapshot) is str and is_full_hex_id(snapshot)):
+        if "remote_retention" in d and not (type(snapshot) is str and is_full_hex_id(snapshot)):
             return None
         record = PruneRecord(str(d["commit"]), str(d["policy"]), int(d["time_ns"]), snapshot)
     except (ValueError, KeyError, TypeError, AttributeError):
@@ -123,16 +123,32 @@ def _parse(line: bytes) -> PruneRecord | None:
     return record if is_full_hex_id(record.commit) else None
 
 
+def local_released(records: Mapping[str, PruneRecord]) -> Callable[[Commit], str | None]:
+    """graph.closure's ``pruned`` in a local repository: a commit's policy when it has a record."""
+
+    def released(commit: Commit) -> str | None:
+        record = records.get(commit.id)
+        return None if record is None else record.policy
+
+    return released
+
+
 def remote_released(records: Mapping[str, PruneRecord], has: Callable[[bytes], bool]) -> Callable[[Commit], str | None]:
     """graph.closure's ``pruned`` on a remote (FORMAT 18.2): a commit's policy when
     its record covers it there: a remote retention record always, a pusher's
     record only while the remote lacks the commit's snapshot (present, it came
-    with a whole push of that commit, after the record). ``has``: the remote store's."""
+    with a whole push of that commit, after the record) or holds it hollow (its
+    chunks may be gone). ``has``: the remote store's."""
+    hollow = hollow_snapshots(records)
 
     def released(commit: Commit) -> str | None:
         record = records.get(commit.id)
-        if record is None or (record.remote_retention is None and has(bytes.fromhex(commit.tree))):
+        if record is None:
             return None
+        if record.remote_retention is None:
+            tree = bytes.fromhex(commit.tree)
+            if tree not in hollow and has(tree):
+                return None
         return record.policy
 
     return released

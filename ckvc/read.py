@@ -52,6 +52,8 @@ if TYPE_CHECKING:
 REMOTE_REQUEST_BYTES = 8 << 20
 # How far ahead of the reads in flight chunks are announced to the store, in windows.
 PREFETCH_WINDOWS = 2
+# Records further apart than this get separate read-ahead hints.
+PREFETCH_GAP = 64 << 10
 # How many names an error message lists before it says "and N more".
 MAX_NAMED = 8
 
@@ -314,16 +316,28 @@ def _run_reads(core: ReadCore, commit: Commit, reads: Sequence[ChunkRead], progr
 
 
 def _prefetch(store: ObjectStore, batch: Sequence[ChunkRead]) -> None:
-    """One read-ahead hint for a batch (its reads are one pack's, by offset, when
-    planned with their entries): one call where there was one per small record."""
-    first, last = batch[0].entry, batch[-1].entry
-    one_pack = first is not None and last is not None and first.pack == last.pack and last.offset >= first.offset
-    if one_pack and all(r.entry is not None for r in batch):
-        assert first is not None and last is not None
-        store.prefetch_span(first.pack, first.offset, last.offset + last.record_size - first.offset)
+    """Read-ahead hints for a batch (one pack's reads by offset, when planned with
+    their entries): one per run of neighbouring records where there was one per
+    record. A gap over PREFETCH_GAP starts a new run, so that a hint never asks
+    for much more than the reads need (records of a partial load can lie far apart)."""
+    packs = {read.entry.pack if read.entry is not None else None for read in batch}
+    if len(packs) != 1 or None in packs:
+        for read in batch:
+            store.prefetch(read.oid, read.entry)
         return
+    start = end = -1
+    pack = ""
     for read in batch:
-        store.prefetch(read.oid, read.entry)
+        entry = read.entry
+        assert entry is not None
+        if start >= 0 and (entry.offset < end or entry.offset - end > PREFETCH_GAP):
+            store.prefetch_span(pack, start, end - start)
+            start = -1
+        if start < 0:
+            pack, start = entry.pack, entry.offset
+        end = entry.offset + entry.record_size
+    if start >= 0:
+        store.prefetch_span(pack, start, end - start)
 
 
 # ---- blobs and tensors --------------------------------------------------------

@@ -14,14 +14,15 @@ from __future__ import annotations
 import math
 import time
 import warnings
-from collections.abc import Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from ckvc import graph, notes
 from ckvc.core import Repository
 from ckvc.errors import CkvcError, DurabilityWarning, InterruptedOperationError, InvalidInputError
-from ckvc.pruned import remote_released
+from ckvc.objects import Commit
+from ckvc.pruned import local_released, remote_released
 from ckvc.retention_policy import KeepBest, RetentionPolicy, format_duration, format_size, parse_duration
 
 __all__ = [  # the policy types stay importable from here
@@ -78,12 +79,12 @@ def plan_retention(
         if reason not in reasons:
             reasons.append(reason)
 
-    candidates: dict[str, None] = {}
+    candidates: dict[str, Commit] = {}
     noted = notes.all_notes(repo) if policy.keep_best else {}  # a metric added later by a note counts
     for name in covered:
         history = graph.log(repo, name, first_parent=True)  # tip first, root last
         for commit in history:
-            candidates.setdefault(commit.id)
+            candidates.setdefault(commit.id, commit)
             plan.summaries.setdefault(commit.id, commit.message.split("\n", 1)[0])
         if policy.keep_last:
             for commit in history[: policy.keep_last]:
@@ -118,12 +119,16 @@ def plan_retention(
             if commit.id in candidates:
                 keep(commit.id, "reachable from a branch the policy does not cover")
 
-    pruned: Mapping[str, Any] = repo.pruned()
-    if remote:
-        covers = remote_released(pruned, repo.store.has)
-        pruned = {c: r for c, r in pruned.items() if c in candidates and covers(repo.read_commit(c))}
+    records = repo.pruned()
+    # FORMAT 18.2: what a record covers on a remote depends on what the remote holds
+    released = remote_released(records, repo.store.has) if remote else local_released(records)
+
+    def is_pruned(commit: Commit) -> bool:
+        return released(commit) is not None
+
+    pruned = {c for c, commit in candidates.items() if is_pruned(commit)}
     if policy.max_size is not None:
-        _fit_budget(repo, plan, [c for c in candidates if c not in plan.kept and c not in pruned], pruned)
+        _fit_budget(repo, plan, [c for c in candidates if c not in plan.kept and c not in pruned], is_pruned)
     for commit_id in candidates:
         if commit_id in plan.kept:
             continue
@@ -134,7 +139,7 @@ def plan_retention(
     return plan
 
 
-def _fit_budget(repo: Repository, plan: RetentionPlan, others: list[str], pruned: Mapping[str, Any]) -> None:
+def _fit_budget(repo: Repository, plan: RetentionPlan, others: list[str], is_pruned: Callable[[Commit], bool]) -> None:
     """max-size: keep, beyond the other rules, the newest of ``others`` while the data of
     everything kept fits in the budget (an object shared by several commits counted
     once, delta bases included); the first that does not fit and every older one go.
@@ -153,7 +158,7 @@ def _fit_budget(repo: Repository, plan: RetentionPlan, others: list[str], pruned
     # budget decides on and those pruned already.
     deciding = set(others)
     tips = list(dict.fromkeys(graph.ref_tips(repo, include_reflogs=False).values()))
-    found = graph.closure(source, tips, pruned=lambda c: "decided here" if c.id in deciding or c.id in pruned else None)
+    found = graph.closure(source, tips, pruned=lambda c: "decided here" if c.id in deciding or is_pruned(c) else None)
     base = {oid: repo.store.locate(oid).record_size for oid in [*found.snapshots, *found.chunks]}
     counted.update(base)
     total = sum(base.values())

@@ -22,7 +22,7 @@ from ckvc.errors import (
 from ckvc.graph import is_ancestor
 from ckvc.ids import ObjectType
 from ckvc.objects import Commit, Snapshot, Tag
-from ckvc.pruned import remote_released
+from ckvc.pruned import PruneRecord, remote_released
 from ckvc.refs import BRANCH_PREFIX, TAG_PREFIX
 from ckvc.remote.common import (
     FetchResult,
@@ -171,10 +171,35 @@ class Fetch:
     # ---- the walk: graph.closure over the remote's records, each verified as read ----
 
     def walk(self, tips: list[str]) -> None:
-        released = remote_released(self.handle.core.pruned(), self.handle.core.store.has)
+        records = self.handle.core.pruned()
+        released = remote_released(records, self.handle.core.store.has)
         found = graph.closure(self, tips, have=self.local.store.has, bases=False, pruned=released)
         self.pruned = found.pruned
         self.chunks = dict.fromkeys(found.chunks)
+        self._released_behind(records)
+
+    def _released_behind(self, records: Mapping[str, PruneRecord]) -> None:
+        """A lazy clone or a bounded cache leaves chunks on the remote: where the
+        remote's own retention released a commit this repository holds without all
+        of its data, the record comes here too, so that loading it says it was
+        pruned (the walk stops at commits this repository has and never sees them)."""
+        store = self.local.store
+        if store.promisor is None:
+            return  # a whole repository holds its commits' data itself
+        mine = self.local.pruned()
+        for record in records.values():
+            if record.remote_retention is None or record.commit in mine:
+                continue
+            oid = bytes.fromhex(record.commit)
+            if not store.has(oid):
+                continue
+            tree = bytes.fromhex(record.remote_retention)
+            try:
+                snapshot = Snapshot.decode(store.read(tree, ObjectType.SNAPSHOT)) if store.has(tree) else None
+            except (CorruptObjectError, ObjectNotFoundError):
+                snapshot = None
+            if snapshot is None or not all(store.has(c) for blob in snapshot.blobs for c in blob.chunks):
+                self.pruned.setdefault(record.policy, []).append(record.commit)
 
     def kind(self, oid: bytes) -> ObjectType:
         item, record = self._metadata(oid)

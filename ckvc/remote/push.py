@@ -20,7 +20,7 @@ from ckvc.errors import (
     RefNotFoundError,
 )
 from ckvc.graph import is_ancestor
-from ckvc.pruned import hollow_snapshots
+from ckvc.pruned import hollow_snapshots, local_released, remote_released
 from ckvc.refs import BRANCH_PREFIX, TAG_PREFIX, check_ref_name
 from ckvc.remote.common import (
     Progress,
@@ -32,7 +32,7 @@ from ckvc.remote.common import (
     move_tracking,
     remotes_of,
 )
-from ckvc.remote.repository import Remote, open_remote
+from ckvc.remote.repository import CatalogStore, Remote, open_remote
 from ckvc.remote.transfer import UploadedPack, split_groups, upload_packs
 from ckvc.storage.records import Located, Verifier, locate_all
 
@@ -78,7 +78,10 @@ class _PushPlan:
 def _plan_push(local: Repository, remote: Remote, tips: list[str], max_pack: int) -> _PushPlan:
     """What the remote lacks of what ``tips`` reach, in publication waves. The walk
     stops at objects the remote has (the invariant makes their closure complete)."""
-    pruned = local.pruned()
+    # A mirror's source may be a remote, where a record covers what FORMAT 18.2 says
+    from_remote = isinstance(local.store, CatalogStore)
+    records = local.pruned()
+    released = remote_released(records, local.store.has) if from_remote else local_released(records)
     remote_has = remote.core.store.has
     # A snapshot the remote's own retention released is there without its chunks
     # (FORMAT 17): a new commit of the same state must send them again.
@@ -87,7 +90,7 @@ def _plan_push(local: Repository, remote: Remote, tips: list[str], max_pack: int
         graph.StoredObjects(local),
         tips,
         have=(lambda oid: oid not in hollow and remote_has(oid)) if hollow else remote_has,
-        pruned=lambda commit: pruned[commit.id].policy if commit.id in pruned else None,
+        pruned=released,
     )
     # Parents before children, and a tag's target tag (found after it) before it.
     ordered = (needed.snapshots, parents_first(needed.commits, needed.parents), needed.tags[::-1])

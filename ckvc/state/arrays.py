@@ -42,6 +42,8 @@ def numpy_dtype(name: str) -> np.dtype[Any]:
             raise InvalidInputError(
                 f"{name} arrays need the ml_dtypes package: pip install 'ckvc[jax]' (or ml_dtypes)"
             ) from None
+        if not hasattr(ml_dtypes, name):
+            raise InvalidInputError(f"{name} arrays need a newer ml_dtypes (this one is {ml_dtypes.__version__})")
         return np.dtype(getattr(ml_dtypes, name))
     raise InvalidInputError(f"torch dtype {name} has no NumPy equivalent; load it with ckvc's torch API")
 

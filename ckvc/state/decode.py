@@ -20,9 +20,9 @@ from ckvc.state.tables import (
     KIND_NUMPY,
     KIND_PARAMETER,
     NUMPY_DTYPE_PREFIX,
-    TORCH_DTYPES,
     MapLocation,
     blob_itemsize,
+    torch_dtype,
 )
 
 
@@ -157,4 +157,4 @@ def allocate_blob(dtype: str, nbytes: int) -> tuple[torch.Tensor | np.ndarray, m
         raw_t = torch.empty(nbytes, dtype=torch.uint8)
     except (MemoryError, RuntimeError):  # torch's allocator raises RuntimeError
         raise InsufficientMemoryError(f"cannot allocate {nbytes} bytes for a {dtype} blob") from None
-    return raw_t.view(TORCH_DTYPES[dtype]), raw_t.numpy().data.cast("B")
+    return raw_t.view(torch_dtype(dtype)), raw_t.numpy().data.cast("B")

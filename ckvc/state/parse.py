@@ -49,6 +49,13 @@ from ckvc.state.tables import (
 )
 
 
+class TorchSize(tuple[int, ...]):
+    """A ``torch.Size`` read without torch (``torch_free``): a tuple, and one leaf
+    where a state is flattened, as the torch.Size is."""
+
+    __slots__ = ()
+
+
 def join_path(path: str, key: object) -> str:
     return f"{path}.{key}" if path else str(key)
 
@@ -389,7 +396,7 @@ def _leaf(code: int, data: bytes, allow_pickle: bool | None, torch_free: bool) -
         dims = _unpack_plain(data)
         if type(dims) is not list or not _counts(dims):
             raise CorruptObjectError("malformed torch.Size")
-        return tuple(dims) if torch_free else _torch().Size(dims)
+        return TorchSize(dims) if torch_free else _torch().Size(dims)
     if code == EXT_NPSCALAR:
         pair = _unpack_plain(data)
         if type(pair) is not list or len(pair) != 2 or type(pair[0]) is not str or type(pair[1]) is not bytes:
@@ -426,7 +433,7 @@ def flatten(value: Any, path: str = "") -> dict[str, Any]:
     Empty containers are leaves too, so nothing disappears; a torch.Size is one leaf."""
     out: dict[str, Any] = {}
     torch = sys.modules.get("torch")  # without torch imported no value is a torch.Size
-    size_type: Any = torch.Size if torch is not None else ()
+    size_type: Any = (torch.Size, TorchSize) if torch is not None else TorchSize
 
     def walk(v: Any, p: str) -> None:
         if isinstance(v, dict) and v:

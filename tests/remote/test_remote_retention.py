@@ -171,3 +171,52 @@ def test_max_size_on_a_remote_frees_what_the_dry_run_says(tmp_path: Path) -> Non
         assert abs(freed - sum(dry.frees.values())) <= 0.01 * freed  # whole chunk packs, one per push
     finally:
         p.repo.close()
+
+
+def test_a_pushers_record_on_a_hollow_snapshot_covers_its_commit(tmp_path: Path, pushed: Pushed) -> None:
+    """A commit another repository pruned and pushed alone, whose state is one the
+    remote's retention released: its snapshot is there but hollow, so the pusher's
+    record covers it (FORMAT 18.2), and gc, fsck and clones see a pruned commit."""
+    repo, c = pushed.repo, pushed.commits
+    repo.retain_remote("origin", RetentionPolicy(keep_last=3))  # releases epochs 1 and 0
+    repo.gc_remote(now=True)
+    other = ckvc.Repo.clone(pushed.where.url, tmp_path / "other", endpoint=pushed.where.endpoint)
+    try:
+        again = other.commit(state(0), message="epoch 0 again")
+        assert other.core.read_commit(again).tree == repo.core.read_commit(c[0]).tree
+        other.commit(state(9), message="newer")
+        other.retain(RetentionPolicy(keep_last=1))
+        assert again in other.pruned()
+        other.push()
+    finally:
+        other.close()
+    assert repo.gc_remote(now=True).executed and repo.fsck_remote().ok
+    clone = ckvc.Repo.clone(pushed.where.url, tmp_path / "clone", endpoint=pushed.where.endpoint)
+    try:
+        with pytest.raises(PrunedCommitError):
+            clone.load(again)
+        assert_state_equal(clone.load("HEAD"), state(9))
+    finally:
+        clone.close()
+
+
+def test_a_lazy_clone_learns_what_the_remote_released(tmp_path: Path, pushed: Pushed) -> None:
+    """A lazy clone holds the history and leaves chunks on the bucket: after the
+    bucket's retention freed a commit's data, its fetch brings the record, and
+    loading the commit says it was pruned rather than failing on a missing chunk."""
+    repo, c = pushed.repo, pushed.commits
+    lazy = ckvc.Repo.clone(pushed.where.url, tmp_path / "lazy", endpoint=pushed.where.endpoint, lazy=True)
+    try:
+        assert_state_equal(lazy.load(c[3]), state(3))  # fetched on first read: stays local
+        repo.retain_remote("origin", RetentionPolicy(keep_last=2))  # releases epochs 2, 1, 0
+        repo.gc_remote(now=True)
+        lazy.fetch()
+        for gone in (c[0], c[1], c[2]):
+            with pytest.raises(PrunedCommitError):
+                lazy.load(gone)
+        assert_state_equal(lazy.load(c[4]), state(4))
+        # a whole repository keeps its own data: the records stay on the bucket
+        repo.fetch()
+        assert repo.pruned() == {} and torch.equal(repo.load(c[0])["w"], state(0)["w"])
+    finally:
+        lazy.close()
