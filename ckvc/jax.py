@@ -79,9 +79,9 @@ def to_torch(pytree: Any, path: str = "") -> Any:
         return _as_tensor(np.asarray(pytree), path)
     if isinstance(pytree, np.ndarray) and _is_ml_dtype(pytree.dtype):  # bfloat16, float8 in NumPy
         return _as_tensor(pytree, path)
-    if isinstance(pytree, (dict, collections.OrderedDict)):
+    if type(pytree) in (dict, collections.OrderedDict):
         return type(pytree)((k, to_torch(v, join_path(path, k))) for k, v in pytree.items())
-    if isinstance(pytree, Mapping):  # flax's FrozenDict and other read-only mappings
+    if isinstance(pytree, Mapping):  # flax's FrozenDict, defaultdicts and other mappings: a dict
         return {k: to_torch(v, join_path(path, k)) for k, v in pytree.items()}
     if type(pytree) in (list, tuple):
         return type(pytree)(to_torch(v, join_path(path, i)) for i, v in enumerate(pytree))
