@@ -4,7 +4,7 @@ The benchmarks produce the speed and size figures the issues are judged by, and
 nothing else runs them: a refactor once left compression.py's fresh-process
 checkout timer importing a module it could not find. These runs check that each
 script completes and prints its summary, not what the figures are. They are the
-stress tier's (``bash .ci/test --all``): 14 subprocesses, each importing torch and
+stress tier's (``bash .ci/test --all``): 15 subprocesses, each importing torch and
 timing several runs.
 """
 
@@ -44,6 +44,7 @@ RUNS = {
     "hybrid": ("hybrid.py --sections policy --ops 4 --seeds 1 --dir {tmp}", "chosen lru vs lru"),
     "signing": ("signing.py --size-mb 8 --rounds 1 --dir {tmp}", "signed/plain"),
     "hf-export": ("hf_export.py --size-mb 80 --shard-mb 32 --dir {tmp}", "peak RSS above the interpreter"),
+    "many-tensors": ("many_tensors.py --tensors 400 --rounds 1 --dir {tmp}", "commit per tensor"),
     # a directory remote, and moto where it is installed (else the script says "S3 left out")
     "remote": (
         "remote.py --history synthetic --epochs 2 --size-mb 2 --rounds 1 --dir {tmp}",
