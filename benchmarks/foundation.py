@@ -189,7 +189,7 @@ def save_safetensors_durably(state: State, path: Path) -> None:
     fsync_path(path)
 
 
-def save_torch_durably(state: State, path: Path) -> None:
+def save_torch_durably(state: object, path: Path) -> None:
     """The torch.save baseline, fsynced."""
     with open(path, "wb") as f:
         torch.save(state, f)

@@ -8,7 +8,8 @@ parameter), each ``--elements`` fp32 values.
 Per round, in alternating order (the machine drifts; the medians are printed):
 
 * commit into a fresh repository against ``torch.save`` (+ fsync) and safetensors
-  ``save_file`` (+ fsync) of the same tensors (flattened names for safetensors);
+  ``save_file`` (+ fsync) of the same tensors (flattened names for safetensors), the
+  durable baselines of foundation.py;
 * load in a fresh process (the time of the load call; torch imported before) against
   ``torch.load(weights_only=True)`` and safetensors ``load_file``;
 * one tensor in a fresh process: ``repo.load(keys=[name])`` against ``safe_open`` +
@@ -38,6 +39,9 @@ from safetensors.torch import save_file
 
 import ckvc
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import foundation as fd  # the durable save baselines every benchmark uses
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -64,14 +68,6 @@ def flat(state: dict[str, Any]) -> dict[str, torch.Tensor]:
     for i, s in state["optimizer"]["state"].items():
         out.update({f"optimizer.state.{i}.{k}": v for k, v in s.items()})
     return out
-
-
-def fsync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def child(code: str) -> float:
@@ -127,18 +123,10 @@ def run(args: argparse.Namespace, work: Path) -> None:
     save_file(flat_state, st)
     key = next(iter(flat_state))
 
-    def torch_save(d: Path) -> None:
-        torch.save(state, d / "s.pt")
-        fsync(d / "s.pt")
-
-    def safetensors_save(d: Path) -> None:
-        save_file(flat_state, d / "s.st")
-        fsync(d / "s.st")
-
     commit_ops: dict[str, Callable[[Path], Any]] = {
         "commit": lambda d: _commit(d, state),
-        "torch.save": torch_save,
-        "save_file": safetensors_save,
+        "torch.save": lambda d: fd.save_torch_durably(state, d / "s.pt"),
+        "save_file": lambda d: fd.save_safetensors_durably(flat_state, d / "s.st"),
     }
     read_ops: dict[str, str] = {
         "load (fresh process)": (
