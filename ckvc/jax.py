@@ -127,8 +127,7 @@ def _rebuild(like: Any, path: str, values: Mapping[str, Any]) -> Any:
 def _to_device(jax: Any, value: Any, like: Any) -> Any:
     if not isinstance(value, np.ndarray):
         return value
-    sharding = getattr(like, "sharding", None)
-    return jax.device_put(value, sharding) if sharding is not None else jax.device_put(value)
+    return jax.device_put(value, getattr(like, "sharding", None))  # None: the default device
 
 
 def load(
@@ -158,7 +157,7 @@ def load(
         state = ckvc_numpy.load(
             repo, rev, keys=keys, prefix=prefix, verify_signatures=verify_signatures, progress=progress
         )
-        return _map_arrays(state, lambda a: jax.device_put(a))
+        return _map_arrays(state, jax.device_put)
     if keys is not None or prefix is not None:
         raise InvalidInputError("like= names what to read; it takes no keys or prefix")
     wanted: dict[str, Any] = {}
