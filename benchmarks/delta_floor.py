@@ -20,6 +20,8 @@ last-two-layers MiniLM sequence (0.30 of raw) is judged against these.
 
     python benchmarks/delta_floor.py [--mode last2|all]   # MiniLM (needs '.[bench]')
     python benchmarks/delta_floor.py --synthetic          # a small MLP, no extras
+    python benchmarks/delta_floor.py --multinode 64       # rank 0 of benchmarks/multinode.py's
+                                                          # run (MiB over the 4 ranks), no extras
 """
 
 from __future__ import annotations
@@ -49,7 +51,7 @@ from ckvc.codecs.planes import split_planes
 from ckvc.state import dtype_name
 
 MB = 1e6
-KINDS = ("frozen weights", "trained weights", "Adam m", "Adam v", "other")
+KINDS = ("frozen weights", "trained weights", "master weights", "Adam m", "Adam v", "other")
 
 
 def kind_of(path: str, changes: bool) -> str:
@@ -57,6 +59,8 @@ def kind_of(path: str, changes: bool) -> str:
         return "Adam m"
     if path.endswith("exp_avg_sq"):
         return "Adam v"
+    if path.endswith(".master"):
+        return "master weights"
     if path.startswith("model."):
         return "trained weights" if changes else "frozen weights"
     return "other"
@@ -166,14 +170,40 @@ def synthetic_sequence(epochs: int) -> list[dict[str, Any]]:
     return states
 
 
+def multinode_sequence(size_mb: int, saves: int) -> list[dict[str, Any]]:
+    """Rank 0's saves in benchmarks/multinode.py's run (its defaults: 4 AdamW steps
+    at lr 1e-5 between saves), each a copy."""
+    from multinode import Trainer
+
+    trainer, states = Trainer(0, size_mb, lr=1e-5), []
+    for _ in range(saves):
+        states.append(_copied(trainer.state()))
+        trainer.advance(4)
+    return states
+
+
+def _copied(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return value.clone()
+    if isinstance(value, dict):
+        return {k: _copied(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_copied(v) for v in value]
+    return value
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--mode", default="last2", help="MiniLM sequence: last2 or all")
     parser.add_argument("--epochs", type=int, default=10)
     parser.add_argument("--synthetic", action="store_true", help="a small MLP instead of MiniLM")
+    parser.add_argument("--multinode", type=int, metavar="MIB", help="benchmarks/multinode.py's rank 0 at this size")
     parser.add_argument("--workdir", type=Path)
     args = parser.parse_args(argv)
-    if args.synthetic:
+    if args.multinode:
+        states = multinode_sequence(args.multinode, args.epochs)
+        title = f"multinode.py rank 0 ({args.multinode} MiB over 4 ranks), {args.epochs} saves"
+    elif args.synthetic:
         states, title = synthetic_sequence(args.epochs), f"synthetic MLP, {args.epochs} checkpoints"
     else:
         from minilm_data import cached_sequence

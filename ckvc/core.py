@@ -171,6 +171,9 @@ class Repository:
         # The hybrid cache in front of this repository's remotes, when one is
         # attached (ckvc.hybrid.api); closed first by close().
         self.hybrid: Attachment | None = None
+        # Other things layers above keep open on this repository (remotes kept
+        # between commits to them: ckvc.remote.publish), by name; closed with it.
+        self.attachments: dict[str, Attachment] = {}
         # hooks.json's commands (ckvc.hooks.HookRunner), attached by the facade when the
         # repository sets any.
         self.hooks: Any = None
@@ -298,6 +301,8 @@ class Repository:
         try:
             if self.hybrid is not None:
                 self.hybrid.close()
+            for attachment in self.attachments.values():
+                attachment.close()
         finally:
             self.executor.close()
             self.store.close()

@@ -39,7 +39,7 @@ import socket
 import time
 import warnings
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, overload
 
@@ -478,7 +478,7 @@ def _run_remote(
                     target, _ = core.refs.head()
                     if target is None:
                         raise InvalidInputError("HEAD is detached: a commit to a remote lands on HEAD's branch")
-                    handle = stack.enter_context(contextlib.closing(publish.open_for_commit(core, remote, create=True)))
+                    handle = stack.enter_context(publish.kept_open_for_commit(core, remote, create=True))
                     start = _Start(
                         target,
                         handle.core.refs.read(target),
@@ -499,9 +499,7 @@ def _run_remote(
             request = dataclasses.replace(request, author=start.author, time_ns=start.time_ns)
             try:
                 if handle is None:
-                    handle = stack.enter_context(
-                        contextlib.closing(publish.open_for_commit(core, remote, create=False))
-                    )
+                    handle = stack.enter_context(publish.kept_open_for_commit(core, remote, create=False))
                 stack.enter_context(handle.core.store.pin())
             except (CkvcError, OSError) as exc:
                 prepared = _describe(exc)
@@ -518,15 +516,13 @@ def _run_remote(
             # 2. This rank's chunks, durable in its node's packs, then on the remote.
             part = _Entry(tree, pickled=request.pickled, consistency=consistency)
             if prepared is None:
-                entry, local_error = _write_part(core, pending, part, head, lossy, writer, progress)
+                assert handle is not None
+                entry, local_error = _write_and_upload(
+                    core, pending, part, head, lossy, writer, progress, handle, remote, local_stage
+                )
             else:
                 entry, local_error = _Entry(error=prepared), None
             _settle_stage(local_stage, entry.error)
-            if entry.error is None and handle is not None:
-                try:
-                    publish.upload_part(core, handle, entry.blobs)
-                except (CkvcError, OSError) as exc:
-                    entry, local_error = _Entry(error=f"uploading to {remote}: {_describe(exc)}"), exc
             entries = [_Entry.decode(e) for e in _all_gather_bytes(group, entry.encode())]
             failures = {r: e.error for r, e in enumerate(entries) if e.error is not None}
             if not failures:
@@ -689,18 +685,98 @@ def _write_part(
     lossy: LossySpec,
     writer: Any,
     progress: ProgressCallback | None,
+    sealed: Callable[[list[Blob]], None] | None = None,
 ) -> tuple[_Entry, BaseException | None]:
-    """Write and seal this rank's chunks: ``part`` with its blobs, or an entry naming the error."""
+    """Write and seal this rank's chunks: ``part`` with its blobs, or an entry naming
+    the error. With ``sealed`` the blobs are written in slices (:func:`_slices`),
+    each sealed and then passed to ``sealed`` while the next is written."""
     report = write.WriteReport()
+    total = sum(len(b.data) for b in pending)
+    blobs: list[Blob] = []
     try:
         policy = write.chunk_policy(core, lossy)
-        blobs = write.write_blobs(
-            core, pending, parent=head.parent, policy=policy, writer=writer, report=report, progress=progress
-        )
-        writer.commit()  # durable and indexed before the coordinator may name it
+        written = 0
+        for piece in _slices(pending) if sealed is not None else [pending]:
+            shown = None if progress is None else _offset_progress(progress, written, total)
+            piece_blobs = write.write_blobs(
+                core, piece, parent=head.parent, policy=policy, writer=writer, report=report, progress=shown
+            )
+            writer.commit()  # durable and indexed before the coordinator may name it (or it is uploaded)
+            blobs.extend(piece_blobs)
+            written += sum(len(b.data) for b in piece)
+            if sealed is not None:
+                sealed(piece_blobs)
     except Exception as exc:
         return _Entry(error=_describe(exc)), exc
     return dataclasses.replace(part, blobs=blobs, lossy=report.lossy), None
+
+
+# A rank's part goes to the bucket in slices of about a quarter of it (never under
+# 8 MiB: each slice is a pack here and one there), so the upload of one slice
+# overlaps the encoding of the next (DESIGN, "Training across machines").
+UPLOAD_SLICES = 4
+MIN_UPLOAD_SLICE = 8 << 20
+
+
+def _slices(pending: Sequence[state_mod.PendingBlob]) -> list[list[state_mod.PendingBlob]]:
+    """``pending`` cut in order into runs of whole blobs of about
+    max(total / UPLOAD_SLICES, MIN_UPLOAD_SLICE) bytes each."""
+    target = max(MIN_UPLOAD_SLICE, -(-sum(len(b.data) for b in pending) // UPLOAD_SLICES))
+    out: list[list[state_mod.PendingBlob]] = [[]]
+    size = 0
+    for blob in pending:
+        if size >= target:
+            out.append([])
+            size = 0
+        out[-1].append(blob)
+        size += len(blob.data)
+    return out
+
+
+def _offset_progress(progress: ProgressCallback, before: int, total: int) -> ProgressCallback:
+    return lambda done, _: progress(before + done, total)
+
+
+def _write_and_upload(
+    core: Any,
+    pending: list[state_mod.PendingBlob],
+    part: _Entry,
+    head: write.Head,
+    lossy: LossySpec,
+    writer: Any,
+    progress: ProgressCallback | None,
+    handle: Any,
+    remote: str,
+    local_stage: Future[None],
+) -> tuple[_Entry, BaseException | None]:
+    """This rank's part written into its node's packs and uploaded to the remote,
+    each sealed slice sent (by one uploader thread, in order) while the next is
+    encoded. ``local_stage`` is settled once everything is written here. The
+    uploader is always joined before this returns: the handle is closed after."""
+    from ckvc.remote import publish
+
+    uploader = ThreadPoolExecutor(1, thread_name_prefix="ckvc-upload")
+    uploads: list[Future[Any]] = []
+
+    def sealed(blobs: list[Blob]) -> None:
+        if not any(f.done() and f.exception() is not None for f in uploads):  # after a failure, nothing more
+            uploads.append(uploader.submit(publish.upload_part, core, handle, blobs))
+
+    try:
+        entry, local_error = _write_part(core, pending, part, head, lossy, writer, progress, sealed)
+        _settle_stage(local_stage, entry.error)
+    finally:
+        uploader.shutdown(wait=True)
+    for upload in uploads:
+        exc = upload.exception()
+        if exc is None:
+            continue
+        if not isinstance(exc, CkvcError | OSError):
+            raise exc
+        if entry.error is None:
+            entry, local_error = _Entry(error=f"uploading to {remote}: {_describe(exc)}"), exc
+        break
+    return entry, local_error
 
 
 def _inconsistent(entries: Sequence[_Entry]) -> dict[int, str]:

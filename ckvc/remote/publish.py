@@ -18,8 +18,10 @@ that never landed are unreferenced, for ``gc --remote`` after its grace period.
 
 from __future__ import annotations
 
+import contextlib
+import threading
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 
 from ckvc import signing, write
@@ -29,8 +31,9 @@ from ckvc.graph import is_ancestor
 from ckvc.objects import Blob
 from ckvc.refs import BRANCH_PREFIX
 from ckvc.remote.common import TransferStats, move_tracking, remotes_of, tracking_ref
+from ckvc.remote.location import RemoteSpec
 from ckvc.remote.push import upload_objects
-from ckvc.remote.repository import Remote, open_remote
+from ckvc.remote.repository import Remote, open_remote, refresh_catalog
 from ckvc.storage.object_writer import ObjectWriter
 
 
@@ -39,6 +42,53 @@ def open_for_commit(local: Repository, remote: str, *, create: bool) -> Remote:
     remote repository if there is none (the coordinator's first commit)."""
     spec = remotes_of(local).get(remote)
     return open_remote(local, spec, create_from=local.config if create else None)
+
+
+class _KeptOpen:
+    """Remotes kept open between one repository's commits to them (opening one
+    costs a client, the config's GET and the catalog's LMDB: DESIGN, "Training
+    across machines"); an attachment of the repository, closed with it."""
+
+    def __init__(self) -> None:
+        self.handles: dict[RemoteSpec, Remote] = {}
+        self.lock = threading.Lock()
+
+    def close(self) -> None:
+        with self.lock:
+            handles, self.handles = list(self.handles.values()), {}
+        for handle in handles:
+            handle.close()
+
+
+@contextlib.contextmanager
+def kept_open_for_commit(local: Repository, remote: str, *, create: bool) -> Iterator[Remote]:
+    """:func:`open_for_commit`, the handle kept open on ``local`` for the next
+    commit to ``remote``; a kept one has its catalog refreshed (other writers'
+    packs) instead. A commit that fails with it closes it: the next one opens
+    afresh."""
+    spec = remotes_of(local).get(remote)
+    kept = local.attachments.setdefault("kept-remotes", _KeptOpen())
+    assert isinstance(kept, _KeptOpen)
+    with kept.lock:
+        handle = kept.handles.pop(spec, None)
+    if handle is not None:
+        try:
+            refresh_catalog(handle.core.store, handle.damaged)
+        except BaseException:
+            handle.close()
+            raise
+    else:
+        handle = open_for_commit(local, remote, create=create)
+    try:
+        yield handle
+    except BaseException:
+        handle.close()
+        raise
+    with kept.lock:
+        previous = kept.handles.get(spec)  # another thread's, kept meanwhile
+        kept.handles[spec] = handle
+    if previous is not None:
+        previous.close()
 
 
 def upload_part(local: Repository, handle: Remote, blobs: Sequence[Blob]) -> TransferStats:

@@ -29,8 +29,14 @@ def node_dir(nodes: str, rank: int) -> Path:
     return Path(nodes) / f"node{rank // RANKS_PER_NODE}"
 
 
-def commit_steps(rank: int, world: int, nodes: str, steps: list[int], blocking: bool) -> dict[str, Any]:
-    """One remote commit per step; what each node's repository knows afterwards."""
+def commit_steps(
+    rank: int, world: int, nodes: str, steps: list[int], blocking: bool, slice_bytes: int | None = None
+) -> dict[str, Any]:
+    """One remote commit per step; what each node's repository knows afterwards.
+    ``slice_bytes``: upload slices this small (several packs a part, each uploaded
+    while the next is written)."""
+    if slice_bytes is not None:
+        ckvc.distributed.MIN_UPLOAD_SLICE = slice_bytes
     with ckvc.Repo.open(node_dir(nodes, rank)) as repo:
         ids: list[str] = []
         stages: list[bool] = []

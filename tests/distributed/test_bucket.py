@@ -89,7 +89,8 @@ def test_remote_commit_one_id_everywhere_and_a_fresh_node_resumes(
 ) -> None:
     url = f"s3://{s3_bucket}/run"
     nodes = _nodes(tmp_path, url, s3_server.endpoint)
-    results = run_world(WORLD, bucket_fns.commit_steps, (str(nodes), [1, 2], blocking))
+    # parts in slices of 256 KiB: each rank's upload overlaps its writing, in several packs
+    results = run_world(WORLD, bucket_fns.commit_steps, (str(nodes), [1, 2], blocking, 256 << 10))
     ids = results[0]["ids"]
     assert all(r["ids"] == ids for r in results), [r["ids"] for r in results]
     for rank, r in enumerate(results):
@@ -105,6 +106,8 @@ def test_remote_commit_one_id_everywhere_and_a_fresh_node_resumes(
             tip = remote.core.read_commit(ids[-1])
             assert tip.parents == (ids[0],)
             assert ckvc.distributed.world_size(tip) == WORLD
+            # per commit, a pack of metadata and more than one a rank: its slices
+            assert len(remote.core.store.index.indexed_packs()) >= 2 * (1 + 2 * WORLD)
         finally:
             remote.close()
         assert node.fsck_remote("origin").ok
