@@ -84,6 +84,14 @@ def test_commands_that_read_tensors_still_work(repo_dir: Path) -> None:
     assert "1 tensor changed (32 B)" in output and "metric val_loss: 1 -> 0.5" in output
 
 
+def test_diff_stat_parses_the_states_without_torch(repo_dir: Path) -> None:
+    """--stat reads the two trees (numpy's dtype tables) but no tensor: the devices
+    of tensor nodes are judged without importing torch (a second of a diff)."""
+    result, output = probe(repo_dir, ["diff", "--stat", "HEAD~1", "HEAD"])
+    assert result == {"code": 0, "torch": False, "safetensors": False, "numpy": True}, output
+    assert "1 tensor changed (32 B)" in output
+
+
 def test_import_ckvc_is_lazy() -> None:
     code = (
         "import sys, ckvc; assert 'torch' not in sys.modules and 'ckvc.repo' not in sys.modules;"
