@@ -76,9 +76,9 @@ def main(argv: list[str] | None = None) -> None:
     print(f"{'command':24s}" + "".join(f"{n:>10d}" for n in lengths) + "   ms/commit over start-up   exponent k")
     base = table["startup"]
     for name, times in table.items():
-        work = [max(t - b, 1e-4) for t, b in zip(times, base, strict=True)]
-        per = " ".join(f"{w / n * 1e3:.2f}" for w, n in zip(work, lengths, strict=True))
-        k = math.log(work[-1] / work[0]) / math.log(lengths[-1] / lengths[0])
+        over = [max(t - b, 1e-4) for t, b in zip(times, base, strict=True)]
+        per = " ".join(f"{w / n * 1e3:.2f}" for w, n in zip(over, lengths, strict=True))
+        k = math.log(over[-1] / over[0]) / math.log(lengths[-1] / lengths[0])
         shown_k = "" if name == "startup" else f"{k:.2f}"
         print(f"{name:24s}" + "".join(f"{t:10.3f}" for t in times) + f"   {per}   {shown_k}")
     print(
