@@ -2,9 +2,10 @@
 against torch.save / torch.load, safetensors and a plain in-memory copy, in ONE run.
 
     PYTHONPATH=. .venv/bin/python benchmarks/throughput.py [--size-mb 1024] [--repeats 3]
-        [--dtype fp32|bf16|both] [--dir DIR] [--json]
+        [--dtype fp32|bf16|both] [--dir DIR] [--json] [--memory-only]
 
-``--size-mb 64 --repeats 1`` is a quick smoke run.
+``--size-mb 64 --repeats 1`` is a quick smoke run. ``--memory-only`` runs only the
+peak-memory rows (a state of 8 GB and more in minutes, issue 33's memory bar).
 
 The state is foundation.py's GPT-like state dict (realistic transformer shapes), about
 ``--size-mb`` of fp32 or bf16 weights. The measurement machinery is foundation.py's,
@@ -36,7 +37,9 @@ ckvc rows:
 * one large tensor: through the public API when this ckvc has one
   (``repo.load(rev, keys=[name])`` or ``repo.view(rev)[name]``), else through the
   internal ``Repo._load_tensor`` path (the output says which);
-* peak RSS minus the state size while committing and checking out.
+* peak RSS minus the state size while committing, checking out and restoring in place
+  (``load_into`` a module holding the state's tensors as buffers; the output is the
+  module, allocated and touched before).
 
 The acceptance block prints each ratio the issue asks for next to its target.
 """
@@ -70,7 +73,7 @@ from ckvc import state as state_mod
 MIB = fd.MIB
 GB = fd.GB
 DTYPES: dict[str, torch.dtype] = {"fp32": torch.float32, "bf16": torch.bfloat16}
-RSS_LIMIT = 256 * MIB
+RSS_LIMIT = 64 * MIB  # issue 33: over the state during commit, over the output during checkout and load_into
 
 # Row names, also the keys of the acceptance checks.
 COPY = "in-memory copy of the state (clone every tensor)"
@@ -159,7 +162,7 @@ def check(res: fd.Results, label: str, op: str, base: str, limit: float) -> Chec
 
 
 def acceptance(res: fd.Results) -> list[Check]:
-    changed = res.config["changed_op"]
+    changed = res.config.get("changed_op", "")
     checks = [
         check(res, "commit new (auto) / safetensors save", NEW_AUTO, ST_SAVE, 1.5),
         check(res, "commit new (raw) / safetensors save", NEW_RAW, ST_SAVE, 1.1),
@@ -172,7 +175,7 @@ def acceptance(res: fd.Results) -> list[Check]:
         check(res, "one tensor cold / safe_open get_tensor+clone cold", CK_ONE + COLD, ST_ONE + COLD, 2.0),
     ]
     for m in res.memory:
-        if m["op"] in ("commit-auto", "checkout"):
+        if m["op"] in JUDGED_MEMORY_OPS:
             checks.append(Check(f"peak RSS - state, {m['label']}", m["extra"] / MIB, RSS_LIMIT / MIB, " MiB"))
     return checks
 
@@ -184,13 +187,32 @@ MEMORY_OPS = {
     "commit-auto": "ckvc commit, codec auto",
     "commit-raw": "ckvc commit, codec raw",
     "checkout": "ckvc checkout (Repo.load)",
+    "load-into": "ckvc load_into (in place)",
 }
+JUDGED_MEMORY_OPS = ("commit-auto", "checkout", "load-into")
+
+
+def module_holding(state: dict[str, torch.Tensor]) -> torch.nn.Module:
+    """A module whose state_dict() is ``state`` (the same tensors, as buffers at the
+    same dotted names), for ``load_into``."""
+    root = torch.nn.Module()
+    for name, tensor in state.items():
+        *parents, leaf = name.split(".")
+        owner = root
+        for part in parents:
+            child = owner._modules.get(part)
+            if child is None:
+                child = torch.nn.Module()
+                owner.add_module(part, child)
+            owner = child
+        owner.register_buffer(leaf, tensor)
+    return root
 
 
 def child_main(op: str, path: Path, size_mb: int, dtype_name: str, rev: str) -> None:
     """One operation in this fresh process; prints its memory figures as JSON."""
     state = None
-    if op.startswith("commit"):
+    if op.startswith("commit") or op == "load-into":
         dtype = DTYPES[dtype_name]
         state = fd.build_state(fd.pick_shape(size_mb * MIB, dtype.itemsize), dtype=dtype)
 
@@ -198,12 +220,20 @@ def child_main(op: str, path: Path, size_mb: int, dtype_name: str, rev: str) -> 
         if op == "checkout":
             with ckvc.Repo.open(path) as repo:
                 return repo.load(rev)
+        if op == "load-into":
+            assert state is not None
+            with ckvc.Repo.open(path) as repo:
+                repo.load_into(rev, model=module_holding(state), model_key=None)
+            return None
         codec = {"name": "raw"} if op == "commit-raw" else None
         with ckvc.Repo.init(path, codec=codec) as repo:
             repo.commit(state, message="mem")
         return None
 
-    print(json.dumps(fd.peak_memory(op, run, state)))
+    figures = fd.peak_memory(op, run, state)
+    if op == "load-into":
+        figures["state_held"] = 0  # the output, held before: peak - rss_before is all extra
+    print(json.dumps(figures))
 
 
 # ---- the benchmark ------------------------------------------------------------------------
@@ -421,18 +451,39 @@ def _run_all(
     repo.close()
     raw_repo.close()
 
-    # -- peak memory, one fresh process per op ---------------------------------------------------
+    measure_memory(args, res, work / "repo-main", base, nbytes, tag)
+
+
+def measure_memory(args: argparse.Namespace, res: fd.Results, main: Path, rev: str, nbytes: int, tag: str) -> None:
+    """Peak memory, one fresh process per op; the reads read ``rev`` of ``main``."""
     for op, label in MEMORY_OPS.items():
-        path = work / "repo-main" if op == "checkout" else work / f"repo-mem-{op}"
+        reads = op in ("checkout", "load-into")
+        path = main if reads else main.parent / f"repo-mem-{op}"
         fd.log(f"{tag} peak memory: {label}")
-        data = fd.run_child(
-            op, path, args.size_mb, base if op == "checkout" else "", __file__, ["--dtype", res.config["dtype"]]
-        )
+        data = fd.run_child(op, path, args.size_mb, rev if reads else "", __file__, ["--dtype", res.config["dtype"]])
         data["label"] = label
         data["state_bytes"] = nbytes
         res.memory.append(data)
-        if op != "checkout":
+        if not reads:
             fd.remove(path)
+
+
+def run_memory_only(args: argparse.Namespace, dtype_name: str) -> fd.Results:
+    """Only the peak-memory rows: the repository the reads read is committed by a
+    child too, so this process never holds the state."""
+    dtype = DTYPES[dtype_name]
+    nbytes = fd.pick_shape(args.size_mb * MIB, dtype.itemsize).nbytes(dtype.itemsize)
+    base_dir = Path(args.dir) if args.dir else Path(tempfile.gettempdir())
+    work = Path(tempfile.mkdtemp(prefix="ckvc-memory-", dir=base_dir))
+    res = fd.Results(config={"dtype": dtype_name, "size_mb": args.size_mb, "state_bytes": nbytes})
+    try:
+        main = work / "repo-main"
+        fd.log(f"[{dtype_name}] committing {nbytes / GB:.2f} GB for the reads (a child)")
+        fd.run_child("commit-main", main, args.size_mb, "", __file__, ["--dtype", dtype_name])
+        measure_memory(args, res, main, "HEAD", nbytes, f"[{dtype_name}]")
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return res
 
 
 # ---- output -----------------------------------------------------------------------------------
@@ -463,12 +514,19 @@ def print_report(res: fd.Results, checks: list[Check]) -> None:
         print(f"  {s['format']:<40}{s['bytes'] / MIB:>10.1f} MiB  {s['bytes'] / c['state_bytes']:.3f} of raw")
     fd.print_commit_stats(res, key_width=8)
     print()
-    print("peak RSS minus state size (fresh process per op; a commit holds the state before, a checkout returns it)")
+    print_memory(res)
+    print()
+    print_acceptance(c["dtype"], checks)
+
+
+def print_memory(res: fd.Results) -> None:
+    print(
+        "peak RSS minus state size (fresh process per op; a commit holds the state before, a checkout returns it,"
+        " load_into fills it)"
+    )
     for m in res.memory:
         how = "VmHWM reset" if m["hwm_reset"] else "ru_maxrss"
         print(f"  {m['label']:<40}{m['extra'] / MIB:>10.1f} MiB  [{how}]")
-    print()
-    print_acceptance(c["dtype"], checks)
 
 
 def print_acceptance(dtype: str, checks: list[Check]) -> None:
@@ -486,6 +544,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--dtype", choices=["fp32", "bf16", "both"], default="both", help="state dtype (default both)")
     ap.add_argument("--dir", default=None, help="where to make the temporary work dir (default: system temp dir)")
     ap.add_argument("--json", action="store_true", help="print machine-readable JSON instead of the table")
+    ap.add_argument("--memory-only", action="store_true", help="only the peak-memory rows (in fresh processes)")
     ap.add_argument("--child-op", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--child-path", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--child-rev", default="", help=argparse.SUPPRESS)
@@ -498,6 +557,14 @@ def main(argv: list[str] | None = None) -> None:
     started = time.perf_counter()
     dtypes = ["fp32", "bf16"] if args.dtype == "both" else [args.dtype]
     results: list[tuple[fd.Results, list[Check]]] = []
+    if args.memory_only:
+        for name in dtypes:
+            res = run_memory_only(args, name)
+            print(f"\npeak RSS, {name} state of {res.config['state_bytes'] / GB:.2f} GB (fresh process per op)")
+            print_memory(res)
+            print_acceptance(name, [ch for ch in acceptance(res) if ch.unit])
+        print(f"\n(total wall time {time.perf_counter() - started:.0f} s)")
+        return
     for name in dtypes:
         t0 = time.perf_counter()
         res = run_dtype(args, name)

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 from ckvc import graph, signing
-from ckvc.chunking import chunk_spans, size_batches
+from ckvc.chunking import BATCH_BYTES, chunk_spans, size_batches
 from ckvc.codecs import DELTA, QUANT, DeltaBase, layout_for
 from ckvc.codecs.lossy import MODES as LOSSY_MODES
 from ckvc.codecs.lossy import quantize
@@ -331,6 +331,20 @@ def _quantized(
     return oid, QUANT, result.payload, keyframe.oid if keyframe else None, False, error
 
 
+# Encoded chunks a commit may hold in flight (issue 33: a commit's extra memory
+# under 64 MiB whatever the state's size; DESIGN, "Host memory").
+WRITE_WINDOW_BYTES = 24 << 20
+
+
+def write_window_depth(threads: int, chunk_size: int) -> int:
+    """Tasks in flight while writing: as many as WRITE_WINDOW_BYTES of chunks hold
+    (a task is one chunk, or small chunks up to BATCH_BYTES), never fewer than one
+    a thread plus two (every thread busy while the oldest lands) nor more than the
+    executor's default."""
+    per_task = max(chunk_size, BATCH_BYTES)
+    return max(threads + 2, min(4 * threads + 2, WRITE_WINDOW_BYTES // per_task))
+
+
 def write_blobs(
     core: Repository,
     pending: Sequence[PendingBlob],
@@ -420,10 +434,11 @@ def write_blobs(
         for job, encoded in zip(group, results, strict=True):
             append(job[0], len(job[1]), encoded)
 
-    # The window keeps every core busy while a pack is sealed (fsync); at 4 MiB
-    # chunks it bounds extra memory to a few tens of MiB. Small chunks share a task
-    # (size_batches): a task's fixed cost is that of encoding a few KiB.
-    with core.executor.window() as window:
+    # The window keeps every core busy while a pack is sealed (fsync), and holds
+    # the encoded chunks waiting to land in order: about WRITE_WINDOW_BYTES of
+    # them (DESIGN, "Host memory"). Small chunks share a
+    # task (size_batches): a task's fixed cost is that of encoding a few KiB.
+    with core.executor.window(write_window_depth(core.executor.threads, policy.chunk_size)) as window:
         for group in size_batches(jobs(), lambda job: len(job[1])):
             window.submit(work_batch, group, then=functools.partial(land, group))
     for index, blob in enumerate(pending):

@@ -31,6 +31,7 @@ RUNS = {
         "commit throughput, auto / zstd-1:",
     ),
     "throughput": ("throughput.py --size-mb 16 --repeats 1 --dtype fp32 --dir {tmp}", "acceptance (fp32):"),
+    "throughput-memory": ("throughput.py --memory-only --size-mb 16 --dtype bf16 --dir {tmp}", "load_into (in place)"),
     "foundation": ("foundation.py --size-mb 16 --repeats 1 --dir {tmp}", "safetensors"),
     "chunk-size": ("chunk_size.py --size-mb 8 --repeats 1", "entries/GB"),
     "delta-floor": ("delta_floor.py --synthetic --epochs 4 --workdir {tmp}", "order-0 entropy bound"),

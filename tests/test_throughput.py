@@ -72,6 +72,30 @@ def test_serial_and_parallel_commits_are_identical(tmp_path: Path, monkeypatch: 
         r.close()
 
 
+def test_a_commit_holds_a_bounded_window_of_encoded_chunks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The chunks encoded and waiting to land are bounded in bytes (write.WRITE_WINDOW_BYTES),
+    not only in tasks: a commit's extra memory does not grow with the thread count's window."""
+    from ckvc import executor, write
+
+    monkeypatch.setattr(write, "WRITE_WINDOW_BYTES", 4 << 20)
+    most = 0
+    submit = executor.Window.submit
+
+    def counting(self: Any, *args: Any, **kwargs: Any) -> None:
+        nonlocal most
+        most = max(most, len(self._in_flight) + 1)
+        submit(self, *args, **kwargs)
+
+    monkeypatch.setattr(executor.Window, "submit", counting)
+    state = {"w": torch.randn(3 << 20)}  # 12 chunks of 1 MiB
+    with ckvc.Repo.init(tmp_path, chunk_size=1 << 20, threads=2) as repo:
+        repo.commit(state)
+        assert most == write.write_window_depth(2, 1 << 20) == 4  # two threads busy, two more encoded
+        assert_state_equal(repo.load(), state)
+    assert write.write_window_depth(2, 4 << 10) == 4  # small chunks: a task of up to 1 MiB of them
+    assert write.write_window_depth(16, 4 << 20) == 18  # never fewer than one task a thread + 2
+
+
 def test_thread_count_setting(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     ckvc.Repo.init(tmp_path).close()
     monkeypatch.setenv("CKVC_THREADS", "1")
