@@ -1775,7 +1775,8 @@ def _signal_case(ctx: Ctx, *, op: str, sig: signal.Signals, frac: float) -> Verd
         if v.verdict != HANDLED:
             return v
         if done.rc not in (0, 130):
-            return Verdict(FAILED, f"Ctrl-C gave exit {done.rc}")
+            said = (done.stderr or "").strip().splitlines()
+            return Verdict(FAILED, f"Ctrl-C gave exit {done.rc}: {said[-1] if said else 'nothing on stderr'}")
         if op == "commit" and done.rc != 0 and tip != before_tip and tip[:12] not in done.stderr:  # type: ignore[index]
             return Verdict(FAILED, f"exit {done.rc} after Ctrl-C but the commit landed (message does not say so)")
     if op == "commit" and done.rc == 0:

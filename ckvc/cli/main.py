@@ -18,7 +18,6 @@ tests/cli/test_cli_startup.py checks this in a fresh interpreter.
 
 from __future__ import annotations
 
-import atexit
 import errno
 import functools
 import json
@@ -26,6 +25,7 @@ import os
 import select
 import signal
 import sys
+import threading
 import traceback
 import warnings
 from pathlib import Path
@@ -214,19 +214,44 @@ def cli(ctx: click.Context, directory: str, as_json: bool) -> None:
     ctx.call_on_close(obj.close)
 
 
-_quiet_shutdown_registered: list[bool] = []
+def _ignore_sigint() -> None:
+    """From here to exit a Ctrl-C changes nothing: the outcome is decided (and a
+    signal already caught but not yet handled is dropped with the handler)."""
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def main() -> None:
     """The ``ckvc`` entry point: no error leaves it as a traceback (``_exit_code_for``);
     errors after a command returns (closing the repository) are mapped too."""
+    decided: list[int] = []
+    try:
+        _run_command(decided)
+    except KeyboardInterrupt:  # a Ctrl-C in the instant before SIGINT is ignored
+        _ignore_sigint()
+        if not decided:
+            decided.append(_exit_code_for(KeyboardInterrupt(), None))
+    code = decided[0]
+    try:  # what is still buffered goes now, where a closed pipe is handled, not at exit
+        sys.stdout.flush()
+    except OSError as exc:
+        code = _exit_code_for(exc, None)
+    sys.exit(code)
+
+
+def _run_command(decided: list[int]) -> None:
+    """Run the command and put its exit code in ``decided``; then SIGINT is
+    ignored: once the outcome is decided (and said), a Ctrl-C while the last line
+    is flushed or the interpreter shuts down (library finalizers run after
+    atexit) must neither add a traceback nor change it."""
     warnings.showwarning = functools.partial(_show_warning, set())
+    code: Any
     try:
         # Not click's standalone mode: it turns a Ctrl-C outside the command body
         # (closing the repository, writing the last line) into "Aborted!" and exit 1.
         code = cli.main(prog_name="ckvc", standalone_mode=False)
-    except SystemExit:
-        raise
+    except SystemExit as exc:
+        code = exc.code
     except click.ClickException as exc:  # usage errors: click's own message, exit 2
         exc.show()
         code = exc.exit_code
@@ -236,14 +261,8 @@ def main() -> None:
         )
     except BaseException as exc:
         code = _exit_code_for(exc, None)
-    finally:
-        # Once the outcome is decided and said, a Ctrl-C during interpreter
-        # shutdown (library finalizers run after atexit) must not add a traceback.
-        if not _quiet_shutdown_registered:
-            atexit.register(signal.signal, signal.SIGINT, signal.SIG_IGN)
-            _quiet_shutdown_registered.append(True)
-    try:  # what is still buffered goes now, where a closed pipe is handled, not at exit
-        sys.stdout.flush()
-    except OSError as exc:
-        code = _exit_code_for(exc, None)
-    sys.exit(code if isinstance(code, int) else 0)
+    if code is not None and not isinstance(code, int):
+        print(code, file=sys.stderr)  # a SystemExit with a message, as the interpreter would
+        code = 1
+    decided.append(code or 0)
+    _ignore_sigint()
