@@ -49,6 +49,7 @@ import torch.distributed as dist
 
 from ckvc import read, trees, write
 from ckvc import state as state_mod
+from ckvc.chunking import size_batches
 from ckvc.core import ProgressCallback, default_author
 from ckvc.errors import (
     CkvcError,
@@ -719,18 +720,11 @@ MIN_UPLOAD_SLICE = 8 << 20
 
 
 def _slices(pending: Sequence[state_mod.PendingBlob]) -> list[list[state_mod.PendingBlob]]:
-    """``pending`` cut in order into runs of whole blobs of about
-    max(total / UPLOAD_SLICES, MIN_UPLOAD_SLICE) bytes each."""
+    """``pending`` cut in order into runs of whole blobs of at most
+    max(total / UPLOAD_SLICES, MIN_UPLOAD_SLICE) bytes each (a bigger blob alone);
+    at least one run, empty when ``pending`` is."""
     target = max(MIN_UPLOAD_SLICE, -(-sum(len(b.data) for b in pending) // UPLOAD_SLICES))
-    out: list[list[state_mod.PendingBlob]] = [[]]
-    size = 0
-    for blob in pending:
-        if size >= target:
-            out.append([])
-            size = 0
-        out[-1].append(blob)
-        size += len(blob.data)
-    return out
+    return list(size_batches(pending, lambda blob: len(blob.data), target)) or [[]]
 
 
 def _offset_progress(progress: ProgressCallback, before: int, total: int) -> ProgressCallback:

@@ -32,6 +32,12 @@ def thread_count(threads: int | None) -> int:
     return threads
 
 
+def default_window_depth(threads: int) -> int:
+    """Tasks in flight that keep every worker busy while the calling thread does
+    its ordered part (append, copy out)."""
+    return 4 * threads + 2
+
+
 def _run_inline(fn: Callable[..., T], *args: Any) -> Future[T]:
     future: Future[T] = Future()
     try:
@@ -66,9 +72,8 @@ class Executor:
         return self._pool is not None
 
     def window(self, depth: int | None = None) -> Window[Any]:
-        """A bounded window over this executor; default depth keeps every worker
-        busy while the calling thread does its ordered part (append, copy out)."""
-        return Window(self, depth if depth is not None else 4 * self.threads + 2)
+        """A bounded window over this executor (default depth: :func:`default_window_depth`)."""
+        return Window(self, depth if depth is not None else default_window_depth(self.threads))
 
     def close(self) -> None:
         if self._pool is not None:

@@ -45,6 +45,7 @@ from ckvc.errors import (
     is_storage_exception,
     storage_error,
 )
+from ckvc.executor import default_window_depth
 from ckvc.ids import ObjectType, object_id
 from ckvc.objects import Blob, Commit, Snapshot, validate_metadata, validate_metrics
 from ckvc.refs import BRANCH_PREFIX
@@ -342,7 +343,7 @@ def write_window_depth(threads: int, chunk_size: int) -> int:
     a thread plus two (every thread busy while the oldest lands) nor more than the
     executor's default."""
     per_task = max(chunk_size, BATCH_BYTES)
-    return max(threads + 2, min(4 * threads + 2, WRITE_WINDOW_BYTES // per_task))
+    return max(threads + 2, min(default_window_depth(threads), WRITE_WINDOW_BYTES // per_task))
 
 
 def write_blobs(
@@ -436,8 +437,8 @@ def write_blobs(
 
     # The window keeps every core busy while a pack is sealed (fsync), and holds
     # the encoded chunks waiting to land in order: about WRITE_WINDOW_BYTES of
-    # them (DESIGN, "Host memory"). Small chunks share a
-    # task (size_batches): a task's fixed cost is that of encoding a few KiB.
+    # them (DESIGN, "Host memory"). Small chunks share a task (size_batches): a
+    # task's fixed cost is that of encoding a few KiB.
     with core.executor.window(write_window_depth(core.executor.threads, policy.chunk_size)) as window:
         for group in size_batches(jobs(), lambda job: len(job[1])):
             window.submit(work_batch, group, then=functools.partial(land, group))
