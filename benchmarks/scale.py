@@ -29,7 +29,6 @@ permitted). Rounds alternate the order of the loaders; figures are medians.
 from __future__ import annotations
 
 import argparse
-import gc
 import os
 import shutil
 import statistics
@@ -110,7 +109,6 @@ def run(args: argparse.Namespace, work: Path) -> None:
     torch.save(state, files["pt"])
     save_file(state, str(files["st"]))
     del state
-    gc.collect()
     paths = {name: str(p) for name, p in files.items()}
     where = {"ckvc load": files["repo"], "torch.load": files["pt"], "safetensors load_file + clone": files["st"]}
     cold = fd.Cold()
