@@ -34,7 +34,9 @@ ckvc rows:
   background write is waited for outside the timed region;
 * checkout (``Repo.load``) warm and cold; a repository with compression off is loaded too,
   for comparison; issue 33's resume baseline is ``torch.load(mmap=True)`` of the
-  torch.save file followed by a first touch of every page (one byte read per 4 KiB);
+  torch.save file followed by a first touch of every page (one byte read per 4 KiB), and
+  the same mapping with every byte hashed (BLAKE3 on all cores, no copy) shows the floor
+  of any load that verifies what it reads;
 * one large tensor: through the public API when this ckvc has one
   (``repo.load(rev, keys=[name])`` or ``repo.view(rev)[name]``), else through the
   internal ``Repo._load_tensor`` path (the output says which);
@@ -60,6 +62,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+import blake3
 import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
@@ -87,6 +90,7 @@ UNCHANGED = "ckvc commit, unchanged data"
 ASYNC = "ckvc commit(blocking=False): stall until it returns"
 PT_LOAD = "torch.load"
 PT_MMAP = "torch.load(mmap=True) + first touch"
+PT_MMAP_HASH = "torch.load(mmap=True) + BLAKE3 of every byte"
 ST_LOAD = "safetensors load_file + clone (materialized)"
 CK_LOAD = "ckvc checkout (Repo.load), codec auto"
 CK_LOAD_RAW = "ckvc checkout (Repo.load), codec raw repo"
@@ -166,13 +170,15 @@ def check(res: fd.Results, label: str, op: str, base: str, limit: float) -> Chec
 def acceptance(res: fd.Results) -> list[Check]:
     changed = res.config.get("changed_op", "")
     checks = [
-        check(res, "commit new (auto) / safetensors save", NEW_AUTO, ST_SAVE, 1.5),
+        check(res, "commit new (auto) / safetensors save", NEW_AUTO, ST_SAVE, 1.0),
         check(res, "commit new (raw) / safetensors save", NEW_RAW, ST_SAVE, 1.1),
         check(res, "commit unchanged / safetensors save", UNCHANGED, ST_SAVE, 0.25),
         check(res, "commit 10% changed / safetensors save", changed, ST_SAVE, 0.4),
         check(res, "async commit stall / in-memory copy", ASYNC, COPY, 1.5),
         check(res, "checkout warm / safetensors load+clone warm", CK_LOAD, ST_LOAD, 1.5),
         check(res, "checkout warm / torch.load mmap + first touch", CK_LOAD, PT_MMAP, 1.0),
+        # not a goal: how far under that bar the floor of any verified read lies
+        check(res, "(mmap + BLAKE3 of every byte / mmap + first touch)", PT_MMAP_HASH, PT_MMAP, 1.0),
         check(res, "checkout cold / safetensors load+clone cold", CK_LOAD + COLD, ST_LOAD + COLD, 0.8),
         check(res, "one tensor warm / safe_open get_tensor+clone warm", CK_ONE, ST_ONE, 2.0),
         check(res, "one tensor cold / safe_open get_tensor+clone cold", CK_ONE + COLD, ST_ONE + COLD, 2.0),
@@ -250,7 +256,7 @@ def run_dtype(args: argparse.Namespace, dtype_name: str) -> fd.Results:
     nbytes = fd.state_nbytes(state)
     changed = fd.pick_changed(state, fd.CHANGED_FRACTION)
     changed_bytes = sum(state[n].numel() * state[n].element_size() for n in changed)
-    single = f"h.{shape.layers // 2}.mlp.fc.weight"
+    single = f"h.{shape.layers // 2}.attn.q_proj.weight"  # d x d: 16 MiB at 1 GB fp32 (issue 33's one tensor)
 
     base_dir = Path(args.dir) if args.dir else Path(tempfile.gettempdir())
     base_dir.mkdir(parents=True, exist_ok=True)
@@ -398,6 +404,14 @@ def _run_all(
             tensor.reshape(-1).view(torch.uint8)[::4096].sum()
         return loaded
 
+    def pt_mmap_hash(i: int) -> Any:
+        # the floor of any load that verifies what it reads: the same mapping, every byte
+        # hashed (on every core, no copy); a first touch reads one byte in 4096
+        loaded = torch.load(pt_path, weights_only=True, mmap=True)
+        for tensor in loaded.values():
+            blake3.blake3(tensor.reshape(-1).view(torch.uint8).numpy(), max_threads=blake3.blake3.AUTO).digest()
+        return loaded
+
     loaded = repo.load(base)
     assert all(torch.equal(loaded[k], v) for k, v in state.items()), "ckvc load returned different bytes"
     del loaded
@@ -407,6 +421,7 @@ def _run_all(
             fd.Op(ST_LOAD, st_load),
             fd.Op(PT_LOAD, pt_load),
             fd.Op(PT_MMAP, pt_mmap),
+            fd.Op(PT_MMAP_HASH, pt_mmap_hash),
             fd.Op(CK_LOAD, lambda i: repo.load(base)),
             fd.Op(CK_LOAD_RAW, lambda i: raw_repo.load(raw_base)),
             fd.Op(TOUCH, lambda i: {k: torch.empty_like(v).fill_(0.0) for k, v in state.items()}),
@@ -414,7 +429,7 @@ def _run_all(
         reps,
         shuffle=True,
     )
-    for name in (ST_LOAD, PT_LOAD, PT_MMAP, CK_LOAD, CK_LOAD_RAW):
+    for name in (ST_LOAD, PT_LOAD, PT_MMAP, PT_MMAP_HASH, CK_LOAD, CK_LOAD_RAW):
         res.add(fd.Row(name, "load", ld[name], nbytes, ST_LOAD))
     res.add(fd.Row(TOUCH, "load", ld[TOUCH], nbytes, ST_LOAD, "floor for any load into fresh memory"))
 

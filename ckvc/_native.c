@@ -356,7 +356,24 @@ done:
     return result;
 }
 
+PyDoc_STRVAR(distinct_bytes_doc,
+             "distinct_bytes(src) -> int\n\n"
+             "How many of the 256 byte values occur in src.");
+
+static PyObject *distinct_bytes(PyObject *self, PyObject *args) {
+    Py_buffer src;
+    if (!PyArg_ParseTuple(args, "y*", &src)) return NULL;
+    uint8_t seen[256] = {0};
+    const uint8_t *p = src.buf;
+    for (Py_ssize_t i = 0; i < src.len; i++) seen[p[i]] = 1;
+    long count = 0;
+    for (int v = 0; v < 256; v++) count += seen[v];
+    PyBuffer_Release(&src);
+    return PyLong_FromLong(count);
+}
+
 static PyMethodDef methods[] = {
+    {"distinct_bytes", distinct_bytes, METH_VARARGS, distinct_bytes_doc},
     {"join_planes_add", join_planes_add, METH_VARARGS, join_planes_add_doc},
     {"split_planes", split_planes, METH_VARARGS, split_planes_doc},
     {"join_planes", join_planes, METH_VARARGS, join_planes_doc},

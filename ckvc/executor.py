@@ -38,6 +38,18 @@ def default_window_depth(threads: int) -> int:
     return 4 * threads + 2
 
 
+# A task whose chunks average under this many bytes runs on the calling thread: its
+# work is the interpreter's (per-chunk bookkeeping, not the C loops that release the
+# GIL), which the GIL serializes anyway, and a worker adds thread switches on top
+# (docs/DESIGN.md, "Many small tensors").
+INLINE_MEAN_CHUNK_BYTES = 16 << 10
+
+
+def runs_inline(total_bytes: int, chunks: int) -> bool:
+    """Whether a task of ``chunks`` chunks holding ``total_bytes`` is cheaper on the calling thread."""
+    return chunks > 1 and total_bytes < INLINE_MEAN_CHUNK_BYTES * chunks
+
+
 def _run_inline(fn: Callable[..., T], *args: Any) -> Future[T]:
     future: Future[T] = Future()
     try:
@@ -98,8 +110,12 @@ class Window(Generic[T]):
         """The most tasks in flight at once."""
         return self._depth
 
-    def submit(self, fn: Callable[..., T], *args: Any, then: Callable[[T], None] | None = None) -> None:
-        self._in_flight.append((self._executor.submit(fn, *args), then))
+    def submit(
+        self, fn: Callable[..., T], *args: Any, then: Callable[[T], None] | None = None, inline: bool = False
+    ) -> None:
+        """``inline``: run ``fn`` now on this thread (its ``then`` still runs in submission order)."""
+        future = _run_inline(fn, *args) if inline else self._executor.submit(fn, *args)
+        self._in_flight.append((future, then))
         if len(self._in_flight) >= self._depth:
             self._finish_oldest()
 

@@ -32,9 +32,11 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 
 from ckvc import state as state_mod
+from ckvc.bulk import pauses_gc
 from ckvc.chunking import BATCH_BYTES, chunk_spans, size_batches
 from ckvc.core import ProgressCallback
 from ckvc.errors import CorruptObjectError, InvalidInputError, ObjectNotFoundError, UnknownKeyError
+from ckvc.executor import runs_inline
 from ckvc.ids import ObjectType
 from ckvc.objects import Blob, Commit, Snapshot
 from ckvc.state import MapLocation, TensorInfo
@@ -272,6 +274,7 @@ def _land_fetched(store: ObjectStore, reads: Sequence[ChunkRead], progress: Prog
     return todo
 
 
+@pauses_gc
 def run_reads(core: ReadCore, commit: Commit, reads: Sequence[ChunkRead], progress: Progress) -> None:
     """Decode and verify ``reads`` (in :func:`plan`'s order) on the executor, a
     bounded window of batches in flight. Each scratch read's ``then`` runs on the
@@ -311,8 +314,9 @@ def _run_reads(core: ReadCore, commit: Commit, reads: Sequence[ChunkRead], progr
                 scratches.append(scratch)
                 targets.append((read, out))
             window.submit(
-                _read_batch, store, commit, targets, then=functools.partial(_finish_batch, batch, scratches, progress)
-            )
+                _read_batch, store, commit, targets, then=functools.partial(_finish_batch, batch, scratches, progress),
+                inline=not remote and runs_inline(sum(read.size for read in batch), len(batch)),
+            )  # fmt: skip
 
 
 def _prefetch(store: ObjectStore, batch: Sequence[ChunkRead]) -> None:
@@ -587,6 +591,7 @@ def _holds(leaves: Mapping[str, Any], path: str) -> bool:
     return any(p.startswith(path + ".") for p in leaves)
 
 
+@pauses_gc
 def load_leaves(
     core: ReadCore,
     commit: Commit,
@@ -614,6 +619,7 @@ def load_leaves(
 # ---- whole states -------------------------------------------------------------
 
 
+@pauses_gc
 def load_state(
     core: ReadCore,
     commit: Commit,

@@ -18,6 +18,7 @@ import torch
 
 from ckvc import graph, read
 from ckvc import state as state_mod
+from ckvc.bulk import pauses_gc
 from ckvc.core import HasCore
 from ckvc.errors import (
     CorruptObjectError,
@@ -221,6 +222,7 @@ def _fill_reads(fill: _Fill, commit: Commit) -> list[tuple[ChunkRead | None, _Fi
     return out
 
 
+@pauses_gc
 def load_into(
     core: ReadCore,
     commit: Commit,

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 from ckvc import graph, signing
+from ckvc.bulk import pauses_gc
 from ckvc.chunking import BATCH_BYTES, chunk_spans, size_batches
 from ckvc.codecs import DELTA, QUANT, DeltaBase, layout_for
 from ckvc.codecs.lossy import MODES as LOSSY_MODES
@@ -45,7 +46,7 @@ from ckvc.errors import (
     is_storage_exception,
     storage_error,
 )
-from ckvc.executor import default_window_depth
+from ckvc.executor import default_window_depth, runs_inline
 from ckvc.ids import ObjectType, object_id
 from ckvc.objects import Blob, Commit, Snapshot, validate_metadata, validate_metrics
 from ckvc.refs import BRANCH_PREFIX
@@ -157,6 +158,7 @@ class Staged:
     pickled: bool
 
 
+@pauses_gc
 def stage(
     core: Repository,
     state: Any,
@@ -346,6 +348,7 @@ def write_window_depth(threads: int, chunk_size: int) -> int:
     return max(threads + 2, min(default_window_depth(threads), WRITE_WINDOW_BYTES // per_task))
 
 
+@pauses_gc
 def write_blobs(
     core: Repository,
     pending: Sequence[PendingBlob],
@@ -441,7 +444,8 @@ def write_blobs(
     # task's fixed cost is that of encoding a few KiB.
     with core.executor.window(write_window_depth(core.executor.threads, policy.chunk_size)) as window:
         for group in size_batches(jobs(), lambda job: len(job[1])):
-            window.submit(work_batch, group, then=functools.partial(land, group))
+            inline = runs_inline(sum(len(job[1]) for job in group), len(group))
+            window.submit(work_batch, group, then=functools.partial(land, group), inline=inline)
     for index, blob in enumerate(pending):
         if delta_tried[index]:
             policy.backoff.record(blob.path, delta_won[index])

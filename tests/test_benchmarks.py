@@ -35,7 +35,7 @@ RUNS = {
     "foundation": ("foundation.py --size-mb 16 --repeats 1 --dir {tmp}", "safetensors"),
     "chunk-size": ("chunk_size.py --size-mb 8 --repeats 1", "entries/GB"),
     "delta-floor": ("delta_floor.py --synthetic --epochs 4 --workdir {tmp}", "order-0 entropy bound"),
-    "gc": ("gc.py --commits 6 --size-mb 4 --keep 2 --history 3,6 --repeats 1 --dir {tmp}", "slope"),
+    "gc": ("gc_time.py --commits 6 --size-mb 4 --keep 2 --history 3,6 --repeats 1 --dir {tmp}", "slope"),
     "cli-startup": ("cli_startup.py --repeats 1 --commits 2 --dir {tmp}", "acceptance (<= 0.3 s, no torch):"),
     "web": ("web.py --commits 20 --repeats 1 --dir {tmp}", "acceptance (<= 1.0 s, API == CLI):"),
     "ab-trees": ("ab_trees.py --before {root} --after {root} --size-mb 4 --rounds 1 --dir {tmp}", "after/before"),

@@ -32,7 +32,7 @@ ROOT = Path(__file__).resolve().parents[1] / "ckvc"
 # ARCHITECTURE §2, top (imported by everything) to bottom (imports anything above).
 # A name covers the module and everything under it (``storage`` covers ckvc.storage.*).
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("errors", "ids", "_native"),
+    ("errors", "ids", "_native", "bulk"),
     ("objects", "chunking", "retention_policy"),
     ("codecs",),
     ("state",),

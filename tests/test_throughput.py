@@ -253,3 +253,78 @@ def test_prefetch_is_only_a_hint(repo: ckvc.Repo) -> None:
         repo.store.reader.prefetch(name, 0, 1 << 30)  # past the end of the file: fine
     repo.store.reader.prefetch("no-such.pack", 0, 10)  # the read, not the hint, reports a missing pack
     assert repo.load(cid)["w"].shape == (5000,)
+
+
+def test_tasks_of_small_chunks_run_on_the_calling_thread(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Tasks whose chunks average under executor.INLINE_MEAN_CHUNK_BYTES are the
+    interpreter's work, which the GIL serializes anyway: they run inline, and the
+    records are those a serial repository writes."""
+    monkeypatch.setenv("CKVC_AUTHOR", "tester")
+    monkeypatch.setattr(time, "time_ns", lambda: 1_700_000_000_000_000_000)
+    g = torch.Generator().manual_seed(1)
+    tiny = {f"t{i}": torch.randn(64, generator=g) for i in range(300)}
+    with (
+        ckvc.Repo.init(tmp_path / "pool", threads=2, chunk_size=1 << 20) as pool,
+        ckvc.Repo.init(tmp_path / "serial", threads=1, chunk_size=1 << 20) as serial,
+    ):
+        first = pool.commit(tiny)
+        assert_state_equal(pool.load(first), tiny)
+        assert not pool.executor.started  # every task ran inline
+        assert serial.commit(tiny) == first
+        assert pack_records(pool) == pack_records(serial)
+        big = {**tiny, "w": torch.randn(1 << 20, generator=g)}  # 4 chunks of 1 MiB: the pool's
+        second = pool.commit(big)
+        assert pool.executor.started
+        assert_state_equal(pool.load(second), big)
+        assert serial.commit(big) == second
+        assert pack_records(pool) == pack_records(serial)
+
+
+def test_a_window_finishes_inline_and_pool_tasks_in_submission_order() -> None:
+    from ckvc.executor import Executor
+
+    executor = Executor(2)
+    landed: list[int] = []
+
+    def task(n: int) -> int:
+        if n == 5:
+            raise ValueError("task 5")
+        return n
+
+    with pytest.raises(ValueError, match="task 5"), executor.window(3) as window:
+        for n in range(8):
+            window.submit(task, n, then=landed.append, inline=n % 2 == 1)
+    assert landed == [0, 1, 2, 3, 4]  # the failure surfaces in its turn, after the tasks before it
+    executor.close()
+
+
+def test_the_collector_is_paused_during_commits_and_loads(tmp_path: Path) -> None:
+    """A commit and a load allocate objects per tensor: the cyclic collector is off
+    while they run (bulk.gc_paused) and back on after, also after a failure."""
+    import gc
+
+    from ckvc.bulk import gc_paused
+
+    seen: list[bool] = []
+    state = {"w": torch.randn(4096), "b": torch.randn(10)}
+    assert gc.isenabled()
+    with ckvc.Repo.init(tmp_path, chunk_size=CHUNK) as repo:
+        commit = repo.commit(state, progress=lambda done, total: seen.append(gc.isenabled()))
+        assert gc.isenabled()
+        repo.load(commit, progress=lambda done, total: seen.append(gc.isenabled()))
+        assert gc.isenabled() and seen and not any(seen)
+        with pytest.raises(ckvc.UnknownKeyError):
+            repo.load(commit, keys=["missing"])
+        assert gc.isenabled()
+    with gc_paused():
+        with gc_paused():
+            assert not gc.isenabled()
+        assert not gc.isenabled()  # the outer pause still holds
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        with gc_paused():
+            pass
+        assert not gc.isenabled()  # off before: left off
+    finally:
+        gc.enable()

@@ -52,6 +52,11 @@ _PLANE = struct.Struct("<BI")
 # most of the CPU budget on incompressible data.
 _SAMPLE_SIZE = 64 << 10
 _SAMPLE_KEEP_RATIO = 0.97
+# A plane this small is not sampled: zstd is tried on it only when under half of
+# the byte values it could hold occur in it. A random plane of 256 bytes holds
+# ~162 distinct values and never shrinks, and each zstd call costs ~3.6 µs, most
+# of a tiny tensor's encode (benchmarks/many_tensors.py, docs/DESIGN.md).
+_TINY_PLANE = 1024
 # zstd tuned towards its Huffman literal coder: byte planes have skewed symbol
 # statistics but few long repeats. Measured on MiniLM's exponent plane: 0.325 of
 # raw at 0.77 GB/s compress / 2.2 GB/s decompress, against 0.361 at 0.29 / 1.2
@@ -178,10 +183,19 @@ def sample_planes(data: Buffer, width: int, sign_swap: bool) -> list[bool] | Non
     return [_sample_compresses(p.data) for p in planes]
 
 
+def distinct_bytes(plane: np.ndarray) -> int:
+    """How many of the 256 byte values occur in ``plane`` (uint8)."""
+    if _native is not None:
+        return _native.distinct_bytes(plane)
+    return int(np.count_nonzero(np.bincount(plane, minlength=256)))
+
+
 def _encode_plane(plane: np.ndarray, compresses: bool | None) -> tuple[int, Buffer]:
     data = plane.data
     if compresses is None and len(plane) > 2 * _SAMPLE_SIZE:
         compresses = _sample_compresses(data[:_SAMPLE_SIZE])
+    elif compresses is None and len(plane) <= _TINY_PLANE:
+        compresses = 2 * distinct_bytes(plane) <= min(len(plane), 256)
     if compresses is False:
         return PLANE_RAW, data
     packed = _compressor().compress(data)

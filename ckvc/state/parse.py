@@ -8,20 +8,19 @@ torch-only values (dtypes, devices, sizes) come back as their names and tuples."
 from __future__ import annotations
 
 import collections
-import contextlib
 import functools
-import importlib
 import math
 import pickle
 import re
 import sys
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import msgpack
 import numpy as np
 
+from ckvc.bulk import gc_paused
 from ckvc.errors import CkvcError, CorruptObjectError, UnsafeContentError
 from ckvc.objects import Blob, Snapshot
 from ckvc.state.tables import (
@@ -58,10 +57,6 @@ class TorchSize(tuple[int, ...]):
 
 def join_path(path: str, key: object) -> str:
     return f"{path}.{key}" if path else str(key)
-
-
-# The stdlib's gc, imported by name: mypy takes benchmarks/gc.py for it.
-_gc: Any = importlib.import_module("gc")
 
 
 def _unpack_shallow(data: bytes) -> Any:
@@ -247,7 +242,7 @@ class ParsedTree:
     def build(self, make_tensor: Callable[[TensorInfo], Any] | None = None) -> Any:
         """The state, each tensor node replaced by ``make_tensor(info)`` (by its
         TensorInfo when None). Call once: it fills the tree in place."""
-        with _gc_paused():
+        with gc_paused():
             return self._build(make_tensor)
 
     def _build(self, make_tensor: Callable[[TensorInfo], Any] | None) -> Any:
@@ -268,20 +263,6 @@ class ParsedTree:
         return self._holder[0]
 
 
-@contextlib.contextmanager
-def _gc_paused() -> Iterator[None]:
-    """The cyclic collector off while a tree is read: a tree is tens of thousands of
-    fresh objects, and the collections they trigger (each walking every live
-    object) cost more than the reading itself. Restored only by whoever paused it."""
-    was_enabled = _gc.isenabled()
-    _gc.disable()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            _gc.enable()
-
-
 def parse_tree(
     tree: bytes, blobs: Sequence[Blob] | None, *, allow_pickle: bool | None, files: bool = False,
     torch_free: bool = False,
@@ -296,7 +277,7 @@ def parse_tree(
     load, views, show and fsck all read trees through it. ``torch_free``: torch
     dtypes and devices come back as their names, sizes as tuples, and torch is
     not imported (ckvc.numpy)."""
-    with _gc_paused():
+    with gc_paused():
         return _parse_tree(tree, blobs, allow_pickle, files, torch_free)
 
 

@@ -274,3 +274,33 @@ def test_metadata_objects_use_only_codecs_0_and_1(tmp_path: Path) -> None:
         kinds = {(o.kind, o.codec) for o in repo.store.iter_stored()}
     assert {codec for kind, codec in kinds if kind != ObjectType.CHUNK} <= {RAW, ZSTD}
     assert TensorCodec().codec_id == ZSTD  # what its whole-buffer encode() produces
+
+
+@pytest.mark.parametrize("native", [True, False], ids=["native", "numpy"])
+def test_a_tiny_plane_is_compressed_only_where_few_byte_values_occur(
+    native: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Planes of 1 KiB and less are not sampled: zstd is tried only on those holding
+    at most half the byte values they could (each call costs more than the rest of
+    a tiny tensor's encode); the exponent plane of weights qualifies, mantissas not."""
+    if not native:
+        monkeypatch.setattr(planes_module, "_native", None)
+
+    def plane_codecs(payload: bytes) -> list[int]:
+        return [payload[2 + 5 * k] for k in range(payload[0])]
+
+    weights = (np.random.default_rng(3).standard_normal(256) * 0.02).astype("<f4").tobytes()
+    assert plane_codecs(encode_planes(weights, 4, True)) == [0, 0, 0, 1]
+    ones = np.ones(256, dtype="<f4").tobytes()  # a LayerNorm weight at init: every plane one value
+    assert plane_codecs(encode_planes(ones, 4, True)) == [1, 1, 1, 1]
+    for data in (weights, ones):
+        payload = encode_planes(data, 4, True)
+        out = np.empty(len(data), dtype=np.uint8)
+        decode_planes_into(payload, out)
+        assert out.tobytes() == data
+    # Where the rule costs bytes: mostly zeros, yet 200 values occur. At 1 KiB zstd is
+    # not tried; one byte more and it is, and wins.
+    for size, codec in ((1024, 0), (1025, 1)):
+        spread = np.zeros(size, dtype=np.uint8)
+        spread[:200] = np.arange(1, 201)
+        assert planes_module._encode_plane(spread, None)[0] == codec

@@ -158,3 +158,12 @@ def test_version_says_whether_native_loops_are_built() -> None:
     result = CliRunner().invoke(cli, ["--version"])
     assert result.exit_code == 0
     assert ("native codec loops: built" in result.output) == (native is not None)
+
+
+@pytest.mark.skipif(native is None, reason="extension not built")
+@pytest.mark.parametrize("size", SIZES)
+def test_distinct_bytes_match_numpy(size: int) -> None:
+    rng = np.random.default_rng(size)
+    for data in (rng.integers(0, 256, size, dtype=np.uint8), rng.integers(7, 12, size, dtype=np.uint8)):
+        fast, slow = _both(lambda data=data: planes.distinct_bytes(data))  # type: ignore[misc]
+        assert fast == slow == len(set(data.tobytes()))

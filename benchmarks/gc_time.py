@@ -2,7 +2,7 @@
 as history grows with the live data fixed, and as the live data grows with history fixed,
 once with all of the history as garbage and once in steady state (gc run regularly).
 
-    .venv/bin/python benchmarks/gc.py [--commits 100] [--size-mb 100] [--keep 5,10,20]
+    .venv/bin/python benchmarks/gc_time.py [--commits 100] [--size-mb 100] [--keep 5,10,20]
                                       [--history 25,50,100] [--gc-every 3] [--repeats 3]
                                       [--quick] [--cold] [--json]
 
