@@ -4,6 +4,8 @@ ZipNN per file, measured in the same run (issue: tensor-aware compression).
 Cases (data built here on the CPU; nothing is downloaded):
 - MiniLM fine-tune, 10 checkpoints (model + AdamW), all layers trained;
 - the same with only the last two layers trained;
+- a GPT-2-style model (45M parameters, built from a config) trained from scratch for 200
+  steps, the full training state saved every 20 (scratch_data.py; issue 33);
 - MiniLM pretrained weights alone, fp32 and bf16;
 - random fp32 (the incompressible control);
 - checkout of the 10th commit of a delta chain against a repository without deltas;
@@ -258,14 +260,24 @@ def print_case(title: str, raw: int, rows: Sequence[CodecFigures | None], note: 
 
 
 def sequence_case(mode: str, workdir: Path, repeats: int, results: dict[str, Any]) -> None:
-    from minilm_data import cached_sequence
+    """A checkpoint sequence: the MiniLM fine-tune (``mode`` "all" or "last2") or, with
+    "scratch", a GPT-2-style model trained from scratch (scratch_data.py)."""
+    if mode == "scratch":
+        import scratch_data
 
-    paths = cached_sequence(mode)
+        paths = scratch_data.cached_sequence()
+        title = f"GPT-2-style model from scratch ({scratch_data.CONFIG['n_layer']} layers, AdamW), {len(paths)} saves"
+    else:
+        from minilm_data import cached_sequence
+
+        paths = cached_sequence(mode)
+        title = f"MiniLM fine-tune, {len(paths)} checkpoints, {mode} layers trained"
     states = [torch.load(p, weights_only=True) for p in paths]
     raw_one = tensor_bytes(states[0])
     files = [file_bytes(s) for s in states]
-    ck = ckvc_sequence(states, workdir, f"minilm-{mode}", repeats)
-    nodelta = ckvc_sequence(states, workdir, f"minilm-{mode}-nodelta", repeats, keyframe_interval=1)
+    name = mode if mode == "scratch" else f"minilm-{mode}"
+    ck = ckvc_sequence(states, workdir, name, repeats)
+    nodelta = ckvc_sequence(states, workdir, f"{name}-nodelta", repeats, keyframe_interval=1)
     # The chain figure: both checkouts timed round by round, once both repositories exist.
     ck.load_last_s, nodelta.load_last_s = checkout_medians([ck, nodelta], CHECKOUT_ROUNDS)
     ck.fig.decode_s = ck.load_last_s * len(states)  # per-checkpoint restore, scaled to the sequence
@@ -274,11 +286,13 @@ def sequence_case(mode: str, workdir: Path, repeats: int, results: dict[str, Any
     z3 = zstd3_per_file(files, repeats)
     zn = zipnn_per_file(files, "float32", repeats)
     print_case(
-        f"MiniLM fine-tune, {len(states)} checkpoints, {mode} layers trained",
+        title,
         raw_one * len(states),
         [ck.fig, nodelta.fig, z3, zn],
         f", {raw_one / MB:.1f} MB per checkpoint",
     )
+    if zn is not None:
+        print(f"  ckvc stored / zipnn per file: {ck.fig.ratio / zn.ratio:.3f}")
     stored_by_codec = ", ".join(f"{k} {v / MB:.1f} MB" for k, v in sorted(ck.by_codec.items()))
     print(f"  ckvc stored by codec: {stored_by_codec}")
     print(f"  ckvc commit s per checkpoint: {' '.join(f'{s:.2f}' for s in ck.commit_s)}")
@@ -487,7 +501,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--random-mb", type=int, default=256)
-    parser.add_argument("--cases", default="all,last2,fp32,bf16,random,lossy", help="comma-separated subset")
+    parser.add_argument("--cases", default="all,last2,scratch,fp32,bf16,random,lossy", help="comma-separated subset")
     parser.add_argument("--keyframe-sweep", action="store_true")
     parser.add_argument("--lossy-preset", default="compact-q4")
     parser.add_argument("--json", type=Path, help="also write the figures here")
@@ -501,7 +515,7 @@ def main(argv: list[str] | None = None) -> None:
     results: dict[str, Any] = {"threads": THREADS, "torch": torch.__version__}
     with tempfile.TemporaryDirectory(dir=args.workdir) as tmp:
         workdir = Path(tmp)
-        for mode in ("all", "last2"):
+        for mode in ("all", "last2", "scratch"):
             if mode in cases:
                 sequence_case(mode, workdir, args.repeats, results)
         for key, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
