@@ -113,8 +113,17 @@ class Window(Generic[T]):
     def submit(
         self, fn: Callable[..., T], *args: Any, then: Callable[[T], None] | None = None, inline: bool = False
     ) -> None:
-        """``inline``: run ``fn`` now on this thread (its ``then`` still runs in submission order)."""
-        future = _run_inline(fn, *args) if inline else self._executor.submit(fn, *args)
+        """``inline``: run ``fn`` now on this thread; its result or error still reaches
+        ``then`` or the caller in submission order. A KeyboardInterrupt (or any other
+        BaseException that is not an Exception) in it propagates at once."""
+        if inline:
+            future: Future[T] = Future()
+            try:
+                future.set_result(fn(*args))
+            except Exception as exc:
+                future.set_exception(exc)
+        else:
+            future = self._executor.submit(fn, *args)
         self._in_flight.append((future, then))
         if len(self._in_flight) >= self._depth:
             self._finish_oldest()

@@ -295,6 +295,16 @@ def test_a_window_finishes_inline_and_pool_tasks_in_submission_order() -> None:
         for n in range(8):
             window.submit(task, n, then=landed.append, inline=n % 2 == 1)
     assert landed == [0, 1, 2, 3, 4]  # the failure surfaces in its turn, after the tasks before it
+
+    def interrupted(n: int) -> int:
+        raise KeyboardInterrupt
+
+    landed.clear()
+    with pytest.raises(KeyboardInterrupt), executor.window(8) as window:
+        window.submit(task, 0, then=landed.append)
+        window.submit(interrupted, 1, then=landed.append, inline=True)  # at once, not in its turn
+        window.submit(task, 2, then=landed.append)
+    assert landed == []  # nothing after the interrupt ran; the task before it was waited for
     executor.close()
 
 
