@@ -52,10 +52,10 @@ _PLANE = struct.Struct("<BI")
 # most of the CPU budget on incompressible data.
 _SAMPLE_SIZE = 64 << 10
 _SAMPLE_KEEP_RATIO = 0.97
-# A plane this small is not sampled: zstd is tried on it only when under half of
-# the byte values it could hold occur in it. A random plane of 256 bytes holds
-# ~162 distinct values and never shrinks, and each zstd call costs ~3.6 µs, most
-# of a tiny tensor's encode (benchmarks/many_tensors.py, docs/DESIGN.md).
+# A plane this small is not sampled: zstd is tried on it only when at most half of
+# the byte values it could hold occur in it. A random (mantissa) plane of a tiny
+# tensor holds more and never shrinks, and the zstd call that finds so is a fixed
+# cost of the kind that dominates tiny tensors (docs/DESIGN.md, "Many small tensors").
 _TINY_PLANE = 1024
 # zstd tuned towards its Huffman literal coder: byte planes have skewed symbol
 # statistics but few long repeats. Measured on MiniLM's exponent plane: 0.325 of
