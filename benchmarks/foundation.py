@@ -512,6 +512,17 @@ def run_child(
     return data
 
 
+def fresh_process_seconds(code: str) -> float:
+    """Run ``code`` in a fresh interpreter with this repository importable; it prints
+    the seconds of its timed part as its last line."""
+    root = Path(__file__).resolve().parents[1]
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=root,
+        env={**os.environ, "PYTHONPATH": str(root)},
+    )  # fmt: skip
+    return float(done.stdout.strip().splitlines()[-1])
+
+
 # ---- the benchmark -----------------------------------------------------------------
 
 

@@ -26,7 +26,6 @@ import argparse
 import os
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -41,8 +40,6 @@ import ckvc
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import foundation as fd  # the durable save baselines every benchmark uses
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def make_state(tensors: int, elements: int, seed: int = 0) -> dict[str, Any]:
@@ -68,15 +65,6 @@ def flat(state: dict[str, Any]) -> dict[str, torch.Tensor]:
     for i, s in state["optimizer"]["state"].items():
         out.update({f"optimizer.state.{i}.{k}": v for k, v in s.items()})
     return out
-
-
-def child(code: str) -> float:
-    """Run ``code`` in a fresh interpreter; it prints the seconds of its timed part."""
-    done = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-    )  # fmt: skip
-    return float(done.stdout.strip().splitlines()[-1])
 
 
 def timed(fn: Callable[[], Any]) -> float:
@@ -165,7 +153,7 @@ def run(args: argparse.Namespace, work: Path) -> None:
             shutil.rmtree(target)
         names = list(read_ops) if number % 2 == 0 else list(reversed(read_ops))
         for name in names:
-            record(name, child(read_ops[name]))
+            record(name, fd.fresh_process_seconds(read_ops[name]))
     med = {name: statistics.median(v) for name, v in times.items()}
     print(f"\n{'operation':<28} {'median s':>9} {'µs/tensor':>10}   rounds")
     for name, seconds in med.items():

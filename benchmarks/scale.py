@@ -32,8 +32,6 @@ import argparse
 import os
 import shutil
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -44,7 +42,6 @@ from safetensors.torch import save_file
 
 import ckvc
 
-ROOT = Path(__file__).resolve().parent.parent
 MIB = 1 << 20
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
@@ -67,12 +64,7 @@ GOALS = {  # (row, baseline, limit): issue 33's scale bar
 def child_seconds(code: str) -> float:
     """Run ``code`` (which sets ``t`` and then loads) in a fresh interpreter; the seconds
     from ``t`` to the end of the load."""
-    program = f"import time, torch\n{code}\nprint(time.perf_counter() - t)"
-    done = subprocess.run(
-        [sys.executable, "-c", program], capture_output=True, text=True, check=True, cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-    )  # fmt: skip
-    return float(done.stdout.strip().splitlines()[-1])
+    return fd.fresh_process_seconds(f"import time, torch\n{code}\nprint(time.perf_counter() - t)")
 
 
 def read_through(path: Path) -> None:
