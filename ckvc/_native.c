@@ -372,8 +372,472 @@ static PyObject *distinct_bytes(PyObject *self, PyObject *args) {
     return PyLong_FromLong(count);
 }
 
+/* ---- Huffman plane coder (FORMAT.md, "Huffman plane") ----------------------
+ *
+ * An order-0 canonical Huffman code of at most 11 bits per symbol, one code per
+ * plane, the plane cut into four streams that are coded and decoded in one
+ * loop (four independent dependency chains). The decoder's table yields up to
+ * four symbols per lookup (an exponent plane averages ~2.7 bits a symbol);
+ * the encoder looks up two symbols at a time. zstd's Huffman stage does the
+ * same job at about half the speed on these planes (docs/DESIGN.md). */
+
+#define HUF_MAX_BITS 11
+#define HUF_TABLE (1u << HUF_MAX_BITS)
+#define HUF_STREAMS 4
+#define HUF_BITMAP 32
+#define HUF_SIZES (4 * (HUF_STREAMS - 1))
+
+static inline uint64_t load64le(const uint8_t *p) {
+    uint64_t v;
+    memcpy(&v, p, 8);
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+    v = __builtin_bswap64(v);
+#endif
+    return v;
+}
+
+static inline void store64le(uint8_t *p, uint64_t v) {
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+    v = __builtin_bswap64(v);
+#endif
+    memcpy(p, &v, 8);
+}
+
+static inline uint32_t load32le(const uint8_t *p) {
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+
+static inline void store32le(uint8_t *p, uint32_t v) {
+    p[0] = (uint8_t)v, p[1] = (uint8_t)(v >> 8), p[2] = (uint8_t)(v >> 16), p[3] = (uint8_t)(v >> 24);
+}
+
+typedef struct {
+    uint8_t len[256];   /* 0: the symbol does not occur */
+    uint16_t code[256]; /* bit-reversed: the code's first bit in bit 0 */
+} HufCode;
+
+/* Symbols [start, end) of stream t of a plane of n symbols. */
+static void huf_stream_span(size_t n, int t, size_t *start, size_t *end) {
+    size_t q = n / HUF_STREAMS + (n % HUF_STREAMS != 0);
+    *start = (size_t)t * q < n ? (size_t)t * q : n;
+    *end = (size_t)(t + 1) * q < n ? (size_t)(t + 1) * q : n;
+}
+
+/* Canonical codes (DEFLATE's order: by length, then by symbol) from hc->len.
+ * Returns 0 when the lengths form a complete prefix code of at least two symbols. */
+static int huf_assign_codes(HufCode *hc) {
+    unsigned count[HUF_MAX_BITS + 1] = {0};
+    int symbols = 0;
+    for (int s = 0; s < 256; s++) {
+        if (hc->len[s] > HUF_MAX_BITS) return -1;
+        if (hc->len[s]) count[hc->len[s]]++, symbols++;
+    }
+    uint32_t kraft = 0;
+    for (int l = 1; l <= HUF_MAX_BITS; l++) kraft += count[l] << (HUF_MAX_BITS - l);
+    if (symbols < 2 || kraft != HUF_TABLE) return -1;
+    unsigned next[HUF_MAX_BITS + 1];
+    unsigned code = 0;
+    count[0] = 0;
+    for (int l = 1; l <= HUF_MAX_BITS; l++) {
+        code = (code + count[l - 1]) << 1;
+        next[l] = code;
+    }
+    for (int s = 0; s < 256; s++) {
+        int l = hc->len[s];
+        if (!l) continue;
+        unsigned c = next[l]++, r = 0;
+        for (int i = 0; i < l; i++) r = (r << 1) | ((c >> i) & 1);
+        hc->code[s] = (uint16_t)r;
+    }
+    return 0;
+}
+
+/* Huffman code lengths for counts with at least two nonzero, limited to
+ * HUF_MAX_BITS by clamping and repaying the Kraft excess (miniz's method). */
+static void huf_lengths(const uint64_t *cnt, uint8_t *len) {
+    int sym[256], k = 0;
+    for (int s = 0; s < 256; s++) {
+        len[s] = 0;
+        if (cnt[s]) sym[k++] = s;
+    }
+    for (int i = 1; i < k; i++) { /* by count, ascending; ties by symbol */
+        int s = sym[i], j = i;
+        while (j > 0 && (cnt[sym[j - 1]] > cnt[s] || (cnt[sym[j - 1]] == cnt[s] && sym[j - 1] > s))) {
+            sym[j] = sym[j - 1];
+            j--;
+        }
+        sym[j] = s;
+    }
+    /* two queues: the sorted leaves, and internal nodes in the order they are made */
+    uint64_t weight[512];
+    int parent[512], depth[512];
+    for (int i = 0; i < k; i++) weight[i] = cnt[sym[i]];
+    int leaf = 0, node = k, made = k;
+    for (int m = 0; m < k - 1; m++) {
+        int pick[2];
+        for (int t = 0; t < 2; t++) {
+            if (leaf < k && (node >= made || weight[leaf] <= weight[node])) pick[t] = leaf++;
+            else pick[t] = node++;
+        }
+        weight[made] = weight[pick[0]] + weight[pick[1]];
+        parent[pick[0]] = parent[pick[1]] = made++;
+    }
+    depth[made - 1] = 0;
+    for (int i = made - 2; i >= 0; i--) depth[i] = depth[parent[i]] + 1;
+    unsigned num[HUF_MAX_BITS + 2] = {0};
+    for (int i = 0; i < k; i++) num[depth[i] > HUF_MAX_BITS ? HUF_MAX_BITS : depth[i]]++;
+    uint32_t total = 0;
+    for (int l = 1; l <= HUF_MAX_BITS; l++) total += num[l] << (HUF_MAX_BITS - l);
+    while (total > HUF_TABLE) {
+        num[HUF_MAX_BITS]--;
+        for (int l = HUF_MAX_BITS - 1; l > 0; l--) {
+            if (num[l]) {
+                num[l]--;
+                num[l + 1] += 2;
+                break;
+            }
+        }
+        total--;
+    }
+    int i = 0; /* the longest codes to the rarest symbols */
+    for (int l = HUF_MAX_BITS; l > 0; l--)
+        for (unsigned c = 0; c < num[l]; c++) len[sym[i++]] = (uint8_t)l;
+}
+
+static void huf_histogram(const uint8_t *src, size_t n, uint64_t *cnt) {
+    /* four tables: consecutive equal bytes would otherwise serialize on one counter */
+    uint32_t h[4][256];
+    memset(h, 0, sizeof h);
+    memset(cnt, 0, 256 * sizeof *cnt);
+    size_t i = 0;
+    while (i < n) {
+        size_t stop = n - i > ((size_t)1 << 30) ? i + ((size_t)1 << 30) : n; /* no counter overflows */
+        for (; i + 4 <= stop; i += 4) {
+            uint32_t w = load32le(src + i);
+            h[0][w & 255]++;
+            h[1][(w >> 8) & 255]++;
+            h[2][(w >> 16) & 255]++;
+            h[3][w >> 24]++;
+        }
+        for (; i < stop; i++) h[0][src[i]]++;
+        for (int s = 0; s < 256; s++) {
+            cnt[s] += (uint64_t)h[0][s] + h[1][s] + h[2][s] + h[3][s];
+            h[0][s] = h[1][s] = h[2][s] = h[3][s] = 0;
+        }
+    }
+}
+
+/* Builds the code for src and returns the exact payload size, with each stream's
+ * size in stream_size; 0 when fewer than two byte values occur. */
+static size_t huf_plan(const uint8_t *src, size_t n, HufCode *hc, size_t *stream_size) {
+    uint64_t part[HUF_STREAMS][256], cnt[256] = {0};
+    for (int t = 0; t < HUF_STREAMS; t++) {
+        size_t a, b;
+        huf_stream_span(n, t, &a, &b);
+        huf_histogram(src + a, b - a, part[t]);
+        for (int s = 0; s < 256; s++) cnt[s] += part[t][s];
+    }
+    int k = 0;
+    for (int s = 0; s < 256; s++) k += cnt[s] != 0;
+    if (k < 2) return 0;
+    huf_lengths(cnt, hc->len);
+    huf_assign_codes(hc);
+    size_t total = HUF_BITMAP + (size_t)(k + 1) / 2 + HUF_SIZES;
+    for (int t = 0; t < HUF_STREAMS; t++) {
+        uint64_t bits = 0;
+        for (int s = 0; s < 256; s++) bits += part[t][s] * hc->len[s];
+        stream_size[t] = (size_t)((bits + 7) / 8);
+        total += stream_size[t];
+    }
+    return total;
+}
+
+typedef struct {
+    uint64_t buf; /* pending bits, the next one in bit 0 */
+    unsigned bits;
+    uint8_t *out, *end;
+} BitWriter;
+
+/* Writes the payload huf_plan sized into dst (exactly that many bytes). pair:
+ * scratch for 65536 entries. Never writes outside dst. */
+static void huf_write(const HufCode *hc, const size_t *stream_size, const uint8_t *src, size_t n, uint8_t *dst,
+                      uint32_t *pair) {
+    uint8_t *p = dst;
+    memset(p, 0, HUF_BITMAP);
+    uint8_t present[256];
+    int k = 0;
+    for (int s = 0; s < 256; s++)
+        if (hc->len[s]) p[s >> 3] |= (uint8_t)(1u << (s & 7)), present[k++] = (uint8_t)s;
+    p += HUF_BITMAP;
+    memset(p, 0, (size_t)(k + 1) / 2);
+    for (int j = 0; j < k; j++) p[j >> 1] |= (uint8_t)(hc->len[present[j]] << ((j & 1) * 4));
+    p += (k + 1) / 2;
+    for (int t = 0; t < HUF_STREAMS - 1; t++) store32le(p + 4 * t, (uint32_t)stream_size[t]);
+    p += HUF_SIZES;
+    /* two symbols per lookup: pair[s0 | s1 << 8] holds both codes (<= 22 bits) and
+     * their total length in the top byte; only pairs of symbols that occur are set */
+    for (int x = 0; x < k; x++)
+        for (int y = 0; y < k; y++) {
+            int s0 = present[x], s1 = present[y];
+            pair[s0 | s1 << 8] = ((uint32_t)hc->code[s0] | (uint32_t)hc->code[s1] << hc->len[s0]) |
+                                 (uint32_t)(hc->len[s0] + hc->len[s1]) << 24;
+        }
+    BitWriter w[HUF_STREAMS];
+    const uint8_t *in[HUF_STREAMS];
+    size_t count[HUF_STREAMS], common = SIZE_MAX;
+    for (int t = 0; t < HUF_STREAMS; t++) {
+        size_t a, b;
+        huf_stream_span(n, t, &a, &b);
+        in[t] = src + a;
+        count[t] = b - a;
+        if (count[t] < common) common = count[t];
+        w[t] = (BitWriter){0, 0, p, p + stream_size[t]};
+        p += stream_size[t];
+    }
+    uint32_t c;
+#define PUT2(t, v) (c = pair[v], w[t].buf |= (uint64_t)(c & 0xffffff) << w[t].bits, w[t].bits += c >> 24)
+#define PUT(t, s) (w[t].buf |= (uint64_t)hc->code[s] << w[t].bits, w[t].bits += hc->len[s])
+    /* Four symbols (<= 44 bits) go onto fewer than 8 pending bits, then 8 bytes are
+     * stored: only while each stream has 8 bytes of its own left. */
+    size_t i = 0;
+    for (; i + 4 <= common; i += 4) {
+        int room = 1;
+        for (int t = 0; t < HUF_STREAMS; t++) room &= w[t].end - w[t].out >= 8;
+        if (!room) break;
+        for (int t = 0; t < HUF_STREAMS; t++) {
+            uint32_t v = load32le(in[t] + i);
+            PUT2(t, v & 0xffff);
+            PUT2(t, v >> 16);
+            store64le(w[t].out, w[t].buf);
+            w[t].out += w[t].bits >> 3;
+            w[t].buf >>= w[t].bits & ~7u;
+            w[t].bits &= 7;
+        }
+    }
+    for (int t = 0; t < HUF_STREAMS; t++) { /* the rest byte by byte */
+        for (size_t m = i; m < count[t]; m++) {
+            PUT(t, in[t][m]);
+            for (; w[t].bits >= 8; w[t].bits -= 8, w[t].buf >>= 8) *w[t].out++ = (uint8_t)w[t].buf;
+        }
+        if (w[t].bits) *w[t].out++ = (uint8_t)w[t].buf;
+    }
+#undef PUT
+#undef PUT2
+}
+
+/* A decode table entry: symbols in bytes 0-3, how many in byte 4, bits used in byte 5. */
+typedef uint64_t HufEntry;
+
+static int huf_read_header(const uint8_t *src, size_t len, HufCode *hc, size_t *pos) {
+    if (len < HUF_BITMAP) return -1;
+    int k = 0;
+    for (int s = 0; s < 256; s++) k += (src[s >> 3] >> (s & 7)) & 1;
+    if (len < HUF_BITMAP + (size_t)(k + 1) / 2 + HUF_SIZES) return -1;
+    int j = 0;
+    for (int s = 0; s < 256; s++) {
+        hc->len[s] = 0;
+        if ((src[s >> 3] >> (s & 7)) & 1) {
+            hc->len[s] = (src[HUF_BITMAP + (j >> 1)] >> ((j & 1) * 4)) & 15;
+            if (!hc->len[s]) return -1;
+            j++;
+        }
+    }
+    if (k & 1 && src[HUF_BITMAP + k / 2] >> 4) return -1; /* the padding nibble is zero */
+    if (huf_assign_codes(hc)) return -1;
+    *pos = HUF_BITMAP + (size_t)(k + 1) / 2;
+    return 0;
+}
+
+static void huf_build_table(const HufCode *hc, HufEntry *tab) {
+    uint16_t single[HUF_TABLE]; /* symbol | length << 8; the code is complete, so all set */
+    for (int s = 0; s < 256; s++) {
+        unsigned l = hc->len[s];
+        if (l)
+            for (unsigned r = hc->code[s]; r < HUF_TABLE; r += 1u << l) single[r] = (uint16_t)(s | l << 8);
+    }
+    for (unsigned i = 0; i < HUF_TABLE; i++) {
+        uint64_t e = 0;
+        unsigned used = 0, m = 0;
+        while (m < 4) { /* the next symbol, if its whole code lies within the 11 bits */
+            uint16_t d = single[(i >> used) & (HUF_TABLE - 1)];
+            if (used + (d >> 8) > HUF_MAX_BITS) break;
+            e |= (uint64_t)(d & 255) << (8 * m++);
+            used += d >> 8;
+        }
+        tab[i] = e | (uint64_t)m << 32 | (uint64_t)used << 40;
+    }
+}
+
+/* Decodes exactly n symbols into dst. Returns 0, or -1 when the payload is
+ * malformed. Reads only src[0:len) and writes only dst[0:n). */
+static int huf_decode(const uint8_t *src, size_t len, uint8_t *dst, size_t n) {
+    HufCode hc;
+    size_t pos;
+    if (huf_read_header(src, len, &hc, &pos)) return -1;
+    const uint8_t *sizes = src + pos;
+    pos += HUF_SIZES;
+    const uint8_t *p[HUF_STREAMS], *end[HUF_STREAMS];
+    uint8_t *o[HUF_STREAMS], *oend[HUF_STREAMS];
+    for (int t = 0; t < HUF_STREAMS; t++) {
+        size_t sz = t < HUF_STREAMS - 1 ? load32le(sizes + 4 * t) : len - pos;
+        if (sz > len - pos) return -1;
+        p[t] = src + pos;
+        end[t] = src + pos + sz;
+        pos += sz;
+        size_t a, b;
+        huf_stream_span(n, t, &a, &b);
+        o[t] = dst + a;
+        oend[t] = dst + b;
+    }
+    HufEntry tab[HUF_TABLE];
+    huf_build_table(&hc, tab);
+    uint64_t bb[HUF_STREAMS] = {0};
+    unsigned bc[HUF_STREAMS] = {0};
+    /* branchless refill to 56-63 bits (F. Giesen, "Reading bits in far too many ways") */
+#define REFILL(t) (bb[t] |= load64le(p[t]) << bc[t], p[t] += (63 - bc[t]) >> 3, bc[t] |= 56)
+#define STEP(t)                                              \
+    do {                                                     \
+        uint64_t e_ = tab[bb[t] & (HUF_TABLE - 1)];          \
+        store32le(o[t], (uint32_t)e_);                       \
+        o[t] += (e_ >> 32) & 7;                              \
+        bb[t] >>= e_ >> 40;                                  \
+        bc[t] -= (unsigned)(e_ >> 40);                       \
+    } while (0)
+    /* A round refills (reading 8 bytes, consuming at most 7) and takes five
+     * lookups (55 bits, <= 20 symbols) per stream: the bounds are checked once
+     * for as many rounds as they allow. */
+    for (;;) {
+        size_t rounds = SIZE_MAX;
+        for (int t = 0; t < HUF_STREAMS; t++) {
+            size_t in = end[t] - p[t] >= 8 ? (size_t)(end[t] - p[t] - 8) / 7 + 1 : 0;
+            size_t out = oend[t] - o[t] >= 20 ? (size_t)(oend[t] - o[t] - 20) / 20 + 1 : 0;
+            if (in < rounds) rounds = in;
+            if (out < rounds) rounds = out;
+        }
+        if (!rounds) break;
+        for (size_t r = 0; r < rounds; r++) {
+            REFILL(0); REFILL(1); REFILL(2); REFILL(3);
+            STEP(0); STEP(1); STEP(2); STEP(3);
+            STEP(0); STEP(1); STEP(2); STEP(3);
+            STEP(0); STEP(1); STEP(2); STEP(3);
+            STEP(0); STEP(1); STEP(2); STEP(3);
+            STEP(0); STEP(1); STEP(2); STEP(3);
+        }
+    }
+    /* Streams whose symbols cost fewer bits end first; the others go on alone. */
+    for (int t = 0; t < HUF_STREAMS; t++) {
+        for (;;) {
+            size_t in = end[t] - p[t] >= 8 ? (size_t)(end[t] - p[t] - 8) / 7 + 1 : 0;
+            size_t out = oend[t] - o[t] >= 20 ? (size_t)(oend[t] - o[t] - 20) / 20 + 1 : 0;
+            size_t rounds = in < out ? in : out;
+            if (!rounds) break;
+            for (size_t r = 0; r < rounds; r++) {
+                REFILL(t);
+                STEP(t); STEP(t); STEP(t); STEP(t); STEP(t);
+            }
+        }
+    }
+#undef REFILL
+#undef STEP
+    /* The rest one symbol at a time. Bytes past a stream's end read as zero; a
+     * stream whose symbols needed them is malformed. */
+    for (int t = 0; t < HUF_STREAMS; t++) {
+        size_t left = (size_t)(end[t] - p[t]), past = 0;
+        while (o[t] < oend[t]) {
+            for (; bc[t] <= 56; bc[t] += 8) {
+                uint64_t byte = 0;
+                if (left) byte = *p[t]++, left--;
+                else past++;
+                bb[t] |= byte << bc[t];
+            }
+            uint8_t s = (uint8_t)tab[bb[t] & (HUF_TABLE - 1)];
+            *o[t]++ = s;
+            bb[t] >>= hc.len[s];
+            bc[t] -= hc.len[s];
+        }
+        if (8 * past > bc[t]) return -1;
+    }
+    return 0;
+}
+
+PyDoc_STRVAR(huff_size_doc,
+             "huff_size(src) -> int\n\n"
+             "The size of huff_encode(src)'s payload, or 0 where it would return None.");
+
+static PyObject *huff_size(PyObject *self, PyObject *args) {
+    Py_buffer src;
+    if (!PyArg_ParseTuple(args, "y*", &src)) return NULL;
+    HufCode hc;
+    size_t sizes[HUF_STREAMS], total;
+    Py_BEGIN_ALLOW_THREADS
+    total = huf_plan(src.buf, (size_t)src.len, &hc, sizes);
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&src);
+    return PyLong_FromSize_t(total);
+}
+
+PyDoc_STRVAR(huff_encode_doc,
+             "huff_encode(src) -> bytes | None\n\n"
+             "src's bytes as a Huffman plane payload (FORMAT.md), or None when fewer than\n"
+             "two byte values occur in src.");
+
+static PyObject *huff_encode(PyObject *self, PyObject *args) {
+    Py_buffer src;
+    if (!PyArg_ParseTuple(args, "y*", &src)) return NULL;
+    PyObject *result = NULL;
+    HufCode hc;
+    size_t sizes[HUF_STREAMS], total;
+    Py_BEGIN_ALLOW_THREADS
+    total = huf_plan(src.buf, (size_t)src.len, &hc, sizes);
+    Py_END_ALLOW_THREADS
+    if (!total) {
+        result = Py_NewRef(Py_None);
+        goto done;
+    }
+    uint32_t *pair = PyMem_RawMalloc(65536 * sizeof *pair);
+    if (pair == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    result = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)total);
+    if (result != NULL) {
+        uint8_t *dst = (uint8_t *)PyBytes_AS_STRING(result);
+        Py_BEGIN_ALLOW_THREADS
+        huf_write(&hc, sizes, src.buf, (size_t)src.len, dst, pair);
+        Py_END_ALLOW_THREADS
+    }
+    PyMem_RawFree(pair);
+done:
+    PyBuffer_Release(&src);
+    return result;
+}
+
+PyDoc_STRVAR(huff_decode_doc,
+             "huff_decode(src, dst)\n\n"
+             "Decode the Huffman plane payload src into dst, exactly len(dst) symbols.\n"
+             "Raises ValueError when src is malformed (dst's content is then undefined).");
+
+static PyObject *huff_decode(PyObject *self, PyObject *args) {
+    Py_buffer src, dst;
+    if (!PyArg_ParseTuple(args, "y*w*", &src, &dst)) return NULL;
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = huf_decode(src.buf, (size_t)src.len, dst.buf, (size_t)dst.len);
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&src);
+    PyBuffer_Release(&dst);
+    if (rc) {
+        PyErr_SetString(PyExc_ValueError, "malformed Huffman plane");
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef methods[] = {
     {"distinct_bytes", distinct_bytes, METH_VARARGS, distinct_bytes_doc},
+    {"huff_decode", huff_decode, METH_VARARGS, huff_decode_doc},
+    {"huff_encode", huff_encode, METH_VARARGS, huff_encode_doc},
+    {"huff_size", huff_size, METH_VARARGS, huff_size_doc},
     {"join_planes_add", join_planes_add, METH_VARARGS, join_planes_add_doc},
     {"split_planes", split_planes, METH_VARARGS, split_planes_doc},
     {"join_planes", join_planes, METH_VARARGS, join_planes_doc},

@@ -27,12 +27,13 @@ from ckvc.storage.backend import Backend
 from ckvc.storage.local import backend_at
 from ckvc.storage.object_store import DEFAULT_MAX_PACK_SIZE
 
-FORMAT_VERSION = 3
+FORMAT_VERSION = 4
 # Older repositories are read and written as they are; a writer raises the version
 # only before it writes what the older one lacks (docs/FORMAT.md, section 15).
-READABLE_VERSIONS = (1, 2, 3)
+READABLE_VERSIONS = (1, 2, 3, 4)
 CODECS_VERSION = 2  # codecs 2-5, the lossy commit field
 FILES_VERSION = 3  # file nodes (state ext 10), JSON-like commit metadata
+HUFFMAN_VERSION = 4  # Huffman planes; older repositories keep zstd planes
 DEFAULT_KEYFRAME_INTERVAL = 16
 HASH_NAME = "blake3-256"
 CONFIG_NAME = "config.json"

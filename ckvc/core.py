@@ -24,7 +24,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Concatenate, Generic, ParamSpec, Protocol, TypeVar, overload
 
-from ckvc.config import CODECS_VERSION, RepoConfig
+from ckvc.config import CODECS_VERSION, HUFFMAN_VERSION, RepoConfig
 from ckvc.errors import (
     CkvcError,
     CorruptObjectError,
@@ -187,7 +187,9 @@ class Repository:
         if self._codec is None:
             from ckvc.codecs import make_codec
 
-            self._codec = make_codec(str(self.config.codec["name"]), self.config.codec.get("level"))
+            config = self.config
+            huffman = config.format_version >= HUFFMAN_VERSION
+            self._codec = make_codec(str(config.codec["name"]), config.codec.get("level"), huffman)
         return self._codec
 
     # ---- construction -------------------------------------------------------

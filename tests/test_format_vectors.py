@@ -274,6 +274,40 @@ def _zstd_frame(frame: bytes, size: int) -> bytes:
     return zstandard.ZstdDecompressor().decompress(frame)
 
 
+def _spec_huffman(body: bytes, n: int) -> bytes:
+    """Section 6.2.1, bit by bit."""
+    values = [s for s in range(256) if body[s >> 3] >> (s & 7) & 1]
+    k = len(values)
+    nibbles = [(body[32 + j // 2] >> (4 * (j % 2))) & 15 for j in range(k)]
+    assert k >= 2 and all(1 <= length <= 11 for length in nibbles)
+    assert sum(2 ** (11 - length) for length in nibbles) == 2**11
+    codes: dict[tuple[int, int], int] = {}  # (length, code) -> value
+    code, previous = 0, 0
+    for length, value in sorted(zip(nibbles, values, strict=True)):
+        code <<= length - previous
+        codes[(length, code)] = value
+        code, previous = code + 1, length
+    pos = 32 + (k + 1) // 2
+    sizes = list(struct.unpack_from("<3I", body, pos))
+    pos += 12
+    sizes.append(len(body) - pos - sum(sizes))
+    q = -(-n // 4)
+    out = bytearray()
+    for j in range(4):
+        stream = body[pos : pos + sizes[j]]
+        pos += sizes[j]
+        bits = [stream[i // 8] >> (i % 8) & 1 for i in range(8 * len(stream))]
+        at = 0
+        for _ in range(min(j * q, n), min((j + 1) * q, n)):
+            code, length = 0, 0
+            while (length, code) not in codes:
+                code, length = code << 1 | bits[at], length + 1
+                at += 1
+                assert length <= 11
+            out.append(codes[(length, code)])
+    return bytes(out)
+
+
 def _spec_planes(payload: bytes, raw_size: int) -> bytes:
     """Section 6.2, with plain Python loops."""
     width, flags = payload[0], payload[1]
@@ -283,7 +317,10 @@ def _spec_planes(payload: bytes, raw_size: int) -> bytes:
         plane_codec, size = struct.unpack_from("<BI", payload, 2 + 5 * k)
         body = payload[pos : pos + size]
         pos += size
-        planes.append(bytearray(body if plane_codec == 0 else _zstd_frame(body, n)))
+        if plane_codec == 2:
+            planes.append(bytearray(_spec_huffman(body, n)))
+        else:
+            planes.append(bytearray(body if plane_codec == 0 else _zstd_frame(body, n)))
     if flags & 1:
         for i in range(n):
             hi, nxt = planes[width - 1][i], planes[width - 2][i]
@@ -638,7 +675,7 @@ def test_config(vec: Vector, tmp_path: Path) -> None:
     (tmp_path / "config.json").write_text(json.dumps(v1))
     assert RepoConfig.load(tmp_path).format_version == 1
     bad = (
-        {"format_version": 4}, {"format_version": "3"}, {"format_version": None}, {"hash": "sha256"},
+        {"format_version": 5}, {"format_version": "3"}, {"format_version": None}, {"hash": "sha256"},
         {"format_version": 1}, {"keyframe_interval": 0}, {"codec": {"name": "zipnn"}},
     )  # fmt: skip
     for change in bad:

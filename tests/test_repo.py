@@ -42,7 +42,7 @@ def test_init_layout_and_open_from_subdirectory(tmp_path: Path) -> None:
     assert (tmp_path / "proj/.ckvc/config.json").is_file()
     assert (tmp_path / "proj/.ckvc/HEAD").read_text() == "ref: refs/heads/main\n"
     config = json.loads((tmp_path / "proj/.ckvc/config.json").read_text())
-    assert config["format_version"] == 3 and config["chunk_size"] == 4 << 20
+    assert config["format_version"] == 4 and config["chunk_size"] == 4 << 20
     assert config["codec"] == {"name": "auto", "level": 1} and config["keyframe_interval"] == 16
     sub = tmp_path / "proj/a/b"
     sub.mkdir(parents=True)

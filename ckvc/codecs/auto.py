@@ -30,8 +30,9 @@ class TensorCodec(Codec):
     name = "auto"
     uses_bases = True
 
-    def __init__(self, level: int = 1) -> None:
+    def __init__(self, level: int = 1, huffman: bool = True) -> None:
         self._zstd = ZstdCodec(level)
+        self.huffman = huffman  # may write Huffman planes (format version 4)
 
     def encode(self, data: Buffer) -> bytes | Buffer:
         return self._zstd.encode(data)
@@ -62,14 +63,15 @@ class TensorCodec(Codec):
     def _encode_standalone(self, data: Buffer, layout: ChunkLayout) -> tuple[int, Buffer]:
         candidates: list[tuple[int, Buffer]] = [(RAW, data)]
         if layout.width in SPARSE_WIDTHS and zero_fraction(data, layout.width) >= SPARSE_MIN_ZERO_FRACTION:
-            candidates.append((SPARSE, encode_sparse(data, layout.width, layout.is_float)))
+            candidates.append((SPARSE, encode_sparse(data, layout.width, layout.is_float, self.huffman)))
         elif layout.planes:
-            sampled = sample_planes(data, layout.width, layout.is_float)
+            sampled = sample_planes(data, layout.width, layout.is_float, self.huffman)
             if sampled is None or any(sampled):  # else every plane would be stored raw: raw wins
-                candidates.append((BYTEGROUP, encode_planes(data, layout.width, layout.is_float, sampled)))
+                payload = encode_planes(data, layout.width, layout.is_float, sampled, self.huffman)
+                candidates.append((BYTEGROUP, payload))
         if not layout.planes:
             candidates.append((ZSTD, self._zstd.encode(data)))
         return min(candidates, key=lambda c: len(c[1]))
 
 
-register_encoder("auto", lambda level: TensorCodec(level if level is not None else 1))
+register_encoder("auto", lambda level, huffman: TensorCodec(level if level is not None else 1, huffman))

@@ -18,7 +18,8 @@ Layout of an encoded plane set (docs/FORMAT.md, "bytegroup payload")::
     u8 width  u8 flags(bit 0: sign swap)  (u8 plane codec, u32 stored size) * width
     plane payloads, plane 0 first   tail (raw_size % width bytes, raw)
 
-Plane codecs: 0 raw, 1 zstd frame (with its content size).
+Plane codecs: 0 raw, 1 zstd frame (with its content size), 2 Huffman (huffman.py;
+written only with the native loops, into repositories of format version 4).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from typing import Any, NamedTuple
 import numpy as np
 import zstandard
 
+from ckvc.codecs import huffman as huffman_plane
 from ckvc.codecs.frames import zstd_decode
 from ckvc.errors import CorruptObjectError
 from ckvc.ids import Buffer
@@ -43,6 +45,7 @@ except ImportError:  # installed without a C compiler: the numpy loops below giv
 
 PLANE_RAW = 0
 PLANE_ZSTD = 1
+PLANE_HUFFMAN = 2
 FLAG_SIGN_SWAP = 1
 SUPPORTED_WIDTHS = (2, 4, 8)
 _HEAD = struct.Struct("<BB")
@@ -52,6 +55,10 @@ _PLANE = struct.Struct("<BI")
 # most of the CPU budget on incompressible data.
 _SAMPLE_SIZE = 64 << 10
 _SAMPLE_KEEP_RATIO = 0.97
+# Huffman is kept over zstd up to this size ratio: it decodes an exponent plane
+# about twice as fast, and zstd wins by more only on planes with long repeats
+# (docs/DESIGN.md, "Huffman planes").
+_HUFFMAN_MAX_OVER_ZSTD = 1.01
 # A plane this small is not sampled: zstd is tried on it only when at most half of
 # the byte values it could hold occur in it. A random (mantissa) plane of a tiny
 # tensor holds more and never shrinks, and the zstd call that finds so is a fixed
@@ -165,14 +172,28 @@ def _interleave(planes: list[np.ndarray], out: np.ndarray) -> None:
         grid[:, k] = plane
 
 
-def _sample_compresses(sample: Buffer) -> bool:
-    return len(_compressor().compress(sample)) <= _SAMPLE_KEEP_RATIO * _SAMPLE_SIZE
+def can_write_huffman() -> bool:
+    """Whether this build writes Huffman planes (the encoder is native only)."""
+    return _native is not None
 
 
-def sample_planes(data: Buffer, width: int, sign_swap: bool) -> list[bool] | None:
-    """Whether each plane is worth compressing, judged on the planes of the first
+def _choose(plane: Buffer, huffman: bool) -> int:
+    """The plane codec for ``plane`` (a whole small plane, or a large one's sample),
+    judged by what each coder makes of it."""
+    zstd_size = len(_compressor().compress(plane))
+    huffman_size = _native.huff_size(plane) if huffman and _native is not None else 0
+    smallest = min(zstd_size, huffman_size) if huffman_size else zstd_size
+    if smallest > _SAMPLE_KEEP_RATIO * len(plane):
+        return PLANE_RAW
+    if huffman_size and huffman_size <= _HUFFMAN_MAX_OVER_ZSTD * zstd_size:
+        return PLANE_HUFFMAN
+    return PLANE_ZSTD
+
+
+def sample_planes(data: Buffer, width: int, sign_swap: bool, huffman: bool = False) -> list[int] | None:
+    """The plane codec for each plane, judged on the planes of the first
     _SAMPLE_SIZE elements (the same bytes :func:`encode_planes` would sample), or
-    None when ``data`` is too short to sample. All False means a bytegroup
+    None when ``data`` is too short to sample. All PLANE_RAW means a bytegroup
     payload would hold every plane raw and lose to storing the chunk raw: the
     caller can skip splitting the whole chunk (half the CPU of an incompressible
     chunk's encode)."""
@@ -180,7 +201,7 @@ def sample_planes(data: Buffer, width: int, sign_swap: bool) -> list[bool] | Non
         return None
     head = memoryview(data)[: _SAMPLE_SIZE * width]
     planes, _ = split_planes(head, width, sign_swap, scratch(5, len(head), np.uint8))
-    return [_sample_compresses(p.data) for p in planes]
+    return [_choose(p.data, huffman) for p in planes]
 
 
 def distinct_bytes(plane: np.ndarray) -> int:
@@ -190,32 +211,42 @@ def distinct_bytes(plane: np.ndarray) -> int:
     return int(np.count_nonzero(np.bincount(plane, minlength=256)))
 
 
-def _encode_plane(plane: np.ndarray, compresses: bool | None) -> tuple[int, Buffer]:
+def _encode_plane(plane: np.ndarray, verdict: int | None, huffman: bool) -> tuple[int, Buffer]:
     data = plane.data
-    if compresses is None and len(plane) > 2 * _SAMPLE_SIZE:
-        compresses = _sample_compresses(data[:_SAMPLE_SIZE])
-    elif compresses is None and len(plane) <= _TINY_PLANE:
-        compresses = 2 * distinct_bytes(plane) <= min(len(plane), 256)
-    if compresses is False:
-        return PLANE_RAW, data
-    packed = _compressor().compress(data)
-    if len(packed) < len(plane):
-        return PLANE_ZSTD, packed
+    if verdict is None and len(plane) > 2 * _SAMPLE_SIZE:
+        verdict = _choose(data[:_SAMPLE_SIZE], huffman)
+    elif verdict is None and len(plane) <= _TINY_PLANE:
+        # A Huffman header (~50 bytes) is a large share of a plane this small.
+        verdict = PLANE_ZSTD if 2 * distinct_bytes(plane) <= min(len(plane), 256) else PLANE_RAW
+    elif verdict is None:
+        verdict = _choose(data, huffman)
+    packed: bytes | None = None
+    if verdict == PLANE_HUFFMAN and _native is not None:
+        packed = _native.huff_encode(data)
+        if packed is not None and len(packed) < len(plane):
+            return PLANE_HUFFMAN, packed
+    if verdict != PLANE_RAW:
+        packed = _compressor().compress(data)
+        if len(packed) < len(plane):
+            return PLANE_ZSTD, packed
     return PLANE_RAW, data
 
 
-def encode_planes(data: Buffer, width: int, sign_swap: bool, sampled: list[bool] | None = None) -> bytes:
+def encode_planes(
+    data: Buffer, width: int, sign_swap: bool, sampled: list[int] | None = None, huffman: bool = False
+) -> bytes:
     """The bytegroup payload for ``data`` (any length; the tail is kept raw).
     ``sampled``: :func:`sample_planes`' verdicts for the same arguments, if taken
-    (the payload is the same either way)."""
+    (the payload is the same either way). ``huffman``: Huffman planes may be
+    written (the repository's format version allows them)."""
     if width not in SUPPORTED_WIDTHS:
         raise ValueError(f"unsupported element width {width}")
     whole = len(data) // width * width
     # The planes live only until the payload is joined below: a per-thread buffer
     # spares a page fault per 4 KiB of fresh memory.
     planes, tail = split_planes(data, width, sign_swap, scratch(2, whole, np.uint8))
-    verdicts: list[bool | None] = list(sampled) if sampled is not None else [None] * width
-    encoded = [_encode_plane(p, v) for p, v in zip(planes, verdicts, strict=True)]
+    verdicts: list[int | None] = list(sampled) if sampled is not None else [None] * width
+    encoded = [_encode_plane(p, v, huffman) for p, v in zip(planes, verdicts, strict=True)]
     head = [_HEAD.pack(width, FLAG_SIGN_SWAP if sign_swap else 0)]
     head += [_PLANE.pack(codec, len(payload)) for codec, payload in encoded]
     return b"".join([*head, *(payload for _, payload in encoded), tail.tobytes()])
@@ -269,20 +300,30 @@ def decode_plane_set(payload: Buffer, raw_size: int) -> PlaneSet:
         if len(chunk) != size:
             raise CorruptObjectError("bytegroup plane truncated")
         pos += size
-        planes.append(_decode_plane(codec, chunk, n))
+        planes.append(_decode_plane(codec, chunk, n, k))
     tail = view[pos:]
     if len(tail) != raw_size - n * width:
         raise CorruptObjectError(f"bytegroup tail is {len(tail)} bytes, expected {raw_size - n * width}")
     return PlaneSet(planes, tail, width, bool(flags & FLAG_SIGN_SWAP))
 
 
-def _decode_plane(codec: int, chunk: memoryview, n: int) -> np.ndarray:
+def _decode_plane(codec: int, chunk: memoryview, n: int, k: int) -> np.ndarray:
     if codec == PLANE_RAW:
         if len(chunk) != n:
             raise CorruptObjectError(f"raw plane is {len(chunk)} bytes, expected {n}")
         return as_u8(chunk)
     if codec == PLANE_ZSTD:
         return as_u8(zstd_decode(chunk, n))
+    if codec == PLANE_HUFFMAN:
+        if _native is None:
+            return huffman_plane.decode(chunk, n)
+        # Lives until the planes are joined, like the encoder's: one buffer per plane and thread.
+        plane = scratch(16 + k, n, np.uint8)
+        try:
+            _native.huff_decode(chunk, plane)
+        except ValueError as exc:
+            raise CorruptObjectError(str(exc)) from None
+        return plane
     raise CorruptObjectError(f"unknown plane codec {codec}")
 
 

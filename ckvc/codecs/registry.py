@@ -36,7 +36,7 @@ class RecordCodec:
 
 
 _BY_ID: dict[int, RecordCodec] = {}
-_ENCODERS: dict[str, Callable[[int | None], Codec]] = {}
+_ENCODERS: dict[str, Callable[[int | None, bool], Codec]] = {}
 # Every module that registers a codec or an encoder.
 CODEC_MODULES = ("raw", "zstd", "bytegroup", "delta", "sparse", "lossy", "auto")
 _complete = False
@@ -57,8 +57,9 @@ def register(codec: RecordCodec) -> RecordCodec:
     return codec
 
 
-def register_encoder(name: str, make: Callable[[int | None], Codec]) -> None:
-    """``make(level)``: the encoder a repository config names (``{"name": name, "level": n}``)."""
+def register_encoder(name: str, make: Callable[[int | None, bool], Codec]) -> None:
+    """``make(level, huffman)``: the encoder a repository config names (``{"name": name,
+    "level": n}``); ``huffman``: the repository's format version allows Huffman planes."""
     if name in _ENCODERS:
         raise ValueError(f"encoder {name!r} is registered twice")
     _ENCODERS[name] = make
@@ -109,11 +110,12 @@ def decoder_for(codec_id: int) -> Codec:
     return decoder
 
 
-def make_codec(name: str, level: int | None = None) -> Codec:
-    """An encoder configured by the repo config (``{"name": ..., "level": ...}``)."""
+def make_codec(name: str, level: int | None = None, huffman: bool = False) -> Codec:
+    """An encoder configured by the repo config (``{"name": ..., "level": ...}``);
+    ``huffman``: it may write Huffman planes (repository format version 4)."""
     _load_all()
     try:
         make = _ENCODERS[name]
     except KeyError:
         raise UnsupportedFormatError(f"unknown codec {name!r}; known: {sorted(_ENCODERS)}") from None
-    return make(level)
+    return make(level, huffman)

@@ -48,7 +48,7 @@ def zero_fraction(data: Buffer, width: int) -> float:
     return 1.0 - np.count_nonzero(_elements(raw, width)) / n
 
 
-def encode_sparse(data: Buffer, width: int, sign_swap: bool) -> bytes:
+def encode_sparse(data: Buffer, width: int, sign_swap: bool, huffman: bool = False) -> bytes:
     if width not in SPARSE_WIDTHS:
         raise ValueError(f"unsupported element width {width}")
     raw = as_u8(data)
@@ -57,7 +57,7 @@ def encode_sparse(data: Buffer, width: int, sign_swap: bool) -> bytes:
     nonzero = elements != 0
     mask = zstd_plane_encode(np.packbits(nonzero, bitorder="little").tobytes())
     values = elements[nonzero].view(np.uint8)
-    packed_values = encode_planes(values.data, width, sign_swap) if width > 1 else values.tobytes()
+    packed_values = encode_planes(values.data, width, sign_swap, huffman=huffman) if width > 1 else values.tobytes()
     nnz = int(np.count_nonzero(nonzero))
     flags = FLAG_SIGN_SWAP if sign_swap and width > 1 else 0
     head = _HEAD.pack(width, flags, n, nnz, len(mask), len(packed_values))

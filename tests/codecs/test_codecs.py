@@ -303,4 +303,4 @@ def test_a_tiny_plane_is_compressed_only_where_few_byte_values_occur(
     for size, codec in ((1024, 0), (1025, 1)):
         spread = np.zeros(size, dtype=np.uint8)
         spread[:200] = np.arange(1, 201)
-        assert planes_module._encode_plane(spread, None)[0] == codec
+        assert planes_module._encode_plane(spread, None, True)[0] == codec

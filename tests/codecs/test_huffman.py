@@ -1,0 +1,229 @@
+"""Huffman planes (plane codec 2, docs/FORMAT.md 6.2.1): the native coder, the
+pure-Python reader, and where the bytegroup encoder chooses them."""
+
+from __future__ import annotations
+
+import struct
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from ckvc.codecs import huffman
+from ckvc.codecs import planes as planes_module
+from ckvc.codecs.planes import (
+    PLANE_HUFFMAN,
+    PLANE_RAW,
+    PLANE_ZSTD,
+    decode_planes_into,
+    encode_planes,
+    sample_planes,
+)
+from ckvc.errors import CorruptObjectError
+
+native = planes_module.native()
+pytestmark = pytest.mark.skipif(native is None, reason="the Huffman encoder is native only")
+
+
+def skewed(n: int, values: int, seed: int, alpha: float = 1.3) -> np.ndarray:
+    """n bytes drawn from a Zipf-like law over ``values`` byte values (an exponent plane's shape)."""
+    rng = np.random.default_rng(seed)
+    weights = 1.0 / np.arange(1, values + 1) ** alpha
+    symbols = rng.permutation(256)[:values].astype(np.uint8)
+    return symbols[rng.choice(values, size=n, p=weights / weights.sum())]
+
+
+def native_decode(payload: bytes, n: int) -> np.ndarray:
+    assert native is not None
+    out = np.empty(n, dtype=np.uint8)
+    native.huff_decode(payload, out)
+    return out
+
+
+def encode(plane: np.ndarray) -> bytes:
+    assert native is not None
+    payload = native.huff_encode(plane)
+    assert payload is not None and len(payload) == native.huff_size(plane)
+    return payload
+
+
+def plane_codecs(payload: bytes) -> list[int]:
+    return [payload[2 + 5 * k] for k in range(payload[0])]
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    n=st.integers(min_value=2, max_value=6000),
+    values=st.integers(min_value=2, max_value=256),
+    seed=st.integers(min_value=0, max_value=2**32 - 1),
+    alpha=st.sampled_from([0.0, 1.0, 1.3, 2.5, 6.0]),
+)
+def test_round_trip_native_and_python_readers(n: int, values: int, seed: int, alpha: float) -> None:
+    plane = skewed(n, values, seed, alpha)
+    if len(np.unique(plane)) < 2:
+        plane[0] ^= 1
+    payload = encode(plane)
+    assert native_decode(payload, n).tobytes() == plane.tobytes()
+    assert huffman.decode(payload, n).tobytes() == plane.tobytes()
+
+
+def test_fewer_than_two_values_is_not_coded() -> None:
+    assert native is not None
+    for plane in (b"", b"\x07", b"\x07" * 5000):
+        assert native.huff_encode(plane) is None and native.huff_size(plane) == 0
+
+
+def test_codes_are_limited_to_eleven_bits_and_complete() -> None:
+    # Fibonacci counts would give a Huffman code 24 bits deep.
+    counts = [1, 1]
+    while len(counts) < 25:
+        counts.append(counts[-1] + counts[-2])
+    plane = np.repeat(np.arange(25, dtype=np.uint8), counts)
+    np.random.default_rng(0).shuffle(plane)
+    payload = encode(plane)
+    lengths, _ = huffman.code_lengths(payload)  # checks completeness
+    present = lengths[lengths > 0]
+    assert len(present) == 25 and present.max() == 11 and present.min() == 1
+    assert np.sum(2.0**-present) == 1.0
+    assert native_decode(payload, len(plane)).tobytes() == plane.tobytes()
+
+
+def test_uneven_streams_finish_alone() -> None:
+    """One stream of one-bit codes fills its output long before the others use up
+    their input: those finish on their own (the native decoder's per-stream loop)."""
+    n = 40_000
+    plane = np.zeros(n, dtype=np.uint8)
+    plane[n // 4 :] = skewed(n - n // 4, 200, 5, alpha=0.0)  # streams 1-3: ~8 bits a value
+    payload = encode(plane)
+    assert native_decode(payload, n).tobytes() == plane.tobytes()
+    assert huffman.decode(payload, n).tobytes() == plane.tobytes()
+
+
+def test_size_is_close_to_the_order0_entropy() -> None:
+    plane = skewed(1 << 20, 35, 1)
+    counts = np.bincount(plane, minlength=256)
+    p = counts[counts > 0] / len(plane)
+    entropy_bytes = float(-(p * np.log2(p)).sum()) * len(plane) / 8
+    assert len(encode(plane)) <= 1.03 * entropy_bytes
+
+
+def _decode_outcome(decoder: str, payload: bytes, n: int) -> bytes | None:
+    try:
+        if decoder == "native":
+            try:
+                return native_decode(payload, n).tobytes()
+            except ValueError as exc:
+                raise CorruptObjectError(str(exc)) from None
+        return huffman.decode(payload, n).tobytes()
+    except CorruptObjectError:
+        return None
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    n=st.integers(min_value=0, max_value=3000),
+    seed=st.integers(min_value=0, max_value=2**32 - 1),
+    edits=st.lists(st.tuples(st.integers(min_value=0, max_value=10**6), st.integers(0, 255)), max_size=4),
+    cut=st.integers(min_value=-40, max_value=8),
+)
+def test_hostile_payloads_are_refused_or_decoded_alike(
+    n: int, seed: int, edits: list[tuple[int, int]], cut: int
+) -> None:
+    """Damaged payloads (bytes changed, cut short, grown) never crash a reader or
+    write past its output; the native and the Python readers accept and refuse the
+    same payloads and agree on what the accepted ones hold."""
+    plane = skewed(max(n, 2), 40, seed)
+    plane[:2] = (1, 2)
+    payload = bytearray(encode(plane))
+    for at, value in edits:
+        payload[at % len(payload)] = value
+    damaged = bytes(payload[: len(payload) + cut]) if cut < 0 else bytes(payload) + bytes(cut)
+    guard = np.full(n + 64, 0xA5, dtype=np.uint8)
+    got_native = _decode_outcome("native", damaged, n)
+    assert native is not None
+    try:
+        native.huff_decode(damaged, guard[:n])
+    except ValueError:
+        pass
+    assert (guard[n:] == 0xA5).all()
+    assert got_native == _decode_outcome("python", damaged, n)
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [
+        lambda p: p[:20],  # inside the bitmap
+        lambda p: p[:33],  # inside the lengths
+        lambda p: bytes(32) + p[32:],  # no values occur
+        lambda p: p[:32] + bytes([0xFF]) + p[33:],  # a length of 15
+        lambda p: p[:32] + bytes([0x11]) + p[33:],  # lengths 1 and 1 then more: oversubscribed
+        lambda p: p[:-40],  # the last stream cut short
+    ],
+)
+def test_malformed_payloads_are_corrupt(damage: object) -> None:
+    plane = skewed(4000, 30, 9)
+    payload = damage(encode(plane))  # type: ignore[operator]
+    with pytest.raises(CorruptObjectError):
+        huffman.decode(payload, len(plane))
+    with pytest.raises(ValueError):
+        native_decode(payload, len(plane))
+
+
+def test_a_stream_size_past_the_payload_is_corrupt() -> None:
+    plane = skewed(4000, 30, 9)
+    payload = bytearray(encode(plane))
+    k = len(np.unique(plane))
+    at = 32 + (k + 1) // 2
+    struct.pack_into("<I", payload, at, len(payload))
+    with pytest.raises(CorruptObjectError):
+        huffman.decode(bytes(payload), len(plane))
+    with pytest.raises(ValueError):
+        native_decode(bytes(payload), len(plane))
+
+
+def bf16_weights(n: int, seed: int) -> bytes:
+    values = (np.random.default_rng(seed).standard_normal(n) * 0.02).astype(np.float32)
+    return (values.view(np.uint32) >> 16).astype("<u2").tobytes()
+
+
+@pytest.mark.parametrize("n", [3000, 300_000], ids=["whole-plane", "sampled"])
+def test_the_exponent_plane_of_weights_is_huffman_coded(n: int) -> None:
+    data = bf16_weights(n, 1) + b"\x01"
+    payload = encode_planes(data, 2, True, sample_planes(data, 2, True, True), huffman=True)
+    assert plane_codecs(payload) == [PLANE_RAW, PLANE_HUFFMAN]
+    assert plane_codecs(encode_planes(data, 2, True)) == [PLANE_RAW, PLANE_ZSTD]  # format version 3
+    for reader in ("native", "numpy"):
+        out = np.empty(len(data), dtype=np.uint8)
+        with pytest.MonkeyPatch.context() as patch:
+            if reader == "numpy":
+                patch.setattr(planes_module, "_native", None)
+            decode_planes_into(payload, out)
+        assert out.tobytes() == data
+
+
+def test_every_plane_huffman_coded_decodes_into_its_own_buffer() -> None:
+    """Four Huffman planes in one payload: each decodes into a buffer of its own."""
+    grid = np.stack([skewed(50_000, 20 + 10 * k, k) for k in range(4)], axis=1)
+    data = grid.tobytes()
+    payload = encode_planes(data, 4, False, huffman=True)
+    assert plane_codecs(payload) == [PLANE_HUFFMAN] * 4
+    out = np.empty(len(data), dtype=np.uint8)
+    decode_planes_into(payload, out)
+    assert out.tobytes() == data
+
+
+def test_zstd_is_kept_where_it_wins_by_more_than_a_percent() -> None:
+    """Repeats Huffman cannot see (a short pattern over and over) stay with zstd."""
+    pattern = skewed(97, 30, 4)
+    data = np.tile(pattern, 3000)
+    assert planes_module._encode_plane(data, None, True)[0] == PLANE_ZSTD
+    assert planes_module._encode_plane(skewed(len(data), 30, 4), None, True)[0] == PLANE_HUFFMAN
+
+
+def test_without_the_native_loops_no_huffman_plane_is_written(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(planes_module, "_native", None)
+    assert not planes_module.can_write_huffman()
+    data = bf16_weights(300_000, 2)
+    payload = encode_planes(data, 2, True, sample_planes(data, 2, True, True), huffman=True)
+    assert PLANE_HUFFMAN not in plane_codecs(payload)
