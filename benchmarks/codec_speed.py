@@ -49,7 +49,7 @@ def chunks_of(state: dict[str, torch.Tensor]) -> list[Chunk]:
 class CkvcCodec:
     def __init__(self, chunks: list[Chunk], huffman: bool) -> None:
         self.chunks = chunks
-        self.codec = TensorCodec(huffman=huffman)
+        self.codec = TensorCodec(format4=huffman)
         self.encoded = self.encode()
         sizes = [len(c) for c, _ in chunks]
         self.raw = sum(sizes)

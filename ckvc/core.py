@@ -24,7 +24,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Concatenate, Generic, ParamSpec, Protocol, TypeVar, overload
 
-from ckvc.config import CODECS_VERSION, HUFFMAN_VERSION, RepoConfig
+from ckvc.config import CODECS4_VERSION, CODECS_VERSION, RepoConfig
 from ckvc.errors import (
     CkvcError,
     CorruptObjectError,
@@ -188,8 +188,8 @@ class Repository:
             from ckvc.codecs import make_codec
 
             config = self.config
-            huffman = config.format_version >= HUFFMAN_VERSION
-            self._codec = make_codec(str(config.codec["name"]), config.codec.get("level"), huffman)
+            format4 = config.format_version >= CODECS4_VERSION
+            self._codec = make_codec(str(config.codec["name"]), config.codec.get("level"), format4)
         return self._codec
 
     # ---- construction -------------------------------------------------------

@@ -334,6 +334,20 @@ def _spec_planes(payload: bytes, raw_size: int) -> bytes:
     return bytes(out)
 
 
+def _spec_scaled(base: bytes, n: int, scale: np.float32) -> bytes:
+    """Section 6.3's prediction, one binary32 element at a time."""
+    assert np.isfinite(scale) and scale >= np.finfo(np.float32).tiny
+    normal = np.finfo(np.float32).tiny
+    out = bytearray(base)
+    for i in range(n):
+        b = np.frombuffer(base[4 * i : 4 * i + 4], dtype="<f4")[0]
+        with np.errstate(all="ignore"):
+            p = np.float32(b * scale)
+        if np.isfinite(b) and abs(b) >= normal and np.isfinite(p) and abs(p) >= normal:
+            out[4 * i : 4 * i + 4] = np.float32(p).astype("<f4").tobytes()
+    return bytes(out)
+
+
 def spec_decode(codec: int, payload: bytes, raw_size: int, base: bytes | None) -> bytes:
     if codec in (0, 1):
         return payload if codec == 0 else _zstd_frame(payload, raw_size)
@@ -342,9 +356,12 @@ def spec_decode(codec: int, payload: bytes, raw_size: int, base: bytes | None) -
     if codec == 3:
         assert base is not None
         transform, width, _depth, _age, inner = payload[:5]
-        residual = spec_decode(inner, payload[5:], raw_size, None)
-        n = raw_size // width if transform == 2 else 0
+        start = 9 if transform == 3 else 5
+        residual = spec_decode(inner, payload[start:], raw_size, None)
+        n = raw_size // width if transform in (2, 3) else 0
         out = bytearray(a ^ b for a, b in zip(residual, base, strict=True))  # xor, and the tail of sub
+        if transform == 3:
+            base = _spec_scaled(base, n, np.frombuffer(payload[5:9], dtype="<f4")[0])
         bits = 8 * width
         for i in range(n):
             z = int.from_bytes(residual[i * width : (i + 1) * width], "little")

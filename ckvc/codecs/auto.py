@@ -9,7 +9,7 @@ import numpy as np
 
 from ckvc.codecs.base import BYTEGROUP, BYTES, DELTA, RAW, SPARSE, ZSTD, ChunkLayout, Codec, DeltaBase
 from ckvc.codecs.codec_ids import MAX_AGE
-from ckvc.codecs.delta import DELTA_HEAD, MAX_CHAIN_DEPTH, SUB, XOR, residual
+from ckvc.codecs.delta import DELTA_HEAD, MAX_CHAIN_DEPTH, SCALE, SCALED_SUB, SUB, XOR, fit_scale, residual, scaled_base
 from ckvc.codecs.planes import encode_planes, sample_planes, scratch
 from ckvc.codecs.registry import register_encoder
 from ckvc.codecs.sparse import SPARSE_WIDTHS, encode_sparse, zero_fraction
@@ -30,9 +30,9 @@ class TensorCodec(Codec):
     name = "auto"
     uses_bases = True
 
-    def __init__(self, level: int = 1, huffman: bool = True) -> None:
+    def __init__(self, level: int = 1, format4: bool = True) -> None:
         self._zstd = ZstdCodec(level)
-        self.huffman = huffman  # may write Huffman planes (format version 4)
+        self.format4 = format4  # may write what format version 4 adds: Huffman planes, scaled deltas
 
     def encode(self, data: Buffer) -> bytes | Buffer:
         return self._zstd.encode(data)
@@ -44,7 +44,12 @@ class TensorCodec(Codec):
         self, data: Buffer, layout: ChunkLayout = BYTES, base: DeltaBase | None = None
     ) -> tuple[int, Buffer]:
         best: tuple[int, Buffer] = (RAW, data)
-        if base is not None and len(base.plain) == len(data) and base.depth < MAX_CHAIN_DEPTH:
+        scale = None
+        if self.format4 and layout.width == 4 and layout.is_float and base is not None:
+            scale = fit_scale(data, base.plain) if len(base.plain) == len(data) else None
+        if scale is not None and base is not None and base.depth < MAX_CHAIN_DEPTH:
+            best = self._scaled_delta(data, base, scale)
+        elif base is not None and len(base.plain) == len(data) and base.depth < MAX_CHAIN_DEPTH:
             transform, width = (SUB, layout.width) if layout.planes else (XOR, 1)
             # The residual lives until its payload is encoded: a per-thread buffer.
             diff = residual(data, base.plain, transform, width, scratch(3, len(data), np.uint8))
@@ -60,18 +65,29 @@ class TensorCodec(Codec):
             best = own
         return best
 
+    def _scaled_delta(self, data: Buffer, base: DeltaBase, scale: float) -> tuple[int, Buffer]:
+        """A scaled sub delta of float32 elements, or (RAW, data) where its residual
+        does not compress."""
+        predicted = scaled_base(base.plain, scale, scratch(6, len(data), np.uint8))
+        diff = residual(data, predicted.data, SUB, 4, scratch(3, len(data), np.uint8))
+        inner, payload = self._encode_standalone(diff.data, ChunkLayout(4, False))
+        if inner == RAW:
+            return RAW, data
+        head = DELTA_HEAD.pack(SCALED_SUB, 4, base.depth + 1, min(base.age + 1, MAX_AGE), inner)
+        return DELTA, head + SCALE.pack(scale) + payload
+
     def _encode_standalone(self, data: Buffer, layout: ChunkLayout) -> tuple[int, Buffer]:
         candidates: list[tuple[int, Buffer]] = [(RAW, data)]
         if layout.width in SPARSE_WIDTHS and zero_fraction(data, layout.width) >= SPARSE_MIN_ZERO_FRACTION:
-            candidates.append((SPARSE, encode_sparse(data, layout.width, layout.is_float, self.huffman)))
+            candidates.append((SPARSE, encode_sparse(data, layout.width, layout.is_float, self.format4)))
         elif layout.planes:
-            sampled = sample_planes(data, layout.width, layout.is_float, self.huffman)
+            sampled = sample_planes(data, layout.width, layout.is_float, self.format4)
             if sampled is None or any(sampled):  # else every plane would be stored raw: raw wins
-                payload = encode_planes(data, layout.width, layout.is_float, sampled, self.huffman)
+                payload = encode_planes(data, layout.width, layout.is_float, sampled, self.format4)
                 candidates.append((BYTEGROUP, payload))
         if not layout.planes:
             candidates.append((ZSTD, self._zstd.encode(data)))
         return min(candidates, key=lambda c: len(c[1]))
 
 
-register_encoder("auto", lambda level, huffman: TensorCodec(level if level is not None else 1, huffman))
+register_encoder("auto", lambda level, format4: TensorCodec(level if level is not None else 1, format4))

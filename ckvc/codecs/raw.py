@@ -28,4 +28,4 @@ def decode_raw_into(payload: Buffer, out: np.ndarray, base: Buffer | np.ndarray 
 
 RAW_CODEC = RawCodec()
 register(RecordCodec(RAW, "raw", decode_raw_into, whole=True, decoder=RAW_CODEC))
-register_encoder("raw", lambda level, huffman: RawCodec())
+register_encoder("raw", lambda level, format4: RawCodec())

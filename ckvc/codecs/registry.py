@@ -58,8 +58,8 @@ def register(codec: RecordCodec) -> RecordCodec:
 
 
 def register_encoder(name: str, make: Callable[[int | None, bool], Codec]) -> None:
-    """``make(level, huffman)``: the encoder a repository config names (``{"name": name,
-    "level": n}``); ``huffman``: the repository's format version allows Huffman planes."""
+    """``make(level, format4)``: the encoder a repository config names (``{"name": name,
+    "level": n}``); ``format4``: the repository's format version is 4 or more."""
     if name in _ENCODERS:
         raise ValueError(f"encoder {name!r} is registered twice")
     _ENCODERS[name] = make
@@ -110,12 +110,12 @@ def decoder_for(codec_id: int) -> Codec:
     return decoder
 
 
-def make_codec(name: str, level: int | None = None, huffman: bool = False) -> Codec:
+def make_codec(name: str, level: int | None = None, format4: bool = False) -> Codec:
     """An encoder configured by the repo config (``{"name": ..., "level": ...}``);
-    ``huffman``: it may write Huffman planes (repository format version 4)."""
+    ``format4``: it may write what format version 4 adds (Huffman planes, scaled deltas)."""
     _load_all()
     try:
         make = _ENCODERS[name]
     except KeyError:
         raise UnsupportedFormatError(f"unknown codec {name!r}; known: {sorted(_ENCODERS)}") from None
-    return make(level, huffman)
+    return make(level, format4)

@@ -45,4 +45,4 @@ def decode_zstd_into(payload: Buffer, out: np.ndarray, base: Buffer | np.ndarray
 
 
 register(RecordCodec(ZSTD, "zstd", decode_zstd_into, whole=True, decoder=ZstdCodec()))
-register_encoder("zstd", lambda level, huffman: ZstdCodec(level if level is not None else 1))
+register_encoder("zstd", lambda level, format4: ZstdCodec(level if level is not None else 1))

@@ -67,7 +67,7 @@ def test_a_second_registration_of_an_id_or_name_is_refused() -> None:
     with pytest.raises(ValueError, match="registered twice"):
         register(RecordCodec(0, "raw", record_codec(0).decode_into, whole=True))
     with pytest.raises(ValueError, match="registered twice"):
-        register_encoder("auto", lambda level, huffman: TensorCodec())
+        register_encoder("auto", lambda level, format4: TensorCodec())
 
 
 def test_unknown_ids_and_names_are_unsupported() -> None:
