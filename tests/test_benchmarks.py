@@ -45,6 +45,7 @@ RUNS = {
     "hybrid": ("hybrid.py --sections policy --ops 4 --seeds 1 --dir {tmp}", "chosen lru vs lru"),
     "signing": ("signing.py --size-mb 8 --rounds 1 --dir {tmp}", "signed/plain"),
     "hf-export": ("hf_export.py --size-mb 80 --shard-mb 32 --dir {tmp}", "peak RSS above the interpreter"),
+    "codec-speed": ("codec_speed.py --data synthetic --size-mb 4 --rounds 1", "ckvc decode, Huffman planes, warm"),
     "many-tensors": ("many_tensors.py --tensors 400 --rounds 1 --dir {tmp}", "commit per tensor"),
     "scale": ("scale.py --size-mb 16 --rounds 1 --dir {tmp}", "cold: ckvc load / safetensors"),
     "history": ("history.py --commits 2,4 --tensors 8 --elements 1024 --rounds 1 --dir {tmp}", "exponent k"),
