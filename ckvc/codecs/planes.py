@@ -177,17 +177,29 @@ def can_write_huffman() -> bool:
     return _native is not None
 
 
-def _choose(plane: Buffer, huffman: bool) -> int:
-    """The plane codec for ``plane`` (a whole small plane, or a large one's sample),
-    judged by what each coder makes of it."""
-    zstd_size = len(_compressor().compress(plane))
-    huffman_size = _native.huff_size(plane) if huffman and _native is not None else 0
+def _choose(sample: Buffer, huffman: bool) -> int:
+    """The plane codec for a large plane, judged by what each coder makes of its sample."""
+    zstd_size = len(_compressor().compress(sample))
+    huffman_size = _native.huff_size(sample) if huffman and _native is not None else 0
     smallest = min(zstd_size, huffman_size) if huffman_size else zstd_size
-    if smallest > _SAMPLE_KEEP_RATIO * len(plane):
+    if smallest > _SAMPLE_KEEP_RATIO * len(sample):
         return PLANE_RAW
     if huffman_size and huffman_size <= _HUFFMAN_MAX_OVER_ZSTD * zstd_size:
         return PLANE_HUFFMAN
     return PLANE_ZSTD
+
+
+def _smallest(data: Buffer, huffman: bool) -> tuple[int, Buffer]:
+    """A plane too short to sample, coded each way: the smallest, Huffman where it
+    is within _HUFFMAN_MAX_OVER_ZSTD of zstd."""
+    best: tuple[int, Buffer] = (PLANE_RAW, data)
+    packed = _compressor().compress(data)
+    if len(packed) < len(data):
+        best = (PLANE_ZSTD, packed)
+    coded = _native.huff_encode(data) if huffman and _native is not None else None
+    if coded is not None and len(coded) < len(data) and len(coded) <= _HUFFMAN_MAX_OVER_ZSTD * len(best[1]):
+        best = (PLANE_HUFFMAN, coded)
+    return best
 
 
 def sample_planes(data: Buffer, width: int, sign_swap: bool, huffman: bool = False) -> list[int] | None:
@@ -219,7 +231,7 @@ def _encode_plane(plane: np.ndarray, verdict: int | None, huffman: bool) -> tupl
         # A Huffman header (~50 bytes) is a large share of a plane this small.
         verdict = PLANE_ZSTD if 2 * distinct_bytes(plane) <= min(len(plane), 256) else PLANE_RAW
     elif verdict is None:
-        verdict = _choose(data, huffman)
+        return _smallest(data, huffman)
     packed: bytes | None = None
     if verdict == PLANE_HUFFMAN and _native is not None:
         packed = _native.huff_encode(data)
