@@ -40,10 +40,9 @@ def code_lengths(payload: Buffer) -> tuple[np.ndarray, int]:
     nibbles[1::2] = view[BITMAP_SIZE:head] >> 4
     lengths = np.zeros(256, dtype=np.int64)
     lengths[present] = nibbles[:k]
-    kraft = int(np.sum(1 << (MAX_BITS - lengths[present]))) if k else 0
     if k < 2 or nibbles[k:].any() or not np.all((lengths[present] >= 1) & (lengths[present] <= MAX_BITS)):
         raise CorruptObjectError("Huffman plane code lengths invalid")
-    if kraft != 1 << MAX_BITS:
+    if int(np.sum(1 << (MAX_BITS - lengths[present]))) != 1 << MAX_BITS:
         raise CorruptObjectError("Huffman plane code is not a complete prefix code")
     return lengths, head
 
