@@ -59,6 +59,8 @@ _SAMPLE_KEEP_RATIO = 0.97
 # about twice as fast, and zstd wins by more only on planes with long repeats
 # (docs/DESIGN.md, "Huffman planes").
 _HUFFMAN_MAX_OVER_ZSTD = 1.01
+_HUFFMAN_TRY_BELOW = 0.9
+_MEDIUM_SAMPLE = 16 << 10  # what decides a plane too short for the 64 KiB sample
 # A plane this small is not sampled: zstd is tried on it only when at most half of
 # the byte values it could hold occur in it. A random (mantissa) plane of a tiny
 # tensor holds more and never shrinks, and the zstd call that finds so is a fixed
@@ -180,7 +182,8 @@ def can_write_huffman() -> bool:
 def _choose(sample: Buffer, huffman: bool) -> int:
     """The plane codec for a large plane, judged by what each coder makes of its sample."""
     zstd_size = len(_compressor().compress(sample))
-    huffman_size = _native.huff_size(sample) if huffman and _native is not None else 0
+    tried = huffman and _native is not None and zstd_size <= _HUFFMAN_TRY_BELOW * len(sample)
+    huffman_size = _native.huff_size(sample) if tried and _native is not None else 0
     smallest = min(zstd_size, huffman_size) if huffman_size else zstd_size
     if smallest > _SAMPLE_KEEP_RATIO * len(sample):
         return PLANE_RAW
@@ -189,14 +192,20 @@ def _choose(sample: Buffer, huffman: bool) -> int:
     return PLANE_ZSTD
 
 
-def _smallest(data: Buffer, huffman: bool) -> tuple[int, Buffer]:
+def _smallest(plane: np.ndarray, huffman: bool) -> tuple[int, Buffer]:
     """A plane too short to sample, coded each way: the smallest, Huffman where it
     is within _HUFFMAN_MAX_OVER_ZSTD of zstd."""
+    data = plane.data
     best: tuple[int, Buffer] = (PLANE_RAW, data)
     packed = _compressor().compress(data)
     if len(packed) < len(data):
         best = (PLANE_ZSTD, packed)
-    coded = _native.huff_encode(data) if huffman and _native is not None else None
+    # Where zstd, whose literals are Huffman-coded too, barely shrinks the plane, our
+    # coder cannot win by much: it is not tried, which keeps small chunks' encode near
+    # the cost of zstd alone (docs/DESIGN.md, "Huffman planes").
+    if not huffman or _native is None or len(packed) > _HUFFMAN_TRY_BELOW * len(data):
+        return best
+    coded = _native.huff_encode(data)
     if coded is not None and len(coded) < len(data) and len(coded) <= _HUFFMAN_MAX_OVER_ZSTD * len(best[1]):
         best = (PLANE_HUFFMAN, coded)
     return best
@@ -230,8 +239,12 @@ def _encode_plane(plane: np.ndarray, verdict: int | None, huffman: bool) -> tupl
     elif verdict is None and len(plane) <= _TINY_PLANE:
         # A Huffman header (~50 bytes) is a large share of a plane this small.
         verdict = PLANE_ZSTD if 2 * distinct_bytes(plane) <= min(len(plane), 256) else PLANE_RAW
+    elif verdict is None and (not huffman or len(plane) <= _MEDIUM_SAMPLE):
+        return _smallest(plane, huffman)
     elif verdict is None:
-        return _smallest(data, huffman)
+        # Coding a plane both ways and keeping the smaller made chunks of 64-256 KiB
+        # twice as slow to encode as zstd alone: a sample decides here too.
+        verdict = _choose(data[:_MEDIUM_SAMPLE], huffman)
     packed: bytes | None = None
     if verdict == PLANE_HUFFMAN and _native is not None:
         packed = _native.huff_encode(data)
