@@ -777,8 +777,9 @@ BIT_KERNEL static int huf_decode(const uint8_t *src, size_t len, uint8_t *dst, s
     return 0;
 }
 
-/* The encoder's pair table, one per thread for the thread's life: a fresh 256 KiB
- * per call faulted in a page per touched row, 0.45 ms for a 16 KiB plane. */
+/* The encoder's pair table, one per thread for the thread's life (freed with the
+ * thread): 256 KiB allocated per call would be fresh pages, a fault for every row
+ * of it the plane's values touch. */
 static _Thread_local uint32_t huf_pairs[65536];
 
 PyDoc_STRVAR(huff_size_doc,
