@@ -685,6 +685,15 @@ static void huf_build_table(const HufCode *hc, HufEntry *tab) {
     }
 }
 
+/* How many decode rounds one stream can take without a bounds check: a round
+ * refills (reads 8 bytes, consumes at most 7) and takes five lookups (55 bits,
+ * writing at most 20 bytes). */
+static inline size_t huf_safe_rounds(const uint8_t *p, const uint8_t *end, const uint8_t *o, const uint8_t *oend) {
+    size_t in = end - p >= 8 ? (size_t)(end - p - 8) / 7 + 1 : 0;
+    size_t out = oend - o >= 20 ? (size_t)(oend - o - 20) / 20 + 1 : 0;
+    return in < out ? in : out;
+}
+
 /* Decodes exactly n symbols into dst. Returns 0, or -1 when the payload is
  * malformed. Reads only src[0:len) and writes only dst[0:n). */
 BIT_KERNEL static int huf_decode(const uint8_t *src, size_t len, uint8_t *dst, size_t n) {
@@ -720,16 +729,12 @@ BIT_KERNEL static int huf_decode(const uint8_t *src, size_t len, uint8_t *dst, s
         bb[t] >>= e_ >> 40;                                  \
         bc[t] -= (unsigned)(e_ >> 40);                       \
     } while (0)
-    /* A round refills (reading 8 bytes, consuming at most 7) and takes five
-     * lookups (55 bits, <= 20 symbols) per stream: the bounds are checked once
-     * for as many rounds as they allow. */
+    /* The bounds are checked once for as many rounds as they allow (huf_safe_rounds). */
     for (;;) {
         size_t rounds = SIZE_MAX;
         for (int t = 0; t < HUF_STREAMS; t++) {
-            size_t in = end[t] - p[t] >= 8 ? (size_t)(end[t] - p[t] - 8) / 7 + 1 : 0;
-            size_t out = oend[t] - o[t] >= 20 ? (size_t)(oend[t] - o[t] - 20) / 20 + 1 : 0;
-            if (in < rounds) rounds = in;
-            if (out < rounds) rounds = out;
+            size_t own = huf_safe_rounds(p[t], end[t], o[t], oend[t]);
+            if (own < rounds) rounds = own;
         }
         if (!rounds) break;
         for (size_t r = 0; r < rounds; r++) {
@@ -744,9 +749,7 @@ BIT_KERNEL static int huf_decode(const uint8_t *src, size_t len, uint8_t *dst, s
     /* Streams whose symbols cost fewer bits end first; the others go on alone. */
     for (int t = 0; t < HUF_STREAMS; t++) {
         for (;;) {
-            size_t in = end[t] - p[t] >= 8 ? (size_t)(end[t] - p[t] - 8) / 7 + 1 : 0;
-            size_t out = oend[t] - o[t] >= 20 ? (size_t)(oend[t] - o[t] - 20) / 20 + 1 : 0;
-            size_t rounds = in < out ? in : out;
+            size_t rounds = huf_safe_rounds(p[t], end[t], o[t], oend[t]);
             if (!rounds) break;
             for (size_t r = 0; r < rounds; r++) {
                 REFILL(t);

@@ -182,8 +182,9 @@ def can_write_huffman() -> bool:
 def _choose(sample: Buffer, huffman: bool) -> int:
     """The plane codec for a large plane, judged by what each coder makes of its sample."""
     zstd_size = len(_compressor().compress(sample))
-    tried = huffman and _native is not None and zstd_size <= _HUFFMAN_TRY_BELOW * len(sample)
-    huffman_size = _native.huff_size(sample) if tried and _native is not None else 0
+    huffman_size = 0
+    if huffman and _native is not None and zstd_size <= _HUFFMAN_TRY_BELOW * len(sample):
+        huffman_size = _native.huff_size(sample)
     smallest = min(zstd_size, huffman_size) if huffman_size else zstd_size
     if smallest > _SAMPLE_KEEP_RATIO * len(sample):
         return PLANE_RAW
