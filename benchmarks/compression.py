@@ -367,16 +367,13 @@ def child_decode(dtype_name: str, rounds: int) -> None:
 def codec_only(state: dict[str, torch.Tensor], repeats: int, pool: ThreadPoolExecutor) -> CodecFigures:
     """ckvc's chunk codec alone (no hashing, no I/O), on ``pool``'s threads, for a
     like-for-like speed comparison with the other codecs."""
-    from ckvc.chunking import DEFAULT_CHUNK_SIZE, chunk_spans, size_batches
-    from ckvc.codecs import TensorCodec, decode_chunk_into, layout_for
-    from ckvc.state import dtype_name
+    from codec_speed import chunks_of
+
+    from ckvc.chunking import size_batches
+    from ckvc.codecs import TensorCodec, decode_chunk_into
 
     codec = TensorCodec()
-    chunks = []
-    for tensor in state.values():
-        data = tensor.contiguous().view(-1).view(torch.uint8).numpy().data.cast("B")
-        layout = layout_for(dtype_name(tensor.dtype))
-        chunks += [(data[a:b], layout) for a, b in chunk_spans(len(data), DEFAULT_CHUNK_SIZE)]
+    chunks = chunks_of(state)
     fig = CodecFigures(f"ckvc codec only ({THREADS} threads)")
     encoded = list(pool.map(lambda c: codec.encode_chunk(c[0], c[1]), chunks))
     fig.raw = sum(len(c) for c, _ in chunks)
