@@ -30,10 +30,11 @@ from ckvc.storage.object_store import DEFAULT_MAX_PACK_SIZE
 FORMAT_VERSION = 4
 # Older repositories are read and written as they are; a writer raises the version
 # only before it writes what the older one lacks (docs/FORMAT.md, section 15).
-READABLE_VERSIONS = (1, 2, 3, 4)
+READABLE_VERSIONS = (1, 2, 3, 4, 5)
 CODECS_VERSION = 2  # codecs 2-5, the lossy commit field
 FILES_VERSION = 3  # file nodes (state ext 10), JSON-like commit metadata
 CODECS4_VERSION = 4  # Huffman planes, scaled deltas; older repositories keep the version 3 codecs
+COMPACT_VERSION = 5  # the compact lossy tier: lossy chains, powers of two, Huffman-coded codes
 DEFAULT_KEYFRAME_INTERVAL = 16
 HASH_NAME = "blake3-256"
 CONFIG_NAME = "config.json"
@@ -153,8 +154,9 @@ class RepoConfig:
             raise UnsupportedFormatError(f"cannot read {where}: {exc}") from None
         version = raw.get("format_version") if isinstance(raw, dict) else None
         if version not in READABLE_VERSIONS:
+            newest = READABLE_VERSIONS[-1]
             raise UnsupportedFormatError(
-                f"repository format version {version!r} is not supported (this ckvc reads {FORMAT_VERSION})"
+                f"repository format version {version!r} is not supported (this ckvc reads up to {newest})"
             )
         if raw.get("hash") != HASH_NAME:
             raise UnsupportedFormatError(f"hash {raw.get('hash')!r} is not supported")

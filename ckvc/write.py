@@ -29,10 +29,10 @@ from ckvc import graph, signing
 from ckvc.bulk import pauses_gc
 from ckvc.chunking import BATCH_BYTES, chunk_spans, size_batches
 from ckvc.codecs import DELTA, QUANT, DeltaBase, layout_for
+from ckvc.codecs.lossy import COMPACT_MODES, quant_header, quantize, quantize_compact
 from ckvc.codecs.lossy import MODES as LOSSY_MODES
-from ckvc.codecs.lossy import quantize
 from ckvc.codecs.policy import ChunkPolicy, DeltaBackoff, LossySpec, lossy_patterns
-from ckvc.config import CODECS_VERSION, FILES_VERSION
+from ckvc.config import CODECS_VERSION, COMPACT_VERSION, FILES_VERSION
 from ckvc.core import ProgressCallback, Repository, check_utf8, default_author
 from ckvc.errors import (
     CkvcError,
@@ -47,7 +47,7 @@ from ckvc.errors import (
     storage_error,
 )
 from ckvc.executor import default_window_depth, runs_inline
-from ckvc.ids import ObjectType, object_id
+from ckvc.ids import Buffer, ObjectType, object_id
 from ckvc.objects import Blob, Commit, Snapshot, validate_metadata, validate_metrics
 from ckvc.refs import BRANCH_PREFIX
 from ckvc.storage.object_store import ObjectWriter
@@ -179,6 +179,8 @@ def stage(
         core.upgrade_format(FILES_VERSION)
     elif lossy is not None:
         core.upgrade_format(CODECS_VERSION)  # quantized records are a version-2 codec
+    if any(mode in COMPACT_MODES for mode in (lossy_patterns(lossy) or {}).values()):
+        core.upgrade_format(COMPACT_VERSION)  # lossy chains, powers of two, Huffman codes
     return Staged(tree, pending, pickled)
 
 
@@ -317,11 +319,42 @@ def delta_base(core: Repository, parent_chunk: bytes | None, policy: ChunkPolicy
         return None  # never build on a damaged base: store this chunk whole
 
 
+def compact_link(core: Repository, parent_chunk: bytes | None, policy: ChunkPolicy) -> tuple[bytes, Buffer, int] | None:
+    """What a compact-tier chunk builds on: (the parent's chunk, its plain bytes,
+    the new link's age) when that chunk is stored whole or is itself a lossy link
+    and the chain is younger than the keyframe interval; None: start a chain."""
+    if parent_chunk is None:
+        return None
+    store = core.store
+    try:
+        info = store.base_info(parent_chunk)
+        if info.whole:
+            age = 0
+        elif store.locate(parent_chunk).codec == QUANT:
+            age = info.age
+        else:
+            return None  # an exact delta: a chain starts here rather than grow two kinds of link
+        if policy.keyframe_due(age):
+            return None
+        return parent_chunk, store.read(parent_chunk, ObjectType.CHUNK), age + 1
+    except (CorruptObjectError, ObjectNotFoundError):
+        return None  # never build on a damaged base
+
+
 def _quantized(
     core: Repository, view: memoryview, dtype: str, mode: str, parent_chunk: bytes | None, policy: ChunkPolicy
 ) -> _Encoded | None:
     """A quantized chunk, or None to store it exactly: a residual mode without
     an exact keyframe to build on stores the chunk whole (it becomes one)."""
+    if mode in COMPACT_MODES:
+        link = compact_link(core, parent_chunk, policy) if mode != "coarse" else None
+        compact = quantize_compact(view, dtype, mode, link[1] if link else None, link[2] if link else 1)
+        if compact is None:
+            return None
+        base_oid = link[0] if link is not None and quant_header(compact.payload).residual else None
+        oid = object_id(ObjectType.CHUNK, compact.plain.data)
+        measured = (compact.max_abs_error, compact.sum_sq_error, compact.sum_sq_value)
+        return oid, QUANT, compact.payload, base_oid, False, measured
     bits, residual = LOSSY_MODES[mode]
     keyframe = delta_base(core, parent_chunk, policy) if residual else None
     if residual and keyframe is None:

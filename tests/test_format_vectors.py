@@ -386,14 +386,26 @@ def spec_decode(codec: int, payload: bytes, raw_size: int, base: bytes | None) -
         return bytes(out + payload[pos + mask_size + values_size :])
     if codec == 5:
         scheme, bits, dtype, flags, _age, block, n = struct.unpack_from("<BBBBBIQ", payload)
-        assert dtype == 1  # the vector is float32
+        assert dtype == 1  # the vectors are float32
         pos = struct.calcsize("<BBBBBIQ")
-        blocks = -(-n // block)
+        blocks = 0 if scheme == 3 else -(-n // block)
         scales = np.frombuffer(payload[pos : pos + 4 * blocks], dtype="<f4")
         codes_codec, size = struct.unpack_from("<BI", payload, pos + 4 * blocks)
         body = payload[pos + 4 * blocks + 5 :]
         assert len(body) == size
-        packed = body if codes_codec == 0 else _zstd_frame(body, n if bits == 8 else (n + 1) // 2)
+        if codes_codec == 2:
+            packed = _spec_huffman(body, n)
+        else:
+            packed = body if codes_codec == 0 else _zstd_frame(body, n if bits == 8 else (n + 1) // 2)
+        if scheme == 3:
+            exponents = list(packed[:n])
+            if flags & 1:
+                assert base is not None
+                base_bits = struct.unpack(f"<{n}I", base)
+                assert all(b & 0x807FFFFF == 0 for b in base_bits)
+                exponents = [(b >> 23) + code - 128 for b, code in zip(base_bits, exponents, strict=True)]
+            assert all(0 <= e <= 254 for e in exponents)
+            return struct.pack(f"<{n}I", *(e << 23 for e in exponents))
         if bits == 8:
             codes = list(packed[:n])
         else:
@@ -692,7 +704,7 @@ def test_config(vec: Vector, tmp_path: Path) -> None:
     (tmp_path / "config.json").write_text(json.dumps(v1))
     assert RepoConfig.load(tmp_path).format_version == 1
     bad = (
-        {"format_version": 5}, {"format_version": "3"}, {"format_version": None}, {"hash": "sha256"},
+        {"format_version": 6}, {"format_version": "3"}, {"format_version": None}, {"hash": "sha256"},
         {"format_version": 1}, {"keyframe_interval": 0}, {"codec": {"name": "zipnn"}},
     )  # fmt: skip
     for change in bad:

@@ -43,7 +43,7 @@ def metric_values(pairs: tuple[str, ...]) -> dict[str, float]:
     "lossy",
     multiple=True,
     metavar="PRESET|GLOB=MODE",
-    help="Opt-in lossy storage: a preset (optimizer-q8, optimizer-q4, compact-q4) or e.g. 'optimizer.*=q4'.",
+    help="Opt-in lossy storage: a preset (compact, optimizer-q8, optimizer-q4, compact-q4) or e.g. 'optimizer.*=q4'.",
 )
 @click.option("--follow-links", is_flag=True, help="Store what symlinks leaving the directory point to.")
 @click.option(

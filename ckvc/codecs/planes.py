@@ -193,7 +193,7 @@ def _choose(sample: Buffer, huffman: bool) -> int:
     return PLANE_ZSTD
 
 
-def _smallest(plane: np.ndarray, huffman: bool) -> tuple[int, Buffer]:
+def smallest_plane(plane: np.ndarray, huffman: bool) -> tuple[int, Buffer]:
     """A plane too short to sample, coded each way: the smallest, Huffman where it
     is within _HUFFMAN_MAX_OVER_ZSTD of zstd."""
     data = plane.data
@@ -241,7 +241,7 @@ def _encode_plane(plane: np.ndarray, verdict: int | None, huffman: bool) -> tupl
         # A Huffman header (~50 bytes) is a large share of a plane this small.
         verdict = PLANE_ZSTD if 2 * distinct_bytes(plane) <= min(len(plane), 256) else PLANE_RAW
     elif verdict is None and (not huffman or len(plane) <= _MEDIUM_SAMPLE):
-        return _smallest(plane, huffman)
+        return smallest_plane(plane, huffman)
     elif verdict is None:
         # Coding a plane both ways and keeping the smaller made chunks of 64-256 KiB
         # twice as slow to encode as zstd alone: a sample decides here too.
@@ -326,14 +326,14 @@ def decode_plane_set(payload: Buffer, raw_size: int) -> PlaneSet:
         if len(chunk) != size:
             raise CorruptObjectError("bytegroup plane truncated")
         pos += size
-        planes.append(_decode_plane(codec, chunk, n, k))
+        planes.append(decode_plane(codec, chunk, n, k))
     tail = view[pos:]
     if len(tail) != raw_size - n * width:
         raise CorruptObjectError(f"bytegroup tail is {len(tail)} bytes, expected {raw_size - n * width}")
     return PlaneSet(planes, tail, width, bool(flags & FLAG_SIGN_SWAP))
 
 
-def _decode_plane(codec: int, chunk: memoryview, n: int, k: int) -> np.ndarray:
+def decode_plane(codec: int, chunk: memoryview, n: int, k: int) -> np.ndarray:
     if codec == PLANE_RAW:
         if len(chunk) != n:
             raise CorruptObjectError(f"raw plane is {len(chunk)} bytes, expected {n}")

@@ -9,6 +9,7 @@ import fnmatch
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from ckvc.codecs.lossy import COMPACT_MODES
 from ckvc.codecs.lossy import DTYPE_CODES as LOSSY_DTYPES
 from ckvc.codecs.lossy import MODES as LOSSY_MODES
 from ckvc.errors import InvalidInputError
@@ -22,7 +23,10 @@ LOSSY_PRESETS: dict[str, dict[str, str]] = {
     "optimizer-q8": {"optimizer.*": "q8"},
     "optimizer-q4": {"optimizer.*": "q4"},
     "compact-q4": {"optimizer.*": "q4", "model.*": "residual-q4"},
+    # Each save coded against the one before (docs/DESIGN.md, "The compact lossy tier").
+    "compact": {"optimizer.*.exp_avg_sq": "log2", "optimizer.*": "coarse", "model.*": "track"},
 }
+KNOWN_MODES = (*LOSSY_MODES, *COMPACT_MODES)
 # Glob patterns over tensor paths -> lossy mode, or a preset name; None: exact.
 LossySpec = str | Mapping[str, str] | None
 
@@ -42,8 +46,8 @@ def lossy_patterns(spec: LossySpec) -> dict[str, str] | None:
             raise InvalidInputError(f"unknown lossy preset {spec!r}; known: {sorted(LOSSY_PRESETS)}")
         spec = LOSSY_PRESETS[spec]
     for pattern, mode in spec.items():
-        if mode not in LOSSY_MODES:
-            raise InvalidInputError(f"unknown lossy mode {mode!r} for {pattern!r}; known: {sorted(LOSSY_MODES)}")
+        if mode not in KNOWN_MODES:
+            raise InvalidInputError(f"unknown lossy mode {mode!r} for {pattern!r}; known: {sorted(KNOWN_MODES)}")
     return dict(spec)
 
 

@@ -44,6 +44,12 @@ def base_info(codec: int, base: bytes | None, payload_head: Buffer) -> BaseInfo:
     raise UnsupportedFormatError(f"unknown codec id {codec}")
 
 
+def _quant_age(payload: Buffer) -> int:
+    from ckvc.codecs.lossy import quant_header  # numpy: loaded with the first chunk, not with the store
+
+    return quant_header(payload).age
+
+
 def delta_depth_age(payload: Buffer) -> tuple[int, int]:
     """A delta record's (links down to a chunk stored whole, age), its header checked."""
     from ckvc.codecs.delta import delta_header  # numpy: loaded with the first chunk, not with the store
@@ -66,14 +72,15 @@ def is_keyframe_delta(codec: int, base: bytes | None, payload: Buffer) -> bool:
 def base_to_decode(codec: int, base: bytes | None, payload: Buffer) -> tuple[bytes, int] | None:
     """(base id, depth the base must have) for a record that decodes against a
     base, None for one that decodes alone; CorruptObjectError where the header
-    and the base id contradict each other. Residuals only ever sit on keyframes
-    (depth 0)."""
+    and the base id contradict each other. A lossy residual's base is met at
+    one less than its age: a keyframe, or (the compact tier) the lossy link
+    below it."""
     if codec == DELTA:
         if base is None:
             raise CorruptObjectError("delta record names no base")
         return base, delta_depth(payload) - 1
     if codec == QUANT and base is not None:
-        return base, 0
+        return base, _quant_age(payload) - 1
     if base is not None:
         raise CorruptObjectError(f"a {CODEC_NAMES.get(codec, codec)} record names a base")
     return None
@@ -82,9 +89,16 @@ def base_to_decode(codec: int, base: bytes | None, payload: Buffer) -> tuple[byt
 def check_base_link(oid: bytes, codec: int, base: bytes | None, payload: Buffer, depth: int) -> bytes | None:
     """A link of a delta chain, met at ``depth`` links above a keyframe: the
     base it decodes against (None for the keyframe itself). Depths strictly
-    decrease, so a chain cannot loop; a lossy chunk is never a base."""
-    if codec not in WHOLE_CODECS and codec != DELTA:
-        raise CorruptObjectError("a lossy chunk cannot be a base", object_id=oid.hex())
+    decrease, so a chain cannot loop: a delta's header names its depth, and a
+    lossy residual (the compact tier's chains) must be exactly ``depth`` old."""
+    if codec == QUANT:
+        if base is None:
+            return None  # a chain's first lossy link
+        if _quant_age(payload) != depth or depth < 1:
+            raise CorruptObjectError(
+                f"lossy chain link of age {_quant_age(payload)} met at depth {depth}", object_id=oid.hex()
+            )
+        return base
     if codec != DELTA:
         return None
     if base is None:

@@ -1,0 +1,180 @@
+"""The compact lossy tier (format version 5): each save coded against the one
+before, so errors are corrected instead of accumulated; second moments rounded to
+powers of two; chains bounded by the keyframe interval, verified like any chunk."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import ckvc
+from ckvc.codecs import QUANT
+from ckvc.codecs.lossy import (
+    FLAG_RESIDUAL,
+    LOG2,
+    QuantHeader,
+    dequantize_into,
+    quant_header,
+    quantize_compact,
+)
+from ckvc.codecs.records import base_to_decode, check_base_link
+from ckvc.errors import CorruptObjectError
+
+STEPS = 6
+
+
+def training_run(steps: int = STEPS) -> list[dict[str, object]]:
+    """Weights that drift a little each save, Adam-like moments, a counter."""
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(64, 512, generator=g) * 0.02
+    states = []
+    for step in range(steps):
+        grad = torch.randn(w.shape, generator=g) * 1e-3
+        w = w - 1e-3 * torch.sign(grad) * torch.rand(w.shape, generator=g)
+        v = grad.square() * (1 + torch.rand(w.shape, generator=g))
+        v[0, :7] = 0.0  # never updated: must stay exactly zero
+        states.append(
+            {
+                "model": {"w": w.clone(), "bias": torch.randn(8, generator=g)},
+                "optimizer": {"state": {"0": {"exp_avg": grad * 0.1, "exp_avg_sq": v, "step": torch.tensor(step)}}},
+            }
+        )
+    return states
+
+
+def chunk_of(repo: ckvc.Repo, commit_id: str, path: str) -> bytes:
+    snapshot = repo.read_snapshot(repo.read_commit(commit_id))
+    (blob,) = [b for b in snapshot.blobs if b.path == path]
+    assert len(blob.chunks) == 1
+    return blob.chunks[0]
+
+
+def test_compact_chains_restore_the_same_bytes_in_a_fresh_process(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    states = training_run()
+    with ckvc.Repo.init(tmp_path / "r", keyframe_interval=3) as repo:
+        ids = [repo.commit(s, message="save", lossy="compact") for s in states]
+        assert repo.config.format_version == 5
+        loaded = [repo.load(i) for i in ids]
+        ages = []
+        for i, commit_id in enumerate(ids):
+            oid = chunk_of(repo, commit_id, "model.w")
+            assert repo.store.stat(oid).codec == QUANT
+            info = repo.store.base_info(oid)
+            ages.append(info.age)
+            # Each link builds on the save before it; a checkout decodes at most
+            # keyframe_interval - 1 lossy links (a standalone first link counts one).
+            assert info.base == (chunk_of(repo, ids[i - 1], "model.w") if info.age > 1 else None)
+        assert ages == [1, 2, 1, 2, 1, 2]
+        report = repo.read_commit(ids[-1]).lossy
+        assert {p: r["codec"] for p, r in report.items()} == {
+            "model.w": "track",
+            "optimizer.state.0.exp_avg": "coarse",
+            "optimizer.state.0.exp_avg_sq": "log2",
+        }
+    with ckvc.Repo.open(tmp_path / "r") as fresh:
+        assert fresh.fsck().ok
+        for commit_id, before in zip(ids, loaded, strict=True):
+            again = fresh.load(commit_id)
+            assert torch.equal(again["model"]["w"].view(torch.int32), before["model"]["w"].view(torch.int32))
+            opt, opt_before = again["optimizer"]["state"]["0"], before["optimizer"]["state"]["0"]
+            assert torch.equal(opt["exp_avg_sq"], opt_before["exp_avg_sq"])
+    # Exact where it must be: the counter and the small bias.
+    assert torch.equal(loaded[-1]["model"]["bias"], states[-1]["model"]["bias"])  # type: ignore[index]
+    assert torch.equal(loaded[-1]["optimizer"]["state"]["0"]["step"], torch.tensor(STEPS - 1))
+
+
+def test_track_corrects_the_error_of_the_save_before(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Against the parent's reconstruction, the error stays within half a step of
+    this save's own residual: it does not grow along the chain."""
+    states = training_run()
+    with ckvc.Repo.init(tmp_path / "r") as repo:
+        ids = [repo.commit(s, lossy={"model.*": "track"}) for s in states]
+        errors = []
+        for state, commit_id in zip(states, ids, strict=True):
+            got = repo.load(commit_id)["model"]["w"]
+            error = (got - state["model"]["w"]).abs().max().item()  # type: ignore[index]
+            assert error == pytest.approx(repo.read_commit(commit_id).lossy["model.w"]["max_abs_error"], rel=1e-6)
+            errors.append(error)
+    # The first link is 8 bits over the range; later ones half an RMS of one save's change.
+    step_change = (states[1]["model"]["w"] - states[0]["model"]["w"]).square().mean().sqrt().item()  # type: ignore[index]
+    assert max(errors[1:]) <= 2 * step_change
+    assert errors[-1] <= 1.5 * max(errors[1:3])
+
+
+def test_log2_rounds_to_the_nearest_power_and_keeps_zeros() -> None:
+    g = torch.Generator().manual_seed(1)
+    v = torch.rand(8192, generator=g).pow(8) * 1e-3
+    v[:5] = torch.tensor([0.0, 1.0, 1.4142, 1.4143, 3.0e38])
+    result = quantize_compact(v.numpy().tobytes(), "float32", "log2", None, 1)
+    assert result is not None
+    got = torch.from_numpy(result.plain.copy()).view(torch.float32)
+    bits = got.view(torch.int32)
+    assert bool(((bits & 0x807FFFFF) == 0).all())  # a power of two (or zero), nothing else
+    assert got[:5].tolist() == [0.0, 1.0, 1.0, 2.0, 2.0**127]
+    ratio = got[5:] / v[5:]
+    assert float(ratio.max()) <= 2**0.5 and float(ratio.min()) >= 2**-0.5
+    head = quant_header(result.payload)
+    assert (head.scheme, head.flags, head.block) == (LOG2, 0, 1)
+
+
+def test_log2_residual_against_the_parent_and_its_refusals() -> None:
+    g = torch.Generator().manual_seed(2)
+    v0 = torch.rand(8192, generator=g) * 1e-4
+    first = quantize_compact(v0.numpy().tobytes(), "float32", "log2", None, 1)
+    assert first is not None
+    v1 = v0 * 0.97
+    second = quantize_compact(v1.numpy().tobytes(), "float32", "log2", first.plain, 2)
+    assert second is not None and quant_header(second.payload).residual
+    out = np.empty(len(second.plain), dtype=np.uint8)
+    dequantize_into(second.payload, out, first.plain)
+    assert out.tobytes() == second.plain.tobytes()
+    # A base that is not powers of two cannot carry exponent changes.
+    damaged = first.plain.copy()
+    damaged[0] ^= 1
+    with pytest.raises(CorruptObjectError, match="powers-of-two residual"):
+        dequantize_into(second.payload, out, damaged)
+    # Exponents driven out of range by the change are corrupt, never infinity.
+    high = np.frombuffer((torch.full((8192,), 2.0**120)).numpy().tobytes(), dtype=np.uint8)
+    jump = quantize_compact((torch.full((8192,), 2.0**126)).numpy().tobytes(), "float32", "log2", high, 2)
+    assert jump is not None and quant_header(jump.payload).residual
+    low = np.frombuffer((torch.full((8192,), 2.0**-100)).numpy().tobytes(), dtype=np.uint8)
+    dequantize_into(jump.payload, out, low)  # still in range: fine
+    top = np.frombuffer((torch.full((8192,), 2.0**127)).numpy().tobytes(), dtype=np.uint8)
+    with pytest.raises(CorruptObjectError, match="out of range"):
+        dequantize_into(jump.payload, out, top)
+    # A jump past 128 binades starts a new chain instead.
+    far = quantize_compact((torch.full((8192,), 2.0**-120)).numpy().tobytes(), "float32", "log2", high, 2)
+    assert far is not None and not quant_header(far.payload).residual
+
+
+def test_negative_or_half_precision_second_moments_stay_exact(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    negative = -torch.rand(8192)
+    assert quantize_compact(negative.numpy().tobytes(), "float32", "log2", None, 1) is None
+    half = torch.rand(8192).half()
+    assert quantize_compact(half.numpy().tobytes(), "float16", "log2", None, 1) is None
+    bf16 = torch.rand(8192).bfloat16()
+    result = quantize_compact(bf16.view(torch.int16).numpy().tobytes(), "bfloat16", "log2", None, 1)
+    assert result is not None
+    assert bool((torch.from_numpy(result.plain.copy()).view(torch.int16) & 0x807F == 0).all())
+
+
+def test_coarse_first_moments_are_mostly_zero_codes() -> None:
+    m = torch.randn(65536, generator=torch.Generator().manual_seed(3)) * 1e-3
+    result = quantize_compact(m.numpy().tobytes(), "float32", "coarse", None, 1)
+    assert result is not None
+    got = torch.from_numpy(result.plain.copy()).view(torch.float32)
+    assert float((got == 0).float().mean()) > 0.6  # |m| under one RMS: a step of two RMS rounds it away
+    assert len(result.payload) < len(m.numpy().tobytes()) / 16
+
+
+def test_chain_links_must_be_exactly_as_old_as_their_depth() -> None:
+    head = QuantHeader(1, 8, 1, FLAG_RESIDUAL, 3, 4096, 4096)
+    payload = b"".join([__import__("struct").pack("<BBBBBIQ", *head)])
+    base = b"\x01" * 32
+    assert base_to_decode(QUANT, base, payload) == (base, 2)
+    assert check_base_link(b"\x02" * 32, QUANT, base, payload, 3) == base
+    with pytest.raises(CorruptObjectError, match="age 3 met at depth 2"):
+        check_base_link(b"\x02" * 32, QUANT, base, payload, 2)
+    standalone = __import__("struct").pack("<BBBBBIQ", 1, 8, 1, 0, 1, 4096, 4096)
+    assert check_base_link(b"\x02" * 32, QUANT, None, standalone, 5) is None
