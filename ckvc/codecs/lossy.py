@@ -62,11 +62,15 @@ MODES = {"q8": (8, False), "q4": (4, False), "residual-q8": (8, True), "residual
 # The compact tier (format version 5): ``track`` and ``log2`` are coded against the
 # parent commit's chunk (a chain of at most keyframe_interval records).
 COMPACT_MODES = ("track", "coarse", "log2")
-COARSE_STEP_RMS = 2.0  # first moments: a step of two RMS of the block (most codes 0)
+# First moments: a step of 1.25 RMS of the block (most codes 0). The resumed loss
+# moves with this step and little else (docs/DESIGN.md, "The compact lossy tier").
+COARSE_STEP_RMS = 1.25
 TRACK_STEP_RMS = 1.0  # weight residuals: a step of one RMS of the block's residual
 # A residual is never coded finer than this fraction of its base's RMS: weight decay
 # alone moves every weight a little, and coding that costs bits and changes nothing.
-TRACK_FLOOR = 2.0**-10
+# The error it allows (half the step) is below what a cast to bfloat16 does to a
+# typical weight; four times coarser changes a resumed fine-tune's loss by 8 %.
+TRACK_FLOOR = 2.0**-9
 _LOG2_DTYPES = (1, 3)  # float32 and bfloat16 share float32's 8-bit exponent
 # A float32 mantissa at least (sqrt(2) - 1) * 2^23 is nearer the next power of two in log2.
 _LOG2_ROUND_UP = 3474676

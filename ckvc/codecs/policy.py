@@ -16,9 +16,13 @@ from ckvc.errors import InvalidInputError
 from ckvc.objects import Blob
 
 MIN_DELTA_CHUNK = 64 << 10  # chunks below this many bytes are always stored whole
-# Tensors smaller than this stay exact under any lossy spec: step counters and
-# scalars cost nothing and must not drift.
+# Tensors smaller than this stay exact under a lossy spec: step counters and scalars
+# cost nothing and must not drift.
 MIN_LOSSY_ELEMENTS = 4096
+# The compact modes code a tensor against its parent with one scale per 4096 elements,
+# so biases and norm weights pay off from here (they are a tenth of a MiniLM run's
+# compact bytes when kept exact).
+MIN_COMPACT_ELEMENTS = 256
 LOSSY_PRESETS: dict[str, dict[str, str]] = {
     "optimizer-q8": {"optimizer.*": "q8"},
     "optimizer-q4": {"optimizer.*": "q4"},
@@ -101,7 +105,8 @@ class ChunkPolicy:
         if self._patterns is None:
             return None
         matched = next((m for p, m in self._patterns.items() if fnmatch.fnmatchcase(path, p)), None)
-        eligible = dtype in LOSSY_DTYPES and nbytes // itemsize >= MIN_LOSSY_ELEMENTS
+        smallest = MIN_COMPACT_ELEMENTS if matched in COMPACT_MODES else MIN_LOSSY_ELEMENTS
+        eligible = dtype in LOSSY_DTYPES and nbytes // itemsize >= smallest
         return matched if eligible else None
 
     def bases(

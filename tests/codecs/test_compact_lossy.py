@@ -11,13 +11,16 @@ import torch
 import ckvc
 from ckvc.codecs import QUANT
 from ckvc.codecs.lossy import (
+    COARSE_STEP_RMS,
     FLAG_RESIDUAL,
     LOG2,
+    TRACK_BLOCK,
     QuantHeader,
     dequantize_into,
     quant_header,
     quantize_compact,
 )
+from ckvc.codecs.policy import MIN_COMPACT_ELEMENTS
 from ckvc.codecs.records import base_to_decode, check_base_link
 from ckvc.errors import CorruptObjectError
 
@@ -159,13 +162,32 @@ def test_negative_or_half_precision_second_moments_stay_exact(tmp_path) -> None:
     assert bool((torch.from_numpy(result.plain.copy()).view(torch.int16) & 0x807F == 0).all())
 
 
-def test_coarse_first_moments_are_mostly_zero_codes() -> None:
+def test_coarse_first_moments_round_on_a_step_of_the_block_rms() -> None:
     m = torch.randn(65536, generator=torch.Generator().manual_seed(3)) * 1e-3
+    m[5] = 0.5  # an outlier: its own block's step grows with it
     result = quantize_compact(m.numpy().tobytes(), "float32", "coarse", None, 1)
     assert result is not None
     got = torch.from_numpy(result.plain.copy()).view(torch.float32)
-    assert float((got == 0).float().mean()) > 0.6  # |m| under one RMS: a step of two RMS rounds it away
-    assert len(result.payload) < len(m.numpy().tobytes()) / 16
+    blocks = m.view(-1, TRACK_BLOCK)
+    step = torch.maximum(blocks.abs().amax(dim=1) / 127, COARSE_STEP_RMS * blocks.square().mean(dim=1).sqrt())
+    expected = (torch.round(blocks / step[:, None]) * step[:, None]).view(-1)
+    assert torch.allclose(got, expected, rtol=1e-6, atol=0)
+    assert abs(float(got[5]) - 0.5) <= float(step[0]) / 2 and float(step[0]) > 5 * float(step[1])
+    # Most codes are zero or one step either side: the payload is a small fraction.
+    assert float((got[TRACK_BLOCK:] == 0).float().mean()) > 0.4
+    assert len(result.payload) < len(m.numpy().tobytes()) / 12
+
+
+def test_compact_modes_reach_norm_sized_tensors_but_never_counters(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    state = {
+        "model": {"norm": torch.randn(MIN_COMPACT_ELEMENTS), "tiny": torch.randn(MIN_COMPACT_ELEMENTS - 1)},
+        "optimizer": {"state": {"0": {"exp_avg": torch.randn(384), "step": torch.tensor(7.0)}}},
+    }
+    with ckvc.Repo.init(tmp_path / "r") as repo:
+        compact = repo.read_commit(repo.commit(state, lossy="compact")).lossy
+        q8 = repo.read_commit(repo.commit(state, lossy={"*": "q8"})).lossy
+    assert set(compact) == {"model.norm", "optimizer.state.0.exp_avg"}
+    assert q8 == {}  # the older modes keep their 4096-element threshold
 
 
 def test_chain_links_must_be_exactly_as_old_as_their_depth() -> None:
