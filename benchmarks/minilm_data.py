@@ -238,24 +238,34 @@ def _embed(model: BertModel, batch: Batch) -> torch.Tensor:
     return F.normalize(projected, dim=-1)
 
 
-def _run_epoch(
-    model: BertModel, optimizer: torch.optim.AdamW, data: tuple[Batch, Batch], epoch: int, seed: int
-) -> float:
-    """One epoch; RNG (shuffle order and dropout) depends only on (seed, epoch)."""
-    torch.manual_seed(seed * 100_003 + epoch)
+def _batch_loss(model: BertModel, data: tuple[Batch, Batch], idx: torch.Tensor) -> torch.Tensor:
     anchors, positives = data
-    n = anchors["input_ids"].shape[0]
+    a = _embed(model, {k: v[idx] for k, v in anchors.items()})
+    p = _embed(model, {k: v[idx] for k, v in positives.items()})
+    logits = SCALE * a @ p.T
+    labels = torch.arange(len(idx))
+    return (F.cross_entropy(logits, labels) + F.cross_entropy(logits.T, labels)) / 2
+
+
+def _run_epoch(
+    model: BertModel,
+    optimizer: torch.optim.AdamW,
+    data: tuple[Batch, Batch],
+    epoch: int,
+    seed: int,
+    max_steps: int | None = None,
+) -> float:
+    """One epoch (or its first ``max_steps`` steps); RNG (shuffle order and dropout)
+    depends only on (seed, epoch)."""
+    torch.manual_seed(seed * 100_003 + epoch)
+    n = data[0]["input_ids"].shape[0]
     groups = torch.randperm(n // GROUP_SIZE)
     order = (groups[:, None] * GROUP_SIZE + torch.arange(GROUP_SIZE)).flatten()
     model.train()
     losses: list[float] = []
-    for step in range(n // BATCH_SIZE):
-        idx = order[step * BATCH_SIZE : (step + 1) * BATCH_SIZE]
-        a = _embed(model, {k: v[idx] for k, v in anchors.items()})
-        p = _embed(model, {k: v[idx] for k, v in positives.items()})
-        logits = SCALE * a @ p.T
-        labels = torch.arange(len(idx))
-        loss = (F.cross_entropy(logits, labels) + F.cross_entropy(logits.T, labels)) / 2
+    steps = n // BATCH_SIZE if max_steps is None else min(n // BATCH_SIZE, max_steps)
+    for step in range(steps):
+        loss = _batch_loss(model, data, order[step * BATCH_SIZE : (step + 1) * BATCH_SIZE])
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
@@ -295,6 +305,28 @@ def train_one_epoch_from(state: dict[str, Any], mode: str, seed: int = 1) -> flo
         # next steps would then update the caller's exp_avg / exp_avg_sq / step in place.
         optimizer.load_state_dict(copy.deepcopy(state["optimizer"]))
         return _run_epoch(model, optimizer, data, int(state.get("epoch", -1)) + 1, seed)
+
+
+def loss_after_steps(state: dict[str, Any], mode: str, steps: int = 20, seed: int = 1) -> float:
+    """Rebuild model + AdamW, load ``state``, train ``steps`` more steps (epochs as
+    ``train_one_epoch_from`` runs them), then the mean loss over the whole data set in
+    eval mode (no dropout): what a resumed run's quality is judged by (issue 33: a
+    lossy resume within 1 % of the exact one's). Deterministic given the arguments."""
+    with _deterministic():
+        model, optimizer, data = _setup(mode)
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(copy.deepcopy(state["optimizer"]))  # see train_one_epoch_from
+        epoch = int(state.get("epoch", -1)) + 1
+        n = data[0]["input_ids"].shape[0]
+        while steps > 0:
+            _run_epoch(model, optimizer, data, epoch, seed, max_steps=steps)
+            steps -= n // BATCH_SIZE
+            epoch += 1
+        model.eval()
+        starts = range(0, n - BATCH_SIZE + 1, BATCH_SIZE)
+        with torch.no_grad():
+            losses = [float(_batch_loss(model, data, torch.arange(i, i + BATCH_SIZE))) for i in starts]
+        return sum(losses) / len(losses)
 
 
 def minilm_weights(dtype: torch.dtype = torch.float32) -> dict[str, torch.Tensor]:

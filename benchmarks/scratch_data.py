@@ -90,6 +90,32 @@ def train_sequence() -> list[dict[str, Any]]:
     return states
 
 
+def loss_after_steps(state: dict[str, Any], steps: int = 20, seed: int = 1) -> float:
+    """Rebuild the model and AdamW, load ``state``, train ``steps`` more steps on fresh
+    batches, then the mean loss over eight fixed held-out batches: what a resumed run's
+    quality is judged by (issue 33). Deterministic given the arguments; the learning
+    rate is the saved one (past the warm-up, the schedule is flat)."""
+    torch.manual_seed(SEED)
+    table = _bigram_table(ACTIVE_VOCAB, torch.Generator().manual_seed(SEED))
+    model = GPT2LMHeadModel(GPT2Config(**CONFIG, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0))
+    model.load_state_dict(state["model"])
+    optimizer = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=WEIGHT_DECAY)
+    optimizer.load_state_dict(copy.deepcopy(state["optimizer"]))  # load_state_dict keeps same-dtype tensors
+    batches = torch.Generator().manual_seed(1000 + seed)
+    model.train()
+    for _ in range(steps):
+        tokens = _batch(table, batches)
+        loss = model(input_ids=tokens, labels=tokens).loss
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+    held_out = torch.Generator().manual_seed(99)
+    model.eval()
+    with torch.no_grad():
+        losses = [float(model(input_ids=(t := _batch(table, held_out)), labels=t).loss) for _ in range(8)]
+    return sum(losses) / len(losses)
+
+
 def _cache_config() -> dict[str, Any]:
     return {
         "format": CACHE_FORMAT, "config": CONFIG, "steps": STEPS, "save_every": SAVE_EVERY, "batch": BATCH,
