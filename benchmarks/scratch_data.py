@@ -68,22 +68,30 @@ def _snapshot(model: GPT2LMHeadModel, optimizer: torch.optim.AdamW, step: int, l
     }
 
 
+def _model() -> GPT2LMHeadModel:
+    return GPT2LMHeadModel(GPT2Config(**CONFIG, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0))
+
+
+def _train_step(model: GPT2LMHeadModel, optimizer: torch.optim.AdamW, tokens: torch.Tensor) -> torch.Tensor:
+    loss = model(input_ids=tokens, labels=tokens).loss
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    optimizer.step()
+    return loss
+
+
 def train_sequence() -> list[dict[str, Any]]:
     """The 10 training states, in order (each a deep copy)."""
     torch.manual_seed(SEED)
     gen = torch.Generator().manual_seed(SEED)
-    model = GPT2LMHeadModel(GPT2Config(**CONFIG, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0))
+    model = _model()
     optimizer = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=WEIGHT_DECAY)
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / WARMUP))
     table = _bigram_table(ACTIVE_VOCAB, gen)
     model.train()
     states: list[dict[str, Any]] = []
     for step in range(1, STEPS + 1):
-        tokens = _batch(table, gen)
-        loss = model(input_ids=tokens, labels=tokens).loss
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()
+        loss = _train_step(model, optimizer, _batch(table, gen))
         schedule.step()
         if step % SAVE_EVERY == 0:
             states.append(_snapshot(model, optimizer, step, float(loss.detach())))
@@ -97,18 +105,14 @@ def loss_after_steps(state: dict[str, Any], steps: int = 20, seed: int = 1) -> f
     rate is the saved one (past the warm-up, the schedule is flat)."""
     torch.manual_seed(SEED)
     table = _bigram_table(ACTIVE_VOCAB, torch.Generator().manual_seed(SEED))
-    model = GPT2LMHeadModel(GPT2Config(**CONFIG, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0))
+    model = _model()
     model.load_state_dict(state["model"])
     optimizer = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=WEIGHT_DECAY)
     optimizer.load_state_dict(copy.deepcopy(state["optimizer"]))  # load_state_dict keeps same-dtype tensors
     batches = torch.Generator().manual_seed(1000 + seed)
     model.train()
     for _ in range(steps):
-        tokens = _batch(table, batches)
-        loss = model(input_ids=tokens, labels=tokens).loss
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()
+        _train_step(model, optimizer, _batch(table, batches))
     held_out = torch.Generator().manual_seed(99)
     model.eval()
     with torch.no_grad():
