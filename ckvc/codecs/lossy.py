@@ -71,6 +71,11 @@ TRACK_STEP_RMS = 1.0  # weight residuals: a step of one RMS of the block's resid
 # The error it allows (half the step) is below what a cast to bfloat16 does to a
 # typical weight; four times coarser changes a resumed fine-tune's loss by 8 %.
 TRACK_FLOOR = 2.0**-9
+# A track chain's first link: 8 bits over the block's range, but never finer than
+# 1/16 of its RMS. A Gaussian block's range is ~8 RMS, so this doubles the step of
+# most blocks (one bit an element less); the error is random and the next link
+# corrects it (docs/DESIGN.md, "The compact lossy tier").
+FIRST_LINK_STEP_RMS = 1 / 16
 _LOG2_DTYPES = (1, 3)  # float32 and bfloat16 share float32's 8-bit exponent
 # A float32 mantissa at least (sqrt(2) - 1) * 2^23 is nearer the next power of two in log2.
 _LOG2_ROUND_UP = 3474676
@@ -261,7 +266,8 @@ def quantize_compact(
         base_grid[:n] = base_t
         floor = TRACK_FLOOR * base_grid.view(blocks, TRACK_BLOCK).square().mean(dim=1).sqrt()
         step = torch.maximum(torch.maximum(step, TRACK_STEP_RMS * rms), floor)
-    # else: a track chain's first link, 8 bits over each block's range
+    else:
+        step = torch.maximum(step, FIRST_LINK_STEP_RMS * rms)
     step = step.clamp(min=torch.finfo(torch.float32).tiny)
     codes = (torch.round(grid / step.view(-1, 1)).clamp(-127, 127) + 127).view(-1)[:n].to(torch.int32)
     flags = FLAG_RESIDUAL if base_t is not None else 0

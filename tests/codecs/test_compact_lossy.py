@@ -12,6 +12,7 @@ import ckvc
 from ckvc.codecs import QUANT
 from ckvc.codecs.lossy import (
     COARSE_STEP_RMS,
+    FIRST_LINK_STEP_RMS,
     FLAG_RESIDUAL,
     LOG2,
     TRACK_BLOCK,
@@ -176,6 +177,24 @@ def test_coarse_first_moments_round_on_a_step_of_the_block_rms() -> None:
     # Most codes are zero or one step either side: the payload is a small fraction.
     assert float((got[TRACK_BLOCK:] == 0).float().mean()) > 0.4
     assert len(result.payload) < len(m.numpy().tobytes()) / 12
+
+
+def test_a_chains_first_weight_link_rounds_on_its_range_or_a_sixteenth_of_its_rms() -> None:
+    w = torch.randn(3 * TRACK_BLOCK, generator=torch.Generator().manual_seed(4)) * 0.02
+    w[TRACK_BLOCK + 7] = 40.0  # one block with an outlier: its range sets the step
+    result = quantize_compact(w.numpy().tobytes(), "float32", "track", None, 1)
+    assert result is not None and not quant_header(result.payload).flags & FLAG_RESIDUAL
+    got = torch.from_numpy(result.plain.copy()).view(torch.float32)
+    blocks = w.view(-1, TRACK_BLOCK)
+    rms = blocks.square().mean(dim=1).sqrt()
+    step = torch.maximum(blocks.abs().amax(dim=1) / 127, FIRST_LINK_STEP_RMS * rms)
+    assert torch.allclose(got, (torch.round(blocks / step[:, None]) * step[:, None]).view(-1), rtol=1e-6, atol=0)
+    # Gaussian blocks: the RMS rule wins (a range of ~8 RMS over 254 codes is finer).
+    assert float(step[0]) == pytest.approx(float(rms[0]) / 16, rel=1e-6)
+    assert float(step[1]) == pytest.approx(40.0 / 127, rel=1e-6)
+    # Uniform rounding error on the Gaussian blocks: step / sqrt(12), random.
+    error = (got.view(-1, TRACK_BLOCK) - blocks)[[0, 2]]
+    assert float(error.square().mean().sqrt()) == pytest.approx(0.02 / 16 / 12**0.5, rel=0.05)
 
 
 def test_compact_modes_reach_norm_sized_tensors_but_never_counters(tmp_path) -> None:  # type: ignore[no-untyped-def]
