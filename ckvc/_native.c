@@ -512,24 +512,30 @@ static void huf_lengths(const uint64_t *cnt, uint8_t *len) {
 }
 
 BIT_KERNEL static void huf_histogram(const uint8_t *src, size_t n, uint64_t *cnt) {
-    /* four tables: consecutive equal bytes would otherwise serialize on one counter */
-    uint32_t h[4][256];
+    /* eight tables, one per byte of a 64-bit load: a plane of few values (an
+     * exponent plane) would otherwise wait on the same counter's last increment */
+    uint32_t h[8][256];
     memset(h, 0, sizeof h);
     memset(cnt, 0, 256 * sizeof *cnt);
     size_t i = 0;
     while (i < n) {
         size_t stop = n - i > ((size_t)1 << 30) ? i + ((size_t)1 << 30) : n; /* no counter overflows */
-        for (; i + 4 <= stop; i += 4) {
-            uint32_t w = load32le(src + i);
+        for (; i + 8 <= stop; i += 8) {
+            uint64_t w = load64le(src + i);
             h[0][w & 255]++;
             h[1][(w >> 8) & 255]++;
             h[2][(w >> 16) & 255]++;
-            h[3][w >> 24]++;
+            h[3][(w >> 24) & 255]++;
+            h[4][(w >> 32) & 255]++;
+            h[5][(w >> 40) & 255]++;
+            h[6][(w >> 48) & 255]++;
+            h[7][w >> 56]++;
         }
         for (; i < stop; i++) h[0][src[i]]++;
         for (int s = 0; s < 256; s++) {
-            cnt[s] += (uint64_t)h[0][s] + h[1][s] + h[2][s] + h[3][s];
-            h[0][s] = h[1][s] = h[2][s] = h[3][s] = 0;
+            uint64_t sum = 0;
+            for (int t = 0; t < 8; t++) sum += h[t][s], h[t][s] = 0;
+            cnt[s] += sum;
         }
     }
 }

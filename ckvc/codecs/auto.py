@@ -12,7 +12,7 @@ from ckvc.codecs.codec_ids import MAX_AGE
 from ckvc.codecs.delta import DELTA_HEAD, MAX_CHAIN_DEPTH, SCALE, SCALED_SUB, SUB, XOR, fit_scale, residual, scaled_base
 from ckvc.codecs.planes import encode_planes, sample_planes, scratch
 from ckvc.codecs.registry import register_encoder
-from ckvc.codecs.sparse import SPARSE_WIDTHS, encode_sparse, zero_fraction
+from ckvc.codecs.sparse import SPARSE_WIDTHS, encode_sparse, mostly_zero
 from ckvc.codecs.zstd import ZstdCodec
 from ckvc.ids import Buffer
 
@@ -79,7 +79,7 @@ class TensorCodec(Codec):
 
     def _encode_standalone(self, data: Buffer, layout: ChunkLayout) -> tuple[int, Buffer]:
         candidates: list[tuple[int, Buffer]] = [(RAW, data)]
-        if layout.width in SPARSE_WIDTHS and zero_fraction(data, layout.width) >= SPARSE_MIN_ZERO_FRACTION:
+        if layout.width in SPARSE_WIDTHS and mostly_zero(data, layout.width, SPARSE_MIN_ZERO_FRACTION):
             candidates.append((SPARSE, encode_sparse(data, layout.width, layout.is_float, self.format4)))
         elif layout.planes:
             sampled = sample_planes(data, layout.width, layout.is_float, self.format4)

@@ -29,7 +29,7 @@ from ckvc.codecs import (
 from ckvc.codecs import planes as planes_module
 from ckvc.codecs.delta import SUB, XOR
 from ckvc.codecs.planes import decode_planes_into, encode_planes, sample_planes, split_planes
-from ckvc.codecs.sparse import decode_sparse_into, encode_sparse
+from ckvc.codecs.sparse import decode_sparse_into, encode_sparse, mostly_zero
 from ckvc.errors import CorruptObjectError, UnsupportedFormatError
 
 LAYOUTS = [ChunkLayout(1, False), ChunkLayout(2, True), ChunkLayout(2, False), ChunkLayout(4, True)]
@@ -260,6 +260,29 @@ def test_sparse_keeps_negative_zero_and_nan_payloads() -> None:
     out = np.empty(len(data), dtype=np.uint8)
     decode_sparse_into(encode_sparse(data, 4, True), out)
     assert out.tobytes() == data
+
+
+def test_mostly_zero_counts_in_full_unless_a_strided_sample_rules_the_chunk_out() -> None:
+    rng = np.random.default_rng(7)
+    n = 65536
+    dense = rng.standard_normal(n).astype(np.float32)
+    scattered = np.where(rng.random(n) < 0.55, 0, dense).astype(np.float32)
+    second_half = dense.copy()
+    second_half[n // 2 :] = 0
+    just_under = dense.copy()
+    just_under[: n // 2 - 1] = 0
+    for values, expected in ((dense, False), (scattered, True), (second_half, True), (just_under, False)):
+        assert mostly_zero(values.tobytes(), 4, 0.5) is expected
+    # Zeros everywhere but on the sampled positions: the sample says dense and the
+    # chunk is coded densely (the documented limit of the sample).
+    adversarial = np.zeros(n, dtype=np.float32)
+    adversarial[::61] = 1.0
+    assert mostly_zero(adversarial.tobytes(), 4, 0.5) is False
+    # Chunks too short to sample are counted in full.
+    short = np.zeros(1000, dtype=np.float32)
+    short[::61] = 1.0
+    assert mostly_zero(short.tobytes(), 4, 0.5) is True
+    assert mostly_zero(b"", 4, 0.5) is False
 
 
 def test_metadata_objects_use_only_codecs_0_and_1(tmp_path: Path) -> None:
