@@ -50,7 +50,8 @@ def mostly_zero(data: Buffer, width: int, threshold: float) -> bool:
     """Whether at least ``threshold`` of the elements are zero. A strided sample
     rules a chunk out when it shows fewer than ``threshold - 0.1`` zeros: counting
     every element was a tenth of a dense chunk's encode. A chunk whose zeros avoid
-    the sampled positions is coded as a dense one (still correct, a little larger)."""
+    the sampled positions is coded as a dense one: still exact, and larger (a 4 MiB
+    chunk holding one value in 61, exactly off the sample: 102 KB against 70 KB)."""
     raw = as_u8(data)
     n = len(raw) // width
     if n == 0:
