@@ -163,6 +163,12 @@ def test_negative_or_half_precision_second_moments_stay_exact(tmp_path) -> None:
     assert bool((torch.from_numpy(result.plain.copy()).view(torch.int16) & 0x807F == 0).all())
 
 
+def block_steps(blocks: torch.Tensor, rms_factor: float) -> torch.Tensor:
+    """The standalone step rule: the block's range over 254 codes, or ``rms_factor``
+    of its RMS, whichever is coarser."""
+    return torch.maximum(blocks.abs().amax(dim=1) / 127, rms_factor * blocks.square().mean(dim=1).sqrt())
+
+
 def test_coarse_first_moments_round_on_a_step_of_the_block_rms() -> None:
     m = torch.randn(65536, generator=torch.Generator().manual_seed(3)) * 1e-3
     m[5] = 0.5  # an outlier: its own block's step grows with it
@@ -170,7 +176,7 @@ def test_coarse_first_moments_round_on_a_step_of_the_block_rms() -> None:
     assert result is not None
     got = torch.from_numpy(result.plain.copy()).view(torch.float32)
     blocks = m.view(-1, TRACK_BLOCK)
-    step = torch.maximum(blocks.abs().amax(dim=1) / 127, COARSE_STEP_RMS * blocks.square().mean(dim=1).sqrt())
+    step = block_steps(blocks, COARSE_STEP_RMS)
     expected = (torch.round(blocks / step[:, None]) * step[:, None]).view(-1)
     assert torch.allclose(got, expected, rtol=1e-6, atol=0)
     assert abs(float(got[5]) - 0.5) <= float(step[0]) / 2 and float(step[0]) > 5 * float(step[1])
@@ -187,7 +193,7 @@ def test_a_chains_first_weight_link_rounds_on_its_range_or_a_sixteenth_of_its_rm
     got = torch.from_numpy(result.plain.copy()).view(torch.float32)
     blocks = w.view(-1, TRACK_BLOCK)
     rms = blocks.square().mean(dim=1).sqrt()
-    step = torch.maximum(blocks.abs().amax(dim=1) / 127, FIRST_LINK_STEP_RMS * rms)
+    step = block_steps(blocks, FIRST_LINK_STEP_RMS)
     assert torch.allclose(got, (torch.round(blocks / step[:, None]) * step[:, None]).view(-1), rtol=1e-6, atol=0)
     # Gaussian blocks: the RMS rule wins (a range of ~8 RMS over 254 codes is finer).
     assert float(step[0]) == pytest.approx(float(rms[0]) / 16, rel=1e-6)
