@@ -34,8 +34,8 @@
         (lo) = (uint8_t)((lo) ^ s_);               \
     } while (0)
 
-KERNEL static void split2(const uint8_t *src, uint8_t *restrict dst, size_t n, int swap) {
-    uint8_t *restrict p0 = dst, *restrict p1 = dst + n;
+KERNEL static void split2(const uint8_t *src, uint8_t *const *dst, size_t n, int swap) {
+    uint8_t *restrict p0 = dst[0], *restrict p1 = dst[1];
     for (size_t i = 0; i < n; i++) {
         uint8_t b0 = src[2 * i], b1 = src[2 * i + 1];
         if (swap) SWAP_BITS(b1, b0);
@@ -44,8 +44,8 @@ KERNEL static void split2(const uint8_t *src, uint8_t *restrict dst, size_t n, i
     }
 }
 
-KERNEL static void split4(const uint8_t *src, uint8_t *restrict dst, size_t n, int swap) {
-    uint8_t *restrict p0 = dst, *restrict p1 = dst + n, *restrict p2 = dst + 2 * n, *restrict p3 = dst + 3 * n;
+KERNEL static void split4(const uint8_t *src, uint8_t *const *dst, size_t n, int swap) {
+    uint8_t *restrict p0 = dst[0], *restrict p1 = dst[1], *restrict p2 = dst[2], *restrict p3 = dst[3];
     for (size_t i = 0; i < n; i++) {
         uint8_t b0 = src[4 * i], b1 = src[4 * i + 1], b2 = src[4 * i + 2], b3 = src[4 * i + 3];
         if (swap) SWAP_BITS(b3, b2);
@@ -56,13 +56,20 @@ KERNEL static void split4(const uint8_t *src, uint8_t *restrict dst, size_t n, i
     }
 }
 
-KERNEL static void split8(const uint8_t *src, uint8_t *restrict dst, size_t n, int swap) {
+KERNEL static void split8(const uint8_t *src, uint8_t *const *dst, size_t n, int swap) {
     for (size_t i = 0; i < n; i++) {
         uint8_t b[8];
         memcpy(b, src + 8 * i, 8);
         if (swap) SWAP_BITS(b[7], b[6]);
-        for (int k = 0; k < 8; k++) dst[k * n + i] = b[k];
+        for (int k = 0; k < 8; k++) dst[k][i] = b[k];
     }
+}
+
+/* Plane k of the n elements at src to dst[k]. */
+static void split_into(const uint8_t *src, size_t width, uint8_t *const *dst, size_t n, int swap) {
+    if (width == 2) split2(src, dst, n, swap);
+    else if (width == 4) split4(src, dst, n, swap);
+    else split8(src, dst, n, swap);
 }
 
 KERNEL static void join2(const uint8_t *p0, const uint8_t *p1, uint8_t *restrict dst, size_t n, int swap) {
@@ -187,10 +194,10 @@ static PyObject *split_planes(PyObject *self, PyObject *args) {
         PyErr_Format(PyExc_ValueError, "dst is %zd bytes, expected %zu", dst.len, n * (size_t)width);
         goto done;
     }
+    uint8_t *planes[8];
+    for (Py_ssize_t k = 0; k < width; k++) planes[k] = (uint8_t *)dst.buf + (size_t)k * n;
     Py_BEGIN_ALLOW_THREADS
-    if (width == 2) split2(src.buf, dst.buf, n, swap);
-    else if (width == 4) split4(src.buf, dst.buf, n, swap);
-    else split8(src.buf, dst.buf, n, swap);
+    split_into(src.buf, (size_t)width, planes, n, swap);
     Py_END_ALLOW_THREADS
     result = Py_NewRef(Py_None);
 done:
@@ -540,22 +547,27 @@ BIT_KERNEL static void huf_histogram(const uint8_t *src, size_t n, uint64_t *cnt
     }
 }
 
-/* Builds the code for src and returns the exact payload size, with each stream's
- * size in stream_size; 0 when fewer than two byte values occur. */
-static size_t huf_plan(const uint8_t *src, size_t n, HufCode *hc, size_t *stream_size) {
-    uint64_t part[HUF_STREAMS][256], cnt[256] = {0};
+/* Each stream's symbol counts, and their sum in cnt. */
+static void huf_stream_counts(const uint8_t *src, size_t n, uint64_t part[HUF_STREAMS][256], uint64_t *cnt) {
+    memset(cnt, 0, 256 * sizeof *cnt);
     for (int t = 0; t < HUF_STREAMS; t++) {
         size_t a, b;
         huf_stream_span(n, t, &a, &b);
         huf_histogram(src + a, b - a, part[t]);
         for (int s = 0; s < 256; s++) cnt[s] += part[t][s];
     }
+}
+
+static size_t huf_header_size(const HufCode *hc) {
     int k = 0;
-    for (int s = 0; s < 256; s++) k += cnt[s] != 0;
-    if (k < 2) return 0;
-    huf_lengths(cnt, hc->len);
-    huf_assign_codes(hc);
-    size_t total = HUF_BITMAP + (size_t)(k + 1) / 2 + HUF_SIZES;
+    for (int s = 0; s < 256; s++) k += hc->len[s] != 0;
+    return HUF_BITMAP + (size_t)(k + 1) / 2 + HUF_SIZES;
+}
+
+/* The exact payload size of hc's code on a plane with these stream counts, with
+ * each stream's size in stream_size. */
+static size_t huf_sized(const HufCode *hc, uint64_t part[HUF_STREAMS][256], size_t *stream_size) {
+    size_t total = huf_header_size(hc);
     for (int t = 0; t < HUF_STREAMS; t++) {
         uint64_t bits = 0;
         for (int s = 0; s < 256; s++) bits += part[t][s] * hc->len[s];
@@ -565,16 +577,107 @@ static size_t huf_plan(const uint8_t *src, size_t n, HufCode *hc, size_t *stream
     return total;
 }
 
+/* Builds the code for src from its full histogram and returns the exact payload
+ * size, with each stream's size in stream_size; 0 when fewer than two byte
+ * values occur. */
+static size_t huf_plan(const uint8_t *src, size_t n, HufCode *hc, size_t *stream_size) {
+    uint64_t part[HUF_STREAMS][256], cnt[256];
+    huf_stream_counts(src, n, part, cnt);
+    int k = 0;
+    for (int s = 0; s < 256; s++) k += cnt[s] != 0;
+    if (k < 2) return 0;
+    huf_lengths(cnt, hc->len);
+    huf_assign_codes(hc);
+    return huf_sized(hc, part, stream_size);
+}
+
+/* A long plane's code is built from a sample: HUF_SAMPLE_PIECES stretches spread
+ * over it, plus, counted once so that they get a code, the values the sample
+ * missed that may occur. Those are bounded by one vector pass: the smallest and
+ * largest nonzero byte, plain and rotated left by one bit (the sign swap leaves
+ * the lowest exponent bit in bit 7, so a float's exponent byte is a contiguous
+ * range only rotated), and whether a zero occurs. The full histogram took as
+ * long as the code writing itself (docs/DESIGN.md, "Huffman planes"). Where that
+ * leaves more than HUF_MAX_UNSEEN candidates outside the sample, their codes
+ * would take a noticeable share of the code space, and the full histogram
+ * decides instead. */
+#define HUF_SAMPLED_MIN ((size_t)1 << 18)
+#define HUF_SAMPLE_PIECES 16
+#define HUF_SAMPLE_PIECE ((size_t)4096)
+#define HUF_MAX_UNSEEN 12
+
+typedef struct {
+    uint8_t zero;           /* a zero byte occurs */
+    uint8_t lo[2], hi[2];   /* nonzero bytes' range: [0] plain, [1] rotated left by one */
+} ByteRange;
+
+static inline uint8_t rotl1(uint8_t v) { return (uint8_t)(v << 1 | v >> 7); }
+
+KERNEL static void byte_range(const uint8_t *src, size_t n, ByteRange *r) {
+    uint8_t lo = 255, hi = 0, rlo = 255, rhi = 0, any_zero = 0;
+    for (size_t i = 0; i < n; i++) {
+        uint8_t v = src[i], z = v == 0 ? 255 : 0, rv = rotl1(v);
+        any_zero |= z;
+        lo = (uint8_t)(v | z) < lo ? (uint8_t)(v | z) : lo;
+        hi = v > hi ? v : hi;
+        rlo = (uint8_t)(rv | z) < rlo ? (uint8_t)(rv | z) : rlo;
+        rhi = rv > rhi ? rv : rhi;
+    }
+    *r = (ByteRange){any_zero != 0, {lo, rlo}, {hi, rhi}};
+}
+
+/* Returns 0 with hc set and each stream's largest possible size in cap, or -1
+ * where the plane is short or the sample too unlike it (then use huf_plan). */
+static int huf_plan_sampled(const uint8_t *src, size_t n, HufCode *hc, size_t *cap) {
+    if (n < HUF_SAMPLED_MIN) return -1;
+    uint64_t cnt[256] = {0}, piece[256];
+    for (size_t p = 0; p < HUF_SAMPLE_PIECES; p++) {
+        huf_histogram(src + (n - HUF_SAMPLE_PIECE) / (HUF_SAMPLE_PIECES - 1) * p, HUF_SAMPLE_PIECE, piece);
+        for (int s = 0; s < 256; s++) cnt[s] += piece[s];
+    }
+    ByteRange r;
+    byte_range(src, n, &r);
+    uint8_t possible[2][256] = {{0}};
+    int unseen[2] = {0, 0};
+    for (int d = 0; d < 2; d++) {
+        possible[d][0] = r.zero;
+        for (int s = 1; s < 256; s++) {
+            uint8_t key = d ? rotl1((uint8_t)s) : (uint8_t)s;
+            possible[d][s] = key >= r.lo[d] && key <= r.hi[d];
+        }
+        for (int s = 0; s < 256; s++) unseen[d] += possible[d][s] && !cnt[s];
+    }
+    int d = unseen[1] < unseen[0];
+    if (unseen[d] > HUF_MAX_UNSEEN) return -1;
+    int k = 0;
+    for (int s = 0; s < 256; s++) {
+        cnt[s] = possible[d][s] ? (cnt[s] ? cnt[s] : 1) : 0; /* the sample lies inside the plane */
+        k += cnt[s] != 0;
+    }
+    if (k < 2) return -1;
+    huf_lengths(cnt, hc->len);
+    huf_assign_codes(hc);
+    for (int t = 0; t < HUF_STREAMS; t++) {
+        size_t a, b;
+        huf_stream_span(n, t, &a, &b);
+        cap[t] = ((b - a) * HUF_MAX_BITS + 7) / 8;
+    }
+    return 0;
+}
+
 typedef struct {
     uint64_t buf; /* pending bits, the next one in bit 0 */
     unsigned bits;
     uint8_t *out, *end;
 } BitWriter;
 
-/* Writes the payload huf_plan sized into dst (exactly that many bytes). pair:
- * scratch for 65536 entries. Never writes outside dst. */
-BIT_KERNEL static void huf_write(const HufCode *hc, const size_t *stream_size, const uint8_t *src, size_t n, uint8_t *dst,
-                      uint32_t *pair) {
+/* Writes the header and stream t at its offset in dst, room for cap[t] bytes
+ * (streams end to end after the header), and each stream's size into
+ * stream_size: equal to cap where huf_plan's sizes are the caps. The header's
+ * sizes are cap's; huf_compact mends them. pair: scratch for 65536 entries.
+ * Never writes outside dst (header plus the caps). */
+BIT_KERNEL static void huf_write(const HufCode *hc, const size_t *cap, const uint8_t *src, size_t n, uint8_t *dst,
+                      uint32_t *pair, size_t *stream_size) {
     uint8_t *p = dst;
     memset(p, 0, HUF_BITMAP);
     uint8_t present[256];
@@ -585,7 +688,7 @@ BIT_KERNEL static void huf_write(const HufCode *hc, const size_t *stream_size, c
     memset(p, 0, (size_t)(k + 1) / 2);
     for (int j = 0; j < k; j++) p[j >> 1] |= (uint8_t)(hc->len[present[j]] << ((j & 1) * 4));
     p += (k + 1) / 2;
-    for (int t = 0; t < HUF_STREAMS - 1; t++) store32le(p + 4 * t, (uint32_t)stream_size[t]);
+    for (int t = 0; t < HUF_STREAMS - 1; t++) store32le(p + 4 * t, (uint32_t)cap[t]);
     p += HUF_SIZES;
     /* two symbols per lookup: pair[s0 | s1 << 8] holds both codes (<= 22 bits) and
      * their total length in the top byte; only pairs of symbols that occur are set.
@@ -599,6 +702,7 @@ BIT_KERNEL static void huf_write(const HufCode *hc, const size_t *stream_size, c
                                  (uint32_t)(hc->len[s0] + hc->len[s1]) << 24;
         }
     BitWriter w[HUF_STREAMS];
+    uint8_t *begin[HUF_STREAMS];
     const uint8_t *in[HUF_STREAMS];
     size_t count[HUF_STREAMS], common = SIZE_MAX;
     for (int t = 0; t < HUF_STREAMS; t++) {
@@ -607,8 +711,9 @@ BIT_KERNEL static void huf_write(const HufCode *hc, const size_t *stream_size, c
         in[t] = src + a;
         count[t] = b - a;
         if (count[t] < common) common = count[t];
-        w[t] = (BitWriter){0, 0, p, p + stream_size[t]};
-        p += stream_size[t];
+        w[t] = (BitWriter){0, 0, p, p + cap[t]};
+        begin[t] = p;
+        p += cap[t];
     }
     uint32_t c;
 #define PUT2(t, v) (c = pair[v], w[t].buf |= (uint64_t)(c & 0xffffff) << w[t].bits, w[t].bits += c >> 24)
@@ -643,9 +748,23 @@ BIT_KERNEL static void huf_write(const HufCode *hc, const size_t *stream_size, c
             for (; w[t].bits >= 8; w[t].bits -= 8, w[t].buf >>= 8) *w[t].out++ = (uint8_t)w[t].buf;
         }
         if (w[t].bits) *w[t].out++ = (uint8_t)w[t].buf;
+        stream_size[t] = (size_t)(w[t].out - begin[t]);
     }
 #undef PUT
 #undef PUT2
+}
+
+/* Moves the streams huf_write left at their caps' offsets end to end and sets
+ * the header's sizes; returns the payload's size. */
+static size_t huf_compact(const HufCode *hc, const size_t *cap, const size_t *stream_size, uint8_t *dst) {
+    size_t head = huf_header_size(hc), from = head, to = head;
+    for (int t = 0; t < HUF_STREAMS; t++) {
+        if (t < HUF_STREAMS - 1) store32le(dst + head - HUF_SIZES + 4 * t, (uint32_t)stream_size[t]);
+        if (to != from) memmove(dst + to, dst + from, stream_size[t]);
+        from += cap[t];
+        to += stream_size[t];
+    }
+    return to;
 }
 
 /* A decode table entry: symbols in bytes 0-3, how many in byte 4, bits used in byte 5. */
@@ -801,7 +920,13 @@ static PyObject *huff_size(PyObject *self, PyObject *args) {
     HufCode hc;
     size_t sizes[HUF_STREAMS], total;
     Py_BEGIN_ALLOW_THREADS
-    total = huf_plan(src.buf, (size_t)src.len, &hc, sizes);
+    if (huf_plan_sampled(src.buf, (size_t)src.len, &hc, sizes) == 0) {
+        uint64_t part[HUF_STREAMS][256], cnt[256];
+        huf_stream_counts(src.buf, (size_t)src.len, part, cnt);
+        total = huf_sized(&hc, part, sizes);
+    } else {
+        total = huf_plan(src.buf, (size_t)src.len, &hc, sizes);
+    }
     Py_END_ALLOW_THREADS
     PyBuffer_Release(&src);
     return PyLong_FromSize_t(total);
@@ -817,23 +942,115 @@ static PyObject *huff_encode(PyObject *self, PyObject *args) {
     if (!PyArg_ParseTuple(args, "y*", &src)) return NULL;
     PyObject *result = NULL;
     HufCode hc;
-    size_t sizes[HUF_STREAMS], total;
+    size_t cap[HUF_STREAMS], sizes[HUF_STREAMS], total;
+    int sampled;
     Py_BEGIN_ALLOW_THREADS
-    total = huf_plan(src.buf, (size_t)src.len, &hc, sizes);
+    sampled = huf_plan_sampled(src.buf, (size_t)src.len, &hc, cap) == 0;
+    if (sampled) {
+        total = huf_header_size(&hc);
+        for (int t = 0; t < HUF_STREAMS; t++) total += cap[t];
+    } else {
+        total = huf_plan(src.buf, (size_t)src.len, &hc, cap);
+    }
     Py_END_ALLOW_THREADS
     if (!total) {
         result = Py_NewRef(Py_None);
         goto done;
     }
+    /* A sampled code's streams are written at their largest sizes' offsets, then
+     * moved end to end: the bytes object shrinks to fit (realloc, no copy). */
     result = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)total);
     if (result != NULL) {
         uint8_t *dst = (uint8_t *)PyBytes_AS_STRING(result);
+        size_t used = total;
         Py_BEGIN_ALLOW_THREADS
-        huf_write(&hc, sizes, src.buf, (size_t)src.len, dst, huf_pairs);
+        huf_write(&hc, cap, src.buf, (size_t)src.len, dst, huf_pairs, sizes);
+        if (sampled) used = huf_compact(&hc, cap, sizes, dst);
         Py_END_ALLOW_THREADS
+        if (used != total && _PyBytes_Resize(&result, (Py_ssize_t)used) < 0) result = NULL;
     }
 done:
     PyBuffer_Release(&src);
+    return result;
+}
+
+/* Codes plane src (n bytes) at dst as a Huffman payload, room for a sampled
+ * code's caps; returns its size, or 0 where huff_encode would return None or the
+ * payload would not be shorter than the plane. */
+static size_t huf_encode_at(const uint8_t *src, size_t n, uint8_t *dst) {
+    HufCode hc;
+    size_t cap[HUF_STREAMS], sizes[HUF_STREAMS], used;
+    if (huf_plan_sampled(src, n, &hc, cap) == 0) {
+        huf_write(&hc, cap, src, n, dst, huf_pairs, sizes);
+        used = huf_compact(&hc, cap, sizes, dst);
+    } else {
+        used = huf_plan(src, n, &hc, cap);
+        if (used) huf_write(&hc, cap, src, n, dst, huf_pairs, sizes);
+    }
+    return used < n ? used : 0;
+}
+
+/* A Huffman payload's largest size for a plane of n symbols: a header with every
+ * value, and HUF_MAX_BITS bits a symbol. */
+#define HUF_BOUND(n) (HUF_BITMAP + 128 + HUF_SIZES + ((n)*HUF_MAX_BITS + 7) / 8 + HUF_STREAMS)
+
+PyDoc_STRVAR(plane_payload_doc,
+             "plane_payload(src, width, sign_swap, raw_planes, scratch) -> bytes | None\n\n"
+             "The bytegroup payload (FORMAT.md) of src whose planes below raw_planes are\n"
+             "stored raw and the others Huffman-coded: the bytes planes.encode_planes\n"
+             "writes for those verdicts, without its copies (the raw planes are split\n"
+             "straight into the payload). scratch: width - raw_planes planes' bytes.\n"
+             "None where a Huffman plane would not shrink (the caller then codes it).");
+
+static PyObject *plane_payload(PyObject *self, PyObject *args) {
+    Py_buffer src, scratch;
+    Py_ssize_t width, raw_planes;
+    int swap;
+    if (!PyArg_ParseTuple(args, "y*npnw*", &src, &width, &swap, &raw_planes, &scratch)) return NULL;
+    PyObject *result = NULL;
+    if (check_width(width) < 0) goto done;
+    size_t w = (size_t)width, n = (size_t)src.len / w, tail = (size_t)src.len - n * w;
+    if (raw_planes < 0 || raw_planes >= width) {
+        PyErr_Format(PyExc_ValueError, "raw_planes %zd outside [0, %zd)", raw_planes, width);
+        goto done;
+    }
+    size_t raw = (size_t)raw_planes, coded = w - raw, head = 2 + 5 * w;
+    if ((size_t)scratch.len < coded * n) {
+        PyErr_Format(PyExc_ValueError, "scratch is %zd bytes, expected %zu", scratch.len, coded * n);
+        goto done;
+    }
+    size_t bound = head + raw * n + coded * HUF_BOUND(n) + tail;
+    result = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)bound);
+    if (result == NULL) goto done;
+    uint8_t *out = (uint8_t *)PyBytes_AS_STRING(result);
+    const uint8_t *in = src.buf;
+    size_t used = 0;
+    Py_BEGIN_ALLOW_THREADS
+    uint8_t *planes[8];
+    for (size_t k = 0; k < w; k++)
+        planes[k] = k < raw ? out + head + k * n : (uint8_t *)scratch.buf + (k - raw) * n;
+    split_into(in, w, planes, n, swap);
+    out[0] = (uint8_t)w;
+    out[1] = swap ? 1 : 0;
+    size_t at = head + raw * n;
+    for (size_t k = 0; k < w; k++) {
+        size_t size = n;
+        if (k >= raw && !(size = huf_encode_at(planes[k], n, out + at))) break;
+        if (k >= raw) at += size;
+        out[2 + 5 * k] = k < raw ? 0 : 2;
+        store32le(out + 3 + 5 * k, (uint32_t)size);
+        if (k == w - 1) used = at;
+    }
+    if (used) {
+        memcpy(out + used, in + n * w, tail);
+        used += tail;
+    }
+    Py_END_ALLOW_THREADS
+    if (!used) Py_SETREF(result, Py_NewRef(Py_None));
+    else if (_PyBytes_Resize(&result, (Py_ssize_t)used) < 0) result = NULL;
+done:
+    PyBuffer_Release(&src);
+    PyBuffer_Release(&scratch);
     return result;
 }
 
@@ -860,6 +1077,7 @@ static PyObject *huff_decode(PyObject *self, PyObject *args) {
 
 static PyMethodDef methods[] = {
     {"distinct_bytes", distinct_bytes, METH_VARARGS, distinct_bytes_doc},
+    {"plane_payload", plane_payload, METH_VARARGS, plane_payload_doc},
     {"huff_decode", huff_decode, METH_VARARGS, huff_decode_doc},
     {"huff_encode", huff_encode, METH_VARARGS, huff_encode_doc},
     {"huff_size", huff_size, METH_VARARGS, huff_size_doc},

@@ -61,6 +61,11 @@ _SAMPLE_KEEP_RATIO = 0.97
 _HUFFMAN_MAX_OVER_ZSTD = 1.01
 _HUFFMAN_TRY_BELOW = 0.9
 _MEDIUM_SAMPLE = 16 << 10  # what decides a plane too short for the 64 KiB sample
+# A sample's first 16 KiB decide on their own where our coder clearly wins there
+# (zstd's trial on the whole sample was most of the sampling time). Repeats that
+# begin after them are the blind spot: such a plane is Huffman-coded, larger than
+# zstd would make it (docs/DESIGN.md, "Huffman planes").
+_REPEAT_PROBE = 16 << 10
 # A plane this small is not sampled: zstd is tried on it only when at most half of
 # the byte values it could hold occur in it. A random (mantissa) plane of a tiny
 # tensor holds more and never shrinks, and the zstd call that finds so is a fixed
@@ -181,6 +186,8 @@ def can_write_huffman() -> bool:
 
 def _choose(sample: Buffer, huffman: bool) -> int:
     """The plane codec for a large plane, judged by what each coder makes of its sample."""
+    if huffman and _native is not None and _clearly_huffman(memoryview(sample)[:_REPEAT_PROBE]):
+        return PLANE_HUFFMAN
     zstd_size = len(_compressor().compress(sample))
     huffman_size = 0
     if huffman and _native is not None and zstd_size <= _HUFFMAN_TRY_BELOW * len(sample):
@@ -191,6 +198,17 @@ def _choose(sample: Buffer, huffman: bool) -> int:
     if huffman_size and huffman_size <= _HUFFMAN_MAX_OVER_ZSTD * zstd_size:
         return PLANE_HUFFMAN
     return PLANE_ZSTD
+
+
+def _clearly_huffman(head: memoryview) -> bool:
+    """Whether our coder shrinks ``head`` below _HUFFMAN_TRY_BELOW and zstd, whose
+    literals are Huffman-coded too, finds no repeats in it worth more than
+    _HUFFMAN_MAX_OVER_ZSTD: an exponent plane's usual verdict, reached without
+    zstd's trial on the whole sample."""
+    huffman_size = _native.huff_size(head)
+    if not huffman_size or huffman_size > _HUFFMAN_TRY_BELOW * len(head):
+        return False
+    return huffman_size <= _HUFFMAN_MAX_OVER_ZSTD * len(_compressor().compress(head))
 
 
 def smallest_plane(plane: np.ndarray, huffman: bool) -> tuple[int, Buffer]:
@@ -267,6 +285,14 @@ def encode_planes(
     written (the repository's format version allows them)."""
     if width not in SUPPORTED_WIDTHS:
         raise ValueError(f"unsupported element width {width}")
+    raw_planes = _raw_then_huffman(sampled) if huffman and _native is not None else None
+    if raw_planes is not None:
+        # A weight's usual verdicts: one native pass splits the raw planes straight
+        # into the payload; the same bytes as below without their two copies.
+        coded = (width - raw_planes) * (len(data) // width)
+        payload = _native.plane_payload(data, width, sign_swap, raw_planes, scratch(2, coded, np.uint8))
+        if payload is not None:
+            return payload
     whole = len(data) // width * width
     # The planes live only until the payload is joined below: a per-thread buffer
     # spares a page fault per 4 KiB of fresh memory.
@@ -276,6 +302,15 @@ def encode_planes(
     head = [_HEAD.pack(width, FLAG_SIGN_SWAP if sign_swap else 0)]
     head += [_PLANE.pack(codec, len(payload)) for codec, payload in encoded]
     return b"".join([*head, *(payload for _, payload in encoded), tail.tobytes()])
+
+
+def _raw_then_huffman(verdicts: list[int] | None) -> int | None:
+    """How many planes come raw before Huffman-coded ones only, or None where the
+    verdicts are not of that form."""
+    if not verdicts:
+        return None
+    raw = next((k for k, v in enumerate(verdicts) if v != PLANE_RAW), len(verdicts))
+    return raw if raw < len(verdicts) and all(v == PLANE_HUFFMAN for v in verdicts[raw:]) else None
 
 
 class PlaneSet(NamedTuple):

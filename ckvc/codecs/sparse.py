@@ -40,10 +40,19 @@ def _elements(raw: np.ndarray, width: int) -> np.ndarray:
     return raw[: n * width].view({1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}[width])
 
 
-# One element in 61 (a prime, so no row length of a real tensor lines up with it)
-# decides for most chunks whether the full count is needed.
-_ZERO_SAMPLE_STRIDE = 61
+# A strided sample of at least _ZERO_SAMPLE_MIN elements decides for most chunks
+# whether the full count is needed. Strides are primes, so that no row length of a
+# real tensor lines up with them; the longest that leaves the sample that many
+# elements is taken (a denser sample read most of the chunk's cache lines).
+_ZERO_SAMPLE_STRIDES = (8191, 4093, 2039, 1021, 509, 251, 127, 61)
+_ZERO_SAMPLE_MIN = 4096
 _ZERO_SAMPLE_MARGIN = 0.1
+
+
+def zero_sample_stride(n: int) -> int:
+    """The sample's stride for a chunk of ``n`` elements (61 where none leaves
+    _ZERO_SAMPLE_MIN of them)."""
+    return next((p for p in _ZERO_SAMPLE_STRIDES if n // p >= _ZERO_SAMPLE_MIN), _ZERO_SAMPLE_STRIDES[-1])
 
 
 def mostly_zero(data: Buffer, width: int, threshold: float) -> bool:
@@ -51,14 +60,16 @@ def mostly_zero(data: Buffer, width: int, threshold: float) -> bool:
     rules a chunk out when it shows fewer than ``threshold - 0.1`` zeros: counting
     every element was a tenth of a dense chunk's encode. A chunk whose zeros avoid
     the sampled positions is coded as a dense one: still exact, and larger (a 4 MiB
-    chunk holding one value in 61, exactly off the sample: 102 KB against 70 KB)."""
+    chunk holding one value in 61, exactly off a 1-in-61 sample: 102 KB against
+    70 KB)."""
     raw = as_u8(data)
     n = len(raw) // width
     if n == 0:
         return False
     elements = _elements(raw, width)
-    if n >= 64 * _ZERO_SAMPLE_STRIDE:
-        sample = elements[::_ZERO_SAMPLE_STRIDE]
+    stride = zero_sample_stride(n)
+    if n >= 64 * stride:
+        sample = elements[::stride]
         if 1.0 - np.count_nonzero(sample) / len(sample) < threshold - _ZERO_SAMPLE_MARGIN:
             return False
     return bool(1.0 - np.count_nonzero(elements) / n >= threshold)

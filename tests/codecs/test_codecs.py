@@ -29,7 +29,7 @@ from ckvc.codecs import (
 from ckvc.codecs import planes as planes_module
 from ckvc.codecs.delta import SUB, XOR
 from ckvc.codecs.planes import decode_planes_into, encode_planes, sample_planes, split_planes
-from ckvc.codecs.sparse import decode_sparse_into, encode_sparse, mostly_zero
+from ckvc.codecs.sparse import decode_sparse_into, encode_sparse, mostly_zero, zero_sample_stride
 from ckvc.errors import CorruptObjectError, UnsupportedFormatError
 
 LAYOUTS = [ChunkLayout(1, False), ChunkLayout(2, True), ChunkLayout(2, False), ChunkLayout(4, True)]
@@ -278,6 +278,15 @@ def test_mostly_zero_counts_in_full_unless_a_strided_sample_rules_the_chunk_out(
     adversarial = np.zeros(n, dtype=np.float32)
     adversarial[::61] = 1.0
     assert mostly_zero(adversarial.tobytes(), 4, 0.5) is False
+    # Longer chunks are sampled more sparsely (a prime stride leaving >= 4096
+    # elements), with the same kind of blind spot.
+    assert [zero_sample_stride(n) for n in (65536, 1 << 20, 1 << 21, 1 << 26)] == [61, 251, 509, 8191]
+    long_adversarial = np.zeros(1 << 20, dtype=np.float32)
+    long_adversarial[::251] = 1.0
+    assert mostly_zero(long_adversarial.tobytes(), 4, 0.5) is False
+    one_in_61 = np.zeros(1 << 20, dtype=np.float32)
+    one_in_61[::61] = 1.0  # the short chunk's blind spot is seen for what it is here
+    assert mostly_zero(one_in_61.tobytes(), 4, 0.5) is True
     # Chunks too short to sample are counted in full.
     short = np.zeros(1000, dtype=np.float32)
     short[::61] = 1.0
