@@ -35,76 +35,26 @@
         (lo) = (uint8_t)((lo) ^ s_);               \
     } while (0)
 
-/* What huf_plan_sampled bounds a long plane's values by: whether a zero byte
- * occurs, and the range of its nonzero bytes, plain and rotated left by one bit.
- * The split of a plane set gathers it for the top plane on its way (RANGE_*). */
-typedef struct {
-    uint8_t zero;
-    uint8_t lo[2], hi[2]; /* [0] plain, [1] rotated */
-} ByteRange;
-
-static inline uint8_t rotl1(uint8_t v) { return (uint8_t)(v << 1 | v >> 7); }
-
-#define RANGE_START uint8_t lo_ = 255, hi_ = 0, rlo_ = 255, rhi_ = 0, zero_ = 0
-#define RANGE_ADD(v)                                                      \
-    do {                                                                  \
-        uint8_t v_ = (v), z_ = v_ == 0 ? 255 : 0, r_ = rotl1(v_);         \
-        zero_ |= z_;                                                      \
-        lo_ = (uint8_t)(v_ | z_) < lo_ ? (uint8_t)(v_ | z_) : lo_;        \
-        hi_ = v_ > hi_ ? v_ : hi_;                                        \
-        rlo_ = (uint8_t)(r_ | z_) < rlo_ ? (uint8_t)(r_ | z_) : rlo_;     \
-        rhi_ = r_ > rhi_ ? r_ : rhi_;                                     \
-    } while (0)
-#define RANGE_END(r) (*(r) = (ByteRange){zero_ != 0, {lo_, rlo_}, {hi_, rhi_}})
-
-KERNEL static void byte_range(const uint8_t *src, size_t n, ByteRange *r) {
-    RANGE_START;
-    for (size_t i = 0; i < n; i++) RANGE_ADD(src[i]);
-    RANGE_END(r);
-}
-
-/* One loop per case (with and without the top plane's range) so that each
- * vectorizes as the plain split did. */
-#define SPLIT2_BODY(RANGE)                        \
-    for (size_t i = 0; i < n; i++) {              \
-        uint8_t b0 = src[2 * i], b1 = src[2 * i + 1]; \
-        if (swap) SWAP_BITS(b1, b0);              \
-        p0[i] = b0;                               \
-        p1[i] = b1;                               \
-        RANGE(b1);                                \
-    }
-#define SPLIT4_BODY(RANGE)                                                           \
-    for (size_t i = 0; i < n; i++) {                                                 \
-        uint8_t b0 = src[4 * i], b1 = src[4 * i + 1], b2 = src[4 * i + 2], b3 = src[4 * i + 3]; \
-        if (swap) SWAP_BITS(b3, b2);                                                 \
-        p0[i] = b0;                                                                  \
-        p1[i] = b1;                                                                  \
-        p2[i] = b2;                                                                  \
-        p3[i] = b3;                                                                  \
-        RANGE(b3);                                                                   \
-    }
-#define NO_RANGE(v) (void)0
-
-KERNEL static void split2(const uint8_t *src, uint8_t *const *dst, size_t n, int swap, ByteRange *top) {
+KERNEL static void split2(const uint8_t *src, uint8_t *const *dst, size_t n, int swap) {
     uint8_t *restrict p0 = dst[0], *restrict p1 = dst[1];
-    if (!top) {
-        SPLIT2_BODY(NO_RANGE)
-        return;
+    for (size_t i = 0; i < n; i++) {
+        uint8_t b0 = src[2 * i], b1 = src[2 * i + 1];
+        if (swap) SWAP_BITS(b1, b0);
+        p0[i] = b0;
+        p1[i] = b1;
     }
-    RANGE_START;
-    SPLIT2_BODY(RANGE_ADD)
-    RANGE_END(top);
 }
 
-KERNEL static void split4(const uint8_t *src, uint8_t *const *dst, size_t n, int swap, ByteRange *top) {
+KERNEL static void split4(const uint8_t *src, uint8_t *const *dst, size_t n, int swap) {
     uint8_t *restrict p0 = dst[0], *restrict p1 = dst[1], *restrict p2 = dst[2], *restrict p3 = dst[3];
-    if (!top) {
-        SPLIT4_BODY(NO_RANGE)
-        return;
+    for (size_t i = 0; i < n; i++) {
+        uint8_t b0 = src[4 * i], b1 = src[4 * i + 1], b2 = src[4 * i + 2], b3 = src[4 * i + 3];
+        if (swap) SWAP_BITS(b3, b2);
+        p0[i] = b0;
+        p1[i] = b1;
+        p2[i] = b2;
+        p3[i] = b3;
     }
-    RANGE_START;
-    SPLIT4_BODY(RANGE_ADD)
-    RANGE_END(top);
 }
 
 KERNEL static void split8(const uint8_t *src, uint8_t *const *dst, size_t n, int swap) {
@@ -116,15 +66,11 @@ KERNEL static void split8(const uint8_t *src, uint8_t *const *dst, size_t n, int
     }
 }
 
-/* Plane k of the n elements at src to dst[k], and the top plane's range into
- * top unless it is NULL. */
-static void split_into(const uint8_t *src, size_t width, uint8_t *const *dst, size_t n, int swap, ByteRange *top) {
-    if (width == 2) split2(src, dst, n, swap, top);
-    else if (width == 4) split4(src, dst, n, swap, top);
-    else {
-        split8(src, dst, n, swap);
-        if (top) byte_range(dst[7], n, top);
-    }
+/* Plane k of the n elements at src to dst[k]. */
+static void split_into(const uint8_t *src, size_t width, uint8_t *const *dst, size_t n, int swap) {
+    if (width == 2) split2(src, dst, n, swap);
+    else if (width == 4) split4(src, dst, n, swap);
+    else split8(src, dst, n, swap);
 }
 
 KERNEL static void join2(const uint8_t *p0, const uint8_t *p1, uint8_t *restrict dst, size_t n, int swap) {
@@ -252,7 +198,7 @@ static PyObject *split_planes(PyObject *self, PyObject *args) {
     uint8_t *planes[8];
     for (Py_ssize_t k = 0; k < width; k++) planes[k] = (uint8_t *)dst.buf + (size_t)k * n;
     Py_BEGIN_ALLOW_THREADS
-    split_into(src.buf, (size_t)width, planes, n, swap, NULL);
+    split_into(src.buf, (size_t)width, planes, n, swap);
     Py_END_ALLOW_THREADS
     result = Py_NewRef(Py_None);
 done:
@@ -661,9 +607,37 @@ static size_t huf_plan(const uint8_t *src, size_t n, HufCode *hc, size_t *stream
 #define HUF_SAMPLE_PIECE ((size_t)4096)
 #define HUF_MAX_UNSEEN 12
 
+/* What huf_plan_sampled bounds a long plane's values by: whether a zero byte
+ * occurs, and the range of its nonzero bytes, plain and rotated left by one bit.
+ * (Gathered inside the split instead, it slowed the split of a chunk read from
+ * memory by more than this pass costs.) */
+typedef struct {
+    uint8_t zero;
+    uint8_t lo[2], hi[2]; /* [0] plain, [1] rotated */
+} ByteRange;
+
+static inline uint8_t rotl1(uint8_t v) { return (uint8_t)(v << 1 | v >> 7); }
+
+#define MIN8(a, b) ((uint8_t)((a) < (b) ? (a) : (b)))
+#define MAX8(a, b) ((uint8_t)((a) > (b) ? (a) : (b)))
+
+/* Minima of v - 1 (wrapping) skip the zeros: they become 255. */
+KERNEL static void byte_range(const uint8_t *src, size_t n, ByteRange *r) {
+    uint8_t least = 255, lo = 255, hi = 0, rlo = 255, rhi = 0;
+    for (size_t i = 0; i < n; i++) {
+        uint8_t v = src[i], rv = rotl1(v);
+        least = MIN8(least, v);
+        lo = MIN8(lo, (uint8_t)(v - 1));
+        hi = MAX8(hi, v);
+        rlo = MIN8(rlo, (uint8_t)(rv - 1));
+        rhi = MAX8(rhi, rv);
+    }
+    *r = (ByteRange){least == 0, {(uint8_t)(lo + 1), (uint8_t)(rlo + 1)}, {hi, rhi}};
+}
+
 /* Returns 0 with hc set and each stream's largest possible size in cap, or -1
  * where the plane is short or the sample too unlike it (then use huf_plan). */
-static int huf_plan_sampled(const uint8_t *src, size_t n, const ByteRange *known, HufCode *hc, size_t *cap) {
+static int huf_plan_sampled(const uint8_t *src, size_t n, HufCode *hc, size_t *cap) {
     if (n < HUF_SAMPLED_MIN) return -1;
     uint64_t cnt[256] = {0}, piece[256];
     for (size_t p = 0; p < HUF_SAMPLE_PIECES; p++) {
@@ -671,8 +645,7 @@ static int huf_plan_sampled(const uint8_t *src, size_t n, const ByteRange *known
         for (int s = 0; s < 256; s++) cnt[s] += piece[s];
     }
     ByteRange r;
-    if (known) r = *known;
-    else byte_range(src, n, &r);
+    byte_range(src, n, &r);
     uint8_t possible[2][256] = {{0}};
     int unseen[2] = {0, 0};
     for (int d = 0; d < 2; d++) {
@@ -965,7 +938,7 @@ static PyObject *huff_size(PyObject *self, PyObject *args) {
     HufCode hc;
     size_t sizes[HUF_STREAMS], total;
     Py_BEGIN_ALLOW_THREADS
-    if (huf_plan_sampled(src.buf, (size_t)src.len, NULL, &hc, sizes) == 0) {
+    if (huf_plan_sampled(src.buf, (size_t)src.len, &hc, sizes) == 0) {
         uint64_t part[HUF_STREAMS][256], cnt[256];
         huf_stream_counts(src.buf, (size_t)src.len, part, cnt);
         total = huf_sized(&hc, part, sizes);
@@ -990,7 +963,7 @@ static PyObject *huff_encode(PyObject *self, PyObject *args) {
     size_t cap[HUF_STREAMS], sizes[HUF_STREAMS], total;
     int sampled;
     Py_BEGIN_ALLOW_THREADS
-    sampled = huf_plan_sampled(src.buf, (size_t)src.len, NULL, &hc, cap) == 0;
+    sampled = huf_plan_sampled(src.buf, (size_t)src.len, &hc, cap) == 0;
     if (sampled) {
         total = huf_header_size(&hc);
         for (int t = 0; t < HUF_STREAMS; t++) total += cap[t];
@@ -1022,10 +995,10 @@ done:
 /* Codes plane src (n bytes) at dst as a Huffman payload, room for a sampled
  * code's caps; returns its size, or 0 where huff_encode would return None or the
  * payload would not be shorter than the plane. */
-static size_t huf_encode_at(const uint8_t *src, size_t n, const ByteRange *known, uint8_t *dst) {
+static size_t huf_encode_at(const uint8_t *src, size_t n, uint8_t *dst) {
     HufCode hc;
     size_t cap[HUF_STREAMS], sizes[HUF_STREAMS], used;
-    if (huf_plan_sampled(src, n, known, &hc, cap) == 0) {
+    if (huf_plan_sampled(src, n, &hc, cap) == 0) {
         huf_write(&hc, cap, src, n, dst, huf_pairs, sizes);
         used = huf_compact(&hc, cap, sizes, dst);
     } else {
@@ -1074,14 +1047,13 @@ static PyObject *plane_payload(PyObject *self, PyObject *args) {
     uint8_t *planes[8];
     for (size_t k = 0; k < w; k++)
         planes[k] = k < raw ? out + head + k * n : (uint8_t *)scratch.buf + (k - raw) * n;
-    ByteRange top;
-    split_into(in, w, planes, n, swap, &top);
+    split_into(in, w, planes, n, swap);
     out[0] = (uint8_t)w;
     out[1] = swap ? 1 : 0;
     size_t at = head + raw * n;
     for (size_t k = 0; k < w; k++) {
         size_t size = n;
-        if (k >= raw && !(size = huf_encode_at(planes[k], n, k == w - 1 ? &top : NULL, out + at))) break;
+        if (k >= raw && !(size = huf_encode_at(planes[k], n, out + at))) break;
         if (k >= raw) at += size;
         out[2 + 5 * k] = k < raw ? 0 : 2;
         store32le(out + 3 + 5 * k, (uint32_t)size);
