@@ -61,11 +61,13 @@ _SAMPLE_KEEP_RATIO = 0.97
 _HUFFMAN_MAX_OVER_ZSTD = 1.01
 _HUFFMAN_TRY_BELOW = 0.9
 _MEDIUM_SAMPLE = 16 << 10  # what decides a plane too short for the 64 KiB sample
-# A sample's first 16 KiB decide on their own where our coder clearly wins there
-# (zstd's trial on the whole sample was most of the sampling time). Repeats that
-# begin after them are the blind spot: such a plane is Huffman-coded, larger than
-# zstd would make it (docs/DESIGN.md, "Huffman planes").
+# A sample's first 16 KiB decide on their own where the verdict is clear there
+# (zstd's trial on the whole sample was most of the sampling time): Huffman, or raw
+# where neither coder leaves less than _PROBE_RAW_RATIO. Repeats or structure that
+# begin after them are the blind spot: such a plane is Huffman-coded or stored raw,
+# larger than zstd would make it (docs/DESIGN.md, "Huffman planes").
 _REPEAT_PROBE = 16 << 10
+_PROBE_RAW_RATIO = 0.99
 # A plane this small is not sampled: zstd is tried on it only when at most half of
 # the byte values it could hold occur in it. A random (mantissa) plane of a tiny
 # tensor holds more and never shrinks, and the zstd call that finds so is a fixed
@@ -186,8 +188,13 @@ def can_write_huffman() -> bool:
 
 def _choose(sample: Buffer, huffman: bool) -> int:
     """The plane codec for a large plane, judged by what each coder makes of its sample."""
-    if huffman and _native is not None and _clearly_huffman(memoryview(sample)[:_REPEAT_PROBE]):
-        return PLANE_HUFFMAN
+    probed = _probe_verdict(memoryview(sample)[:_REPEAT_PROBE], huffman)
+    return _sample_verdict(sample, huffman) if probed is None else probed
+
+
+def _sample_verdict(sample: Buffer, huffman: bool) -> int:
+    """The plane codec by what zstd and (where zstd leaves under _HUFFMAN_TRY_BELOW)
+    our coder make of the whole sample."""
     zstd_size = len(_compressor().compress(sample))
     huffman_size = 0
     if huffman and _native is not None and zstd_size <= _HUFFMAN_TRY_BELOW * len(sample):
@@ -200,15 +207,26 @@ def _choose(sample: Buffer, huffman: bool) -> int:
     return PLANE_ZSTD
 
 
-def _clearly_huffman(head: memoryview) -> bool:
-    """Whether our coder shrinks ``head`` below _HUFFMAN_TRY_BELOW and zstd, whose
-    literals are Huffman-coded too, finds no repeats in it worth more than
-    _HUFFMAN_MAX_OVER_ZSTD: an exponent plane's usual verdict, reached without
-    zstd's trial on the whole sample."""
-    huffman_size = _native.huff_size(head)
-    if not huffman_size or huffman_size > _HUFFMAN_TRY_BELOW * len(head):
-        return False
-    return huffman_size <= _HUFFMAN_MAX_OVER_ZSTD * len(_compressor().compress(head))
+def _probe_verdict(probe: Buffer, huffman: bool) -> int | None:
+    """The plane codec decided on the probe (the sample's first _REPEAT_PROBE bytes)
+    where it is clear, else None. Clear are: our coder leaves at most
+    _HUFFMAN_TRY_BELOW of it and at most _HUFFMAN_MAX_OVER_ZSTD times what zstd,
+    whose literals are Huffman-coded too, leaves (Huffman: an exponent plane); and
+    both leave over _PROBE_RAW_RATIO of it (raw: a mantissa plane). Only where
+    Huffman planes may be written, so that version 3 repositories keep their
+    verdicts."""
+    if not huffman or _native is None:
+        return None
+    huffman_size = _native.huff_size(probe)
+    if not huffman_size:  # one value: zstd's case
+        return None
+    if huffman_size <= _HUFFMAN_TRY_BELOW * len(probe):
+        zstd_size = len(_compressor().compress(probe))
+        return PLANE_HUFFMAN if huffman_size <= _HUFFMAN_MAX_OVER_ZSTD * zstd_size else None
+    if huffman_size > _PROBE_RAW_RATIO * len(probe):
+        zstd_size = len(_compressor().compress(probe))
+        return PLANE_RAW if zstd_size > _PROBE_RAW_RATIO * len(probe) else None
+    return None
 
 
 def smallest_plane(plane: np.ndarray, huffman: bool) -> tuple[int, Buffer]:
@@ -239,9 +257,16 @@ def sample_planes(data: Buffer, width: int, sign_swap: bool, huffman: bool = Fal
     chunk's encode)."""
     if len(data) // width <= 2 * _SAMPLE_SIZE:
         return None
+    # The probes first: they decide a weight's planes alone, and reading the chunk's
+    # first 64 K elements from memory was much of the sampling's cost.
+    probe = memoryview(data)[: _REPEAT_PROBE * width]
+    planes, _ = split_planes(probe, width, sign_swap, scratch(5, len(probe), np.uint8))
+    verdicts = [_probe_verdict(p.data, huffman) for p in planes]
+    if None not in verdicts:
+        return [v for v in verdicts if v is not None]
     head = memoryview(data)[: _SAMPLE_SIZE * width]
     planes, _ = split_planes(head, width, sign_swap, scratch(5, len(head), np.uint8))
-    return [_choose(p.data, huffman) for p in planes]
+    return [_sample_verdict(p.data, huffman) if v is None else v for v, p in zip(verdicts, planes, strict=True)]
 
 
 def distinct_bytes(plane: np.ndarray) -> int:
@@ -325,6 +350,14 @@ class PlaneSet(NamedTuple):
 def decode_planes_into(payload: Buffer, out: np.ndarray) -> None:
     """Decode a bytegroup payload into ``out`` (uint8 of the declared raw size).
     Never writes past ``out``; malformed input raises CorruptObjectError."""
+    if _native is not None:
+        # Raw and Huffman planes (every weight's payload in a version 4 repository) in
+        # one native call: the Python around each plane was a tenth of a decode.
+        try:
+            if _native.plane_decode(payload, out, scratch(24, len(out), np.uint8)):
+                return
+        except ValueError as exc:
+            raise CorruptObjectError(str(exc)) from None
     join_planes(*decode_plane_set(payload, len(out)), out)
 
 

@@ -325,3 +325,71 @@ def test_repeats_after_the_probe_are_the_samples_blind_spot() -> None:
     data = np.concatenate([skewed(planes_module._REPEAT_PROBE, 30, 6), np.tile(skewed(97, 30, 7), 3000)])
     assert planes_module._encode_plane(data, None, True)[0] == PLANE_HUFFMAN
     assert len(planes_module.zstd_plane_encode(data.data)) < 0.2 * len(native.huff_encode(data) or b"")
+
+
+def _plane_set_outcome(payload: bytes, size: int, fused: bool) -> bytes | None:
+    out = np.full(size + 64, 0xA5, dtype=np.uint8)
+    with pytest.MonkeyPatch.context() as patch:
+        if not fused:
+            patch.setattr(planes_module, "_native", None)
+        try:
+            decode_planes_into(payload, out[:size])
+        except CorruptObjectError:
+            return None
+    assert (out[size:] == 0xA5).all()
+    return out[:size].tobytes()
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    n=st.integers(min_value=1, max_value=2500),
+    width=st.sampled_from([2, 4]),
+    seed=st.integers(min_value=0, max_value=2**32 - 1),
+    edits=st.lists(st.tuples(st.integers(min_value=0, max_value=10**6), st.integers(0, 255)), max_size=3),
+    cut=st.integers(min_value=-12, max_value=4),
+)
+def test_the_native_plane_set_decoder_refuses_and_decodes_as_the_python_one(
+    n: int, width: int, seed: int, edits: list[tuple[int, int]], cut: int
+) -> None:
+    """plane_decode (raw and Huffman planes in one call) against the Python path on
+    damaged payloads: the same payloads refused (CorruptObjectError), the same bytes
+    from the others, and nothing written past the output."""
+    rng = np.random.default_rng(seed)
+    grid = np.stack(
+        [skewed(n, 30, seed) if k == width - 1 else rng.integers(0, 256, n, dtype=np.uint8) for k in range(width)],
+        axis=1,
+    )
+    data = grid.tobytes() + bytes(range(seed % width))
+    payload = bytearray(encode_planes(data, width, True, [PLANE_RAW] * (width - 1) + [PLANE_HUFFMAN], huffman=True))
+    for at, value in edits:
+        payload[at % len(payload)] = value
+    damaged = bytes(payload[: len(payload) + cut]) if cut < 0 else bytes(payload) + bytes(cut)
+    assert _plane_set_outcome(damaged, len(data), fused=True) == _plane_set_outcome(damaged, len(data), fused=False)
+
+
+def test_the_native_plane_set_decoder_hands_back_zstd_planes() -> None:
+    """A payload with a zstd plane, or a scratch too small, is left to the Python
+    path: False, with the output untouched."""
+    assert native is not None
+    data = bf16_weights(3000, 5)
+    payload = encode_planes(data, 2, True)  # version 3 verdicts: a zstd exponent plane
+    assert plane_codecs(payload) == [PLANE_RAW, PLANE_ZSTD]
+    out = np.full(len(data), 7, dtype=np.uint8)
+    assert native.plane_decode(payload, out, np.empty(len(data), dtype=np.uint8)) is False
+    assert (out == 7).all()
+    huffman_payload = encode_planes(data, 2, True, [PLANE_RAW, PLANE_HUFFMAN], huffman=True)
+    assert native.plane_decode(huffman_payload, out, np.empty(10, dtype=np.uint8)) is False
+    assert (out == 7).all()
+    assert native.plane_decode(huffman_payload, out, np.empty(len(data), dtype=np.uint8)) is True
+    assert out.tobytes() == data
+
+
+def test_a_plane_random_in_its_probe_is_raw_whatever_follows() -> None:
+    """Neither coder shrinks the sample's first 16 KiB: the plane is stored raw
+    without the whole sample's trial, even where the rest of it would compress (the
+    documented limit of the probe)."""
+    rng = np.random.default_rng(9)
+    noise = rng.integers(0, 256, planes_module._REPEAT_PROBE, dtype=np.uint8)
+    plane = np.concatenate([noise, np.zeros(200_000, dtype=np.uint8)])
+    assert planes_module._encode_plane(plane, None, True)[0] == PLANE_RAW
+    assert planes_module._encode_plane(plane, None, False)[0] == PLANE_ZSTD  # version 3: the whole sample decides
