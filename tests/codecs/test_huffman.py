@@ -270,13 +270,24 @@ def test_an_exponent_plane_with_zeros_is_coded_from_its_sample() -> None:
 
 
 @pytest.mark.parametrize(
-    ("width", "sign_swap", "tail"),
-    [(2, True, b""), (2, True, b"\x07"), (4, True, b"\x01\x02\x03"), (4, False, b"")],
+    ("width", "sign_swap", "tail", "n"),
+    [
+        (2, True, b"", 300_000),  # a sampled code
+        (2, True, b"\x07", 200_000),  # sampled verdicts, a code from the whole histogram
+        (4, True, b"\x01\x02\x03", 300_000),
+        (4, False, b"", 300_000),
+        (8, False, b"\x05", 300_000),
+    ],
 )
-def test_the_fused_payload_is_the_general_paths_bytes(width: int, sign_swap: bool, tail: bytes) -> None:
+def test_the_fused_payload_is_the_general_paths_bytes(width: int, sign_swap: bool, tail: bytes, n: int) -> None:
     rng = np.random.default_rng(width)
-    values = (rng.standard_normal(300_000) * 0.02).astype(np.float32)
-    elements = values.tobytes() if width == 4 else (values.view(np.uint32) >> 16).astype("<u2").tobytes()
+    values = (rng.standard_normal(n) * 0.02).astype(np.float32)
+    elements = {
+        2: (values.view(np.uint32) >> 16).astype("<u2").tobytes(),
+        4: values.tobytes(),
+        # seven random planes below one of an exponent's shape
+        8: np.stack([*(rng.integers(0, 256, n, dtype=np.uint8) for _ in range(7)), skewed(n, 30, 1)], axis=1).tobytes(),
+    }[width]
     data = elements + tail
     verdicts = sample_planes(data, width, sign_swap, True)
     assert verdicts is not None and planes_module._raw_then_huffman(verdicts) is not None
