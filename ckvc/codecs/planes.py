@@ -266,9 +266,10 @@ def smallest_plane(plane: np.ndarray, huffman: bool) -> tuple[int, Buffer]:
 
 
 def sample_planes(data: Buffer, width: int, sign_swap: bool, huffman: bool = False) -> list[int] | None:
-    """The plane codec for each plane, judged on the planes of the first
-    _SAMPLE_SIZE elements (the same bytes :func:`encode_planes` would sample), or
-    None when ``data`` is too short to sample. All PLANE_RAW means a bytegroup
+    """The plane codec for each plane, judged on its probe (:func:`probe_of`) where
+    that is clear, else on the planes of the first _SAMPLE_SIZE elements (the same
+    bytes :func:`encode_planes` would judge), or None when ``data`` is too short to
+    sample. All PLANE_RAW means a bytegroup
     payload would hold every plane raw and lose to storing the chunk raw: the
     caller can skip splitting the whole chunk (half the CPU of an incompressible
     chunk's encode)."""
