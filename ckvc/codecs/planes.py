@@ -269,10 +269,9 @@ def sample_planes(data: Buffer, width: int, sign_swap: bool, huffman: bool = Fal
     """The plane codec for each plane, judged on its probe (:func:`probe_of`) where
     that is clear, else on the planes of the first _SAMPLE_SIZE elements (the same
     bytes :func:`encode_planes` would judge), or None when ``data`` is too short to
-    sample. All PLANE_RAW means a bytegroup
-    payload would hold every plane raw and lose to storing the chunk raw: the
-    caller can skip splitting the whole chunk (half the CPU of an incompressible
-    chunk's encode)."""
+    sample. All PLANE_RAW means a bytegroup payload would hold every plane raw and
+    lose to storing the chunk raw: the caller can skip splitting the whole chunk
+    (half the CPU of an incompressible chunk's encode)."""
     if len(data) // width <= 2 * _SAMPLE_SIZE:
         return None
     # The probes first: they decide a weight's planes alone, and reading the chunk's
