@@ -984,37 +984,49 @@ PyDoc_STRVAR(huff_encode_doc,
              "src's bytes as a Huffman plane payload (FORMAT.md), or None when fewer than\n"
              "two byte values occur in src.");
 
+/* A plane's code and the room its payload needs at most: a sampled code's
+ * streams are written at their largest sizes' offsets (header + caps), then moved
+ * end to end by huf_finish; a whole-histogram code's size is exact. 0: fewer than
+ * two values occur. */
+static size_t huf_prepare(const uint8_t *src, size_t n, HufCode *hc, size_t cap[HUF_STREAMS], int *sampled) {
+    *sampled = huf_plan_sampled(src, n, hc, cap) == 0;
+    if (!*sampled) return huf_plan(src, n, hc, cap, 1);
+    size_t room = huf_header_size(hc);
+    for (int t = 0; t < HUF_STREAMS; t++) room += cap[t];
+    return room;
+}
+
+/* Writes huf_prepare's payload at dst (its room); returns the payload's size. */
+static size_t huf_finish(const HufCode *hc, const size_t cap[HUF_STREAMS], int sampled, const uint8_t *src,
+                         size_t n, uint8_t *dst, size_t room) {
+    size_t sizes[HUF_STREAMS];
+    huf_write(hc, cap, src, n, dst, huf_pairs, sizes);
+    return sampled ? huf_compact(hc, cap, sizes, dst) : room;
+}
+
 static PyObject *huff_encode(PyObject *self, PyObject *args) {
     Py_buffer src;
     if (!PyArg_ParseTuple(args, "y*", &src)) return NULL;
     PyObject *result = NULL;
     HufCode hc;
-    size_t cap[HUF_STREAMS], sizes[HUF_STREAMS], total;
+    size_t cap[HUF_STREAMS], room;
     int sampled;
     Py_BEGIN_ALLOW_THREADS
-    sampled = huf_plan_sampled(src.buf, (size_t)src.len, &hc, cap) == 0;
-    if (sampled) {
-        total = huf_header_size(&hc);
-        for (int t = 0; t < HUF_STREAMS; t++) total += cap[t];
-    } else {
-        total = huf_plan(src.buf, (size_t)src.len, &hc, cap, 1);
-    }
+    room = huf_prepare(src.buf, (size_t)src.len, &hc, cap, &sampled);
     Py_END_ALLOW_THREADS
-    if (!total) {
+    if (!room) {
         result = Py_NewRef(Py_None);
         goto done;
     }
-    /* A sampled code's streams are written at their largest sizes' offsets, then
-     * moved end to end: the bytes object shrinks to fit (realloc, no copy). */
-    result = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)total);
+    result = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)room);
     if (result != NULL) {
         uint8_t *dst = (uint8_t *)PyBytes_AS_STRING(result);
-        size_t used = total;
+        size_t used;
         Py_BEGIN_ALLOW_THREADS
-        huf_write(&hc, cap, src.buf, (size_t)src.len, dst, huf_pairs, sizes);
-        if (sampled) used = huf_compact(&hc, cap, sizes, dst);
+        used = huf_finish(&hc, cap, sampled, src.buf, (size_t)src.len, dst, room);
         Py_END_ALLOW_THREADS
-        if (used != total && _PyBytes_Resize(&result, (Py_ssize_t)used) < 0) result = NULL;
+        /* The bytes object shrinks to fit (realloc, no copy). */
+        if (used != room && _PyBytes_Resize(&result, (Py_ssize_t)used) < 0) result = NULL;
     }
 done:
     PyBuffer_Release(&src);
@@ -1026,14 +1038,10 @@ done:
  * payload would not be shorter than the plane. */
 static size_t huf_encode_at(const uint8_t *src, size_t n, uint8_t *dst) {
     HufCode hc;
-    size_t cap[HUF_STREAMS], sizes[HUF_STREAMS], used;
-    if (huf_plan_sampled(src, n, &hc, cap) == 0) {
-        huf_write(&hc, cap, src, n, dst, huf_pairs, sizes);
-        used = huf_compact(&hc, cap, sizes, dst);
-    } else {
-        used = huf_plan(src, n, &hc, cap, 1);
-        if (used) huf_write(&hc, cap, src, n, dst, huf_pairs, sizes);
-    }
+    size_t cap[HUF_STREAMS];
+    int sampled;
+    size_t room = huf_prepare(src, n, &hc, cap, &sampled);
+    size_t used = room ? huf_finish(&hc, cap, sampled, src, n, dst, room) : 0;
     return used < n ? used : 0;
 }
 
