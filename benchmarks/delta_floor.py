@@ -15,10 +15,16 @@ same place one commit back:
 
 Then the totals over the sequence (bit-identical chunks counted once): what ckvc
 stores with its defaults, what parent deltas everywhere would store, and the
-entropy bound. The acceptance target of the tensor-aware compression issue for the
+entropy bound. Last, two keyframe policies replayed chunk by chunk with ckvc's coder
+and its minimum gain: keyframe deltas as ckvc stores them (a chunk whose delta
+against its keyframe does not pay becomes the next keyframe), and re-basing (such a
+chunk stays provisional; when the next save comes, that save becomes the keyframe
+and the provisional chunk is re-coded as a reverse delta against it), both within
+one keyframe plus one delta per checkout. The acceptance target of the tensor-aware compression issue for the
 last-two-layers MiniLM sequence (0.30 of raw) is judged against these.
 
     python benchmarks/delta_floor.py [--mode last2|all]   # MiniLM (needs '.[bench]')
+    python benchmarks/delta_floor.py --scratch            # the from-scratch GPT-2-style run
     python benchmarks/delta_floor.py --synthetic          # a small MLP, no extras
     python benchmarks/delta_floor.py --multinode 64       # rank 0 of benchmarks/multinode.py's
                                                           # run (MiB over the 4 ranks), no extras
@@ -43,9 +49,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from compression import flat_tensors, pack_bytes
 
 import ckvc
-import ckvc.codecs as codecs
+import ckvc.codecs.auto as auto_codec
 from ckvc.chunking import DEFAULT_CHUNK_SIZE, chunk_spans
-from ckvc.codecs import DeltaBase, TensorCodec, layout_for
+from ckvc.codecs import DELTA, ChunkLayout, DeltaBase, TensorCodec, layout_for
 from ckvc.codecs.delta import SUB, residual
 from ckvc.codecs.planes import split_planes
 from ckvc.state import dtype_name
@@ -144,6 +150,64 @@ def measure(states: list[dict[str, Any]]) -> tuple[Totals, int]:
     return totals, raw_total
 
 
+def keyframe_policies(states: list[dict[str, Any]]) -> dict[str, int]:
+    """Bytes stored by each keyframe policy (see the module's docstring), summed
+    over every float chunk position; a chunk equal to the one before it at its
+    position costs nothing (it deduplicates)."""
+    codec = TensorCodec()
+    flat = [flat_tensors(s) for s in states]
+    totals = {"keyframe deltas": 0, "re-basing": 0}
+    for path, first in flat[0].items():
+        if not first.is_floating_point() or first.element_size() == 1:
+            continue
+        layout = layout_for(dtype_name(first.dtype))
+        series = [f[path].view(-1).view(torch.uint8).numpy() for f in flat if path in f]
+        for a, b in chunk_spans(len(series[0]), DEFAULT_CHUNK_SIZE):
+            chunks = [data[a:b] for data in series if len(data) == len(series[0])]
+            totals["keyframe deltas"] += _keyframe_deltas(codec, chunks, layout)
+            totals["re-basing"] += _re_basing(codec, chunks, layout)
+    return totals
+
+
+def _changed(chunks: list[np.ndarray]) -> Iterable[np.ndarray]:
+    previous = None
+    for chunk in chunks:
+        if previous is None or not np.array_equal(chunk, previous):
+            yield chunk
+        previous = chunk
+
+
+def _keyframe_deltas(codec: TensorCodec, chunks: list[np.ndarray], layout: ChunkLayout) -> int:
+    stored, keyframe = 0, None
+    for chunk in _changed(chunks):
+        base = None if keyframe is None else DeltaBase(b"", keyframe.data, 0)
+        codec_id, payload = codec.encode_chunk(chunk.data, layout, base)
+        stored += len(payload)
+        if codec_id != DELTA:
+            keyframe = chunk
+    return stored
+
+
+def _re_basing(codec: TensorCodec, chunks: list[np.ndarray], layout: ChunkLayout) -> int:
+    stored, keyframe, provisional, provisional_size = 0, None, False, 0
+    for chunk in _changed(chunks):
+        if keyframe is None or provisional:
+            size = len(codec.encode_chunk(chunk.data, layout)[1])
+            stored += size
+            if keyframe is not None:
+                codec_id, reverse = codec.encode_chunk(keyframe.data, layout, DeltaBase(b"", chunk.data, 0))
+                if codec_id == DELTA:  # the provisional keyframe becomes a reverse delta against this one
+                    stored += len(reverse) - provisional_size
+            provisional = keyframe is None or codec_id != DELTA
+            keyframe, provisional_size = chunk, size
+            continue
+        codec_id, payload = codec.encode_chunk(chunk.data, layout, DeltaBase(b"", keyframe.data, 0))
+        stored += len(payload)
+        if codec_id != DELTA:
+            keyframe, provisional, provisional_size = chunk, True, len(payload)
+    return stored
+
+
 def ckvc_stored(states: list[dict[str, Any]], workdir: Path) -> int:
     with tempfile.TemporaryDirectory(dir=workdir) as tmp, ckvc.Repo.init(tmp) as repo:
         for i, state in enumerate(states):
@@ -197,12 +261,18 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--mode", default="last2", help="MiniLM sequence: last2 or all")
     parser.add_argument("--epochs", type=int, default=10)
     parser.add_argument("--synthetic", action="store_true", help="a small MLP instead of MiniLM")
+    parser.add_argument("--scratch", action="store_true", help="the GPT-2-style run from scratch (scratch_data.py)")
     parser.add_argument("--multinode", type=int, metavar="MIB", help="benchmarks/multinode.py's rank 0 at this size")
     parser.add_argument("--workdir", type=Path)
     args = parser.parse_args(argv)
     if args.multinode:
         states = multinode_sequence(args.multinode, args.epochs)
         title = f"multinode.py rank 0 ({args.multinode} MiB over 4 ranks), {args.epochs} saves"
+    elif args.scratch:
+        from scratch_data import cached_sequence as scratch_sequence
+
+        states = [torch.load(p, weights_only=True) for p in scratch_sequence()]
+        title = f"GPT-2-style model from scratch, {len(states)} saves"
     elif args.synthetic:
         states, title = synthetic_sequence(args.epochs), f"synthetic MLP, {args.epochs} checkpoints"
     else:
@@ -211,11 +281,13 @@ def main(argv: list[str] | None = None) -> None:
         paths = cached_sequence(args.mode, args.epochs)
         states = [torch.load(p, weights_only=True) for p in paths]
         title = f"MiniLM fine-tune ({args.mode}), {args.epochs} checkpoints"
-    default_gain, codecs.DELTA_MIN_GAIN = codecs.DELTA_MIN_GAIN, 1.0  # any gain: a bound, not a policy
+    # Any gain: a bound, not a policy. The encoder reads its module's constant.
+    default_gain, auto_codec.DELTA_MIN_GAIN = auto_codec.DELTA_MIN_GAIN, 1.0
     try:
         totals, raw = measure(states)
     finally:
-        codecs.DELTA_MIN_GAIN = default_gain
+        auto_codec.DELTA_MIN_GAIN = default_gain
+    policies = keyframe_policies(states)
     actual = ckvc_stored(states, args.workdir or Path(tempfile.gettempdir()))
     columns = ("whole", "parent delta", "delta <=3 back", "entropy")
     print(f"\n{title}  (raw {raw / MB:.1f} MB; distinct chunks by kind, stored MB and /raw)")
@@ -233,6 +305,9 @@ def main(argv: list[str] | None = None) -> None:
     print(f"    parent deltas everywhere, ckvc's coder     {sums['parent delta'] / raw:.5f}")
     print(f"    deltas up to 3 commits back, ckvc's coder {sums['delta <=3 back'] / raw:.5f}")
     print(f"    order-0 entropy bound (exponent context)   {sums['entropy'] / raw:.5f}")
+    print("  keyframe policies replayed with ckvc's coder (float chunks; one keyframe + one delta per checkout):")
+    for name, stored in policies.items():
+        print(f"    {name:42s} {stored / raw:.5f}")
 
 
 if __name__ == "__main__":
