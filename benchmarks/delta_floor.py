@@ -15,13 +15,18 @@ same place one commit back:
 
 Then the totals over the sequence (bit-identical chunks counted once): what ckvc
 stores with its defaults, what parent deltas everywhere would store, and the
-entropy bound. Last, two keyframe policies replayed chunk by chunk with ckvc's coder
-and its minimum gain: keyframe deltas as ckvc stores them (a chunk whose delta
-against its keyframe does not pay becomes the next keyframe), and re-basing (such a
-chunk stays provisional; when the next save comes, that save becomes the keyframe
-and the provisional chunk is re-coded as a reverse delta against it), both within
-one keyframe plus one delta per checkout. The acceptance target of the tensor-aware compression issue for the
+entropy bound. The acceptance target of the tensor-aware compression issue for the
 last-two-layers MiniLM sequence (0.30 of raw) is judged against these.
+
+Last, keyframe policies replayed chunk by chunk with ckvc's coder and its minimum
+gain, each within one keyframe plus one delta per checkout: keyframe deltas as ckvc
+stores them (a chunk whose delta against its keyframe does not pay becomes the next
+keyframe; ckvc's per-tensor backoff is not replayed); re-basing (such a chunk stays
+provisional, and when the next save comes, that save becomes the keyframe and the
+provisional chunk is re-coded as a reverse delta against it); and the best keyframes
+in hindsight: per chunk position, the saves stored whole that minimise the
+sequence's bytes when every other save is a delta against one of them, earlier or
+later (what a re-keying pass over finished history could reach within that bound).
 
     python benchmarks/delta_floor.py [--mode last2|all]   # MiniLM (needs '.[bench]')
     python benchmarks/delta_floor.py --scratch            # the from-scratch GPT-2-style run
@@ -153,10 +158,12 @@ def measure(states: list[dict[str, Any]]) -> tuple[Totals, int]:
 def keyframe_policies(states: list[dict[str, Any]]) -> dict[str, int]:
     """Bytes stored by each keyframe policy (see the module's docstring), summed
     over every float chunk position; a chunk equal to the one before it at its
-    position costs nothing (it deduplicates)."""
+    position, or a position whose history another one repeats, costs nothing (it
+    deduplicates)."""
     codec = TensorCodec()
     flat = [flat_tensors(s) for s in states]
-    totals = {"keyframe deltas": 0, "re-basing": 0}
+    totals = {"keyframe deltas": 0, "re-basing": 0, "best keyframes in hindsight": 0}
+    seen: set[tuple[bytes, ...]] = set()
     for path, first in flat[0].items():
         if not first.is_floating_point() or first.element_size() == 1:
             continue
@@ -164,8 +171,13 @@ def keyframe_policies(states: list[dict[str, Any]]) -> dict[str, int]:
         series = [f[path].view(-1).view(torch.uint8).numpy() for f in flat if path in f]
         for a, b in chunk_spans(len(series[0]), DEFAULT_CHUNK_SIZE):
             chunks = [data[a:b] for data in series if len(data) == len(series[0])]
+            history = tuple(blake3.blake3(chunk.data).digest() for chunk in chunks)
+            if history in seen:
+                continue  # a tied tensor (an embedding and its output layer): stored once
+            seen.add(history)
             totals["keyframe deltas"] += _keyframe_deltas(codec, chunks, layout)
             totals["re-basing"] += _re_basing(codec, chunks, layout)
+            totals["best keyframes in hindsight"] += _best_in_hindsight(codec, chunks, layout)
     return totals
 
 
@@ -206,6 +218,26 @@ def _re_basing(codec: TensorCodec, chunks: list[np.ndarray], layout: ChunkLayout
         if codec_id != DELTA:
             keyframe, provisional, provisional_size = chunk, True, len(payload)
     return stored
+
+
+def _best_in_hindsight(codec: TensorCodec, chunks: list[np.ndarray], layout: ChunkLayout) -> int:
+    changed = list(_changed(chunks))
+    n = len(changed)
+    whole = [len(codec.encode_chunk(c.data, layout)[1]) for c in changed]
+    # cost[i][j]: save i against keyframe j (whole where the delta does not pay)
+    cost = [
+        [whole[i] if i == j else len(codec.encode_chunk(changed[i].data, layout, DeltaBase(b"", changed[j].data, 0))[1])
+         for j in range(n)]
+        for i in range(n)
+    ]  # fmt: skip
+    best = sum(whole)
+    for mask in range(1, 1 << n):
+        keys = [j for j in range(n) if mask >> j & 1]
+        best = min(
+            best,
+            sum(whole[j] for j in keys) + sum(min(cost[i][j] for j in keys) for i in range(n) if not mask >> i & 1),
+        )
+    return best
 
 
 def ckvc_stored(states: list[dict[str, Any]], workdir: Path) -> int:
