@@ -277,7 +277,8 @@ def batch(core: Repository) -> Iterator[ObjectWriter]:
 # ---- write_blobs ----------------------------------------------------------------
 
 # What encoding one chunk produced: id, codec (-1: already stored), payload, the
-# base it uses, whether a delta base was offered at all, and for a quantized
+# base it uses, whether a delta against a keyframe one commit old was tried (what
+# the backoff counts), and for a quantized
 # chunk (max abs error, sum of squared errors, sum of squared values).
 _Encoded = tuple[bytes, int, Any, bytes | None, bool, tuple[float, float, float] | None]
 
@@ -422,20 +423,24 @@ def write_blobs(
         codec_id, payload = writer.encode(view, layout, base)
         if base is None:
             return oid, codec_id, payload, None, False, None
-        return oid, codec_id, payload, base.oid if codec_id == DELTA else None, True, None
+        # Only a delta that lost against the parent's own chunk says deltas do not
+        # pay for this tensor: one that lost against an older keyframe leaves this
+        # chunk as a fresh keyframe for the next commit's one-commit delta.
+        fresh = base.age == 0
+        return oid, codec_id, payload, base.oid if codec_id == DELTA else None, fresh, None
 
     total = sum(len(b.data) for b in pending)
     done = 0
     chunk_ids: list[list[bytes]] = [[] for _ in pending]
-    delta_tried = [False] * len(pending)
+    fresh_tried = [False] * len(pending)
     delta_won = [False] * len(pending)
     modes = [policy.lossy_mode(b.path, b.dtype, len(b.data), b.itemsize) for b in pending]
     errors: dict[int, tuple[float, float, float, int]] = {}
 
     def append(blob_index: int, raw_size: int, encoded: _Encoded) -> None:
         nonlocal done
-        oid, codec_id, payload, base_oid, offered, error = encoded
-        delta_tried[blob_index] |= offered
+        oid, codec_id, payload, base_oid, fresh, error = encoded
+        fresh_tried[blob_index] |= fresh
         if error is not None:
             max_abs, sq_err, sq_val, count = errors.get(blob_index, (0.0, 0.0, 0.0, 0))
             errors[blob_index] = (max(max_abs, error[0]), sq_err + error[1], sq_val + error[2], count + raw_size)
@@ -480,7 +485,7 @@ def write_blobs(
             inline = runs_inline(sum(len(job[1]) for job in group), len(group))
             window.submit(work_batch, group, then=functools.partial(land, group), inline=inline)
     for index, blob in enumerate(pending):
-        if delta_tried[index]:
+        if delta_won[index] or fresh_tried[index]:
             policy.backoff.record(blob.path, delta_won[index])
     for index, (max_abs, sq_err, sq_val, nbytes) in sorted(errors.items()):
         elements = nbytes // pending[index].itemsize

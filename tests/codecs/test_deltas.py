@@ -63,6 +63,29 @@ def test_deltas_point_at_keyframes_and_check_out_exactly(repo: ckvc.Repo) -> Non
             assert_state_equal(fresh.load(commit_id), state)
 
 
+def _drift(w: torch.Tensor, g: torch.Generator) -> torch.Tensor:
+    return w - 1e-4 * torch.randn(w.shape, generator=g)
+
+
+def test_a_delta_lost_to_an_old_keyframe_does_not_back_off(make_repo: Callable[..., ckvc.Repo]) -> None:
+    """A delta that loses against a keyframe two commits old leaves this commit's
+    chunk whole, a fresh keyframe: the next commit still tries (and wins) a delta
+    against it. One that loses against the parent's own chunk backs off a commit."""
+    repo = make_repo(chunk_size=256 << 10, keyframe_interval=16)
+    g = torch.Generator().manual_seed(1)
+    w0 = torch.randn(256, 1024, generator=g) * 0.02
+    jump = torch.randn(256, 1024, generator=g) * 0.02  # unrelated to w0: no delta pays
+    # w: drift (delta vs w0), jump (loses vs w0, two commits old), drift (delta vs the jump)
+    aged = [w0, _drift(w0, g), jump, _drift(jump, g)]
+    ids = [repo.commit({"model": {"w": w}}) for w in aged]
+    assert [set(codecs_of(repo, c)) for c in ids] == [{BYTEGROUP}, {DELTA}, {BYTEGROUP}, {DELTA}]
+    # v: jumps right after its keyframe (loses vs the parent's own chunk): the next commit skips deltas
+    fresh = make_repo("fresh", chunk_size=256 << 10, keyframe_interval=16)
+    lost = [w0, jump, _drift(jump, g), _drift(jump, g)]
+    ids = [fresh.commit({"model": {"w": w}}) for w in lost]
+    assert [set(codecs_of(fresh, c)) for c in ids] == [{BYTEGROUP}, {BYTEGROUP}, {BYTEGROUP}, {DELTA}]
+
+
 def test_a_delta_is_much_smaller_than_a_keyframe(repo: ckvc.Repo) -> None:
     states = epochs(2)
     repo.commit(states[0])
