@@ -369,6 +369,54 @@ done:
     return result;
 }
 
+/* A scaled sub delta's prediction (FORMAT.md 6.3). Whether an element scales is
+ * read from the bits of its base and product, not from float comparisons, so
+ * flush-to-zero and denormals-are-zero modes give the same bytes as without. */
+KERNEL static void scale32(const uint8_t *src, float scale, uint8_t *dst, size_t n) {
+    for (size_t i = 0; i < n; i++) {
+        uint32_t bits, scaled;
+        float value;
+        memcpy(&bits, src + 4 * i, 4);
+        memcpy(&value, &bits, 4);
+        value *= scale;
+        memcpy(&scaled, &value, 4);
+        /* exponent field 0 (zero, subnormal) or 255 (infinite, NaN): e - 1 >= 254;
+         * branch-free so that gcc vectorizes the loop */
+        uint32_t eb = (bits >> 23) & 0xFF, es = (scaled >> 23) & 0xFF;
+        uint32_t keep = 0u - (uint32_t)((eb - 1u >= 254u) | (es - 1u >= 254u));
+        scaled = (bits & keep) | (scaled & ~keep);
+        memcpy(dst + 4 * i, &scaled, 4);
+    }
+}
+
+PyDoc_STRVAR(scaled_base_doc,
+             "scaled_base(base, scale, dst)\n\n"
+             "dst = each float32 element of base times scale (a float32), rounded to\n"
+             "nearest; an element whose base or product is zero, subnormal, infinite or\n"
+             "NaN keeps the base's bits; bytes past the last whole element are copied.\n"
+             "dst is base's size and may be base itself.");
+
+static PyObject *scaled_base(PyObject *self, PyObject *args) {
+    Py_buffer base, dst;
+    float scale;
+    if (!PyArg_ParseTuple(args, "y*fw*", &base, &scale, &dst)) return NULL;
+    PyObject *result = NULL;
+    if (dst.len != base.len) {
+        PyErr_SetString(PyExc_ValueError, "scaled_base: buffer sizes differ");
+        goto done;
+    }
+    size_t n = (size_t)base.len / 4, tail = (size_t)base.len - 4 * n;
+    Py_BEGIN_ALLOW_THREADS
+    scale32(base.buf, scale, dst.buf, n);
+    memmove((uint8_t *)dst.buf + 4 * n, (const uint8_t *)base.buf + 4 * n, tail);
+    Py_END_ALLOW_THREADS
+    result = Py_NewRef(Py_None);
+done:
+    PyBuffer_Release(&base);
+    PyBuffer_Release(&dst);
+    return result;
+}
+
 PyDoc_STRVAR(distinct_bytes_doc,
              "distinct_bytes(src) -> int\n\n"
              "How many of the 256 byte values occur in src.");
@@ -984,6 +1032,18 @@ PyDoc_STRVAR(huff_encode_doc,
              "src's bytes as a Huffman plane payload (FORMAT.md), or None when fewer than\n"
              "two byte values occur in src.");
 
+/* A Huffman payload's largest size for a plane of n symbols: a header with every
+ * value, and HUF_MAX_BITS bits a symbol. */
+#define HUF_BOUND(n) (HUF_BITMAP + 128 + HUF_SIZES + ((n)*HUF_MAX_BITS + 7) / 8 + HUF_STREAMS)
+/* The longest plane whose payload sizes fit the 32-bit fields that record them. */
+#define HUF_MAX_PLANE (((size_t)UINT32_MAX - HUF_BITMAP - 128 - HUF_SIZES - HUF_STREAMS) / HUF_MAX_BITS * 8)
+
+static int check_plane_size(size_t n) {
+    if (n <= HUF_MAX_PLANE) return 0;
+    PyErr_Format(PyExc_ValueError, "a plane of %zu bytes is longer than a payload records", n);
+    return -1;
+}
+
 /* A plane's code and the room its payload needs at most: a sampled code's
  * streams are written at their largest sizes' offsets (header + caps), then moved
  * end to end by huf_finish; a whole-histogram code's size is exact. 0: fewer than
@@ -1004,50 +1064,39 @@ static size_t huf_finish(const HufCode *hc, const size_t cap[HUF_STREAMS], int s
     return sampled ? huf_compact(hc, cap, sizes, dst) : room;
 }
 
-static PyObject *huff_encode(PyObject *self, PyObject *args) {
-    Py_buffer src;
-    if (!PyArg_ParseTuple(args, "y*", &src)) return NULL;
-    PyObject *result = NULL;
-    HufCode hc;
-    size_t cap[HUF_STREAMS], room;
-    int sampled;
-    Py_BEGIN_ALLOW_THREADS
-    room = huf_prepare(src.buf, (size_t)src.len, &hc, cap, &sampled);
-    Py_END_ALLOW_THREADS
-    if (!room) {
-        result = Py_NewRef(Py_None);
-        goto done;
-    }
-    result = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)room);
-    if (result != NULL) {
-        uint8_t *dst = (uint8_t *)PyBytes_AS_STRING(result);
-        size_t used;
-        Py_BEGIN_ALLOW_THREADS
-        used = huf_finish(&hc, cap, sampled, src.buf, (size_t)src.len, dst, room);
-        Py_END_ALLOW_THREADS
-        /* The bytes object shrinks to fit (realloc, no copy). */
-        if (used != room && _PyBytes_Resize(&result, (Py_ssize_t)used) < 0) result = NULL;
-    }
-done:
-    PyBuffer_Release(&src);
-    return result;
-}
-
-/* Codes plane src (n bytes) at dst as a Huffman payload, room for a sampled
- * code's caps; returns its size, or 0 where huff_encode would return None or the
- * payload would not be shorter than the plane. */
-static size_t huf_encode_at(const uint8_t *src, size_t n, uint8_t *dst) {
+/* Codes plane src (n bytes) at dst, which has HUF_BOUND(n) bytes: whatever src
+ * holds, even if another thread changes it meanwhile, no stream then runs past
+ * them. Returns the payload's size, or 0 where fewer than two values occur. */
+static size_t huf_encode_into(const uint8_t *src, size_t n, uint8_t *dst) {
     HufCode hc;
     size_t cap[HUF_STREAMS];
     int sampled;
     size_t room = huf_prepare(src, n, &hc, cap, &sampled);
-    size_t used = room ? huf_finish(&hc, cap, sampled, src, n, dst, room) : 0;
-    return used < n ? used : 0;
+    return room ? huf_finish(&hc, cap, sampled, src, n, dst, room) : 0;
 }
 
-/* A Huffman payload's largest size for a plane of n symbols: a header with every
- * value, and HUF_MAX_BITS bits a symbol. */
-#define HUF_BOUND(n) (HUF_BITMAP + 128 + HUF_SIZES + ((n)*HUF_MAX_BITS + 7) / 8 + HUF_STREAMS)
+static PyObject *huff_encode(PyObject *self, PyObject *args) {
+    Py_buffer src;
+    if (!PyArg_ParseTuple(args, "y*", &src)) return NULL;
+    size_t n = (size_t)src.len, used;
+    if (check_plane_size(n) < 0) {
+        PyBuffer_Release(&src);
+        return NULL;
+    }
+    /* Planned and written in one stretch without the GIL, into room for any plane
+     * of n bytes; the bytes object then shrinks to fit (realloc, no copy). */
+    PyObject *result = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)HUF_BOUND(n));
+    if (result != NULL) {
+        uint8_t *dst = (uint8_t *)PyBytes_AS_STRING(result);
+        Py_BEGIN_ALLOW_THREADS
+        used = huf_encode_into(src.buf, n, dst);
+        Py_END_ALLOW_THREADS
+        if (!used) Py_SETREF(result, Py_NewRef(Py_None));
+        else if (_PyBytes_Resize(&result, (Py_ssize_t)used) < 0) result = NULL;
+    }
+    PyBuffer_Release(&src);
+    return result;
+}
 
 PyDoc_STRVAR(plane_payload_doc,
              "plane_payload(src, width, sign_swap, raw_planes, scratch) -> bytes | None\n\n"
@@ -1069,6 +1118,7 @@ static PyObject *plane_payload(PyObject *self, PyObject *args) {
         PyErr_Format(PyExc_ValueError, "raw_planes %zd outside [0, %zd)", raw_planes, width);
         goto done;
     }
+    if (check_plane_size(n) < 0) goto done;
     size_t raw = (size_t)raw_planes, coded = w - raw, head = 2 + 5 * w;
     if ((size_t)scratch.len < coded * n) {
         PyErr_Format(PyExc_ValueError, "scratch is %zd bytes, expected %zu", scratch.len, coded * n);
@@ -1090,7 +1140,7 @@ static PyObject *plane_payload(PyObject *self, PyObject *args) {
     size_t at = head + raw * n;
     for (size_t k = 0; k < w; k++) {
         size_t size = n;
-        if (k >= raw && !(size = huf_encode_at(planes[k], n, out + at))) break;
+        if (k >= raw && ((size = huf_encode_into(planes[k], n, out + at)) == 0 || size >= n)) break;
         if (k >= raw) at += size;
         out[2 + 5 * k] = k < raw ? 0 : 2;
         store32le(out + 3 + 5 * k, (uint32_t)size);
@@ -1138,10 +1188,14 @@ static PyObject *plane_decode(PyObject *self, PyObject *args) {
         bad = "bytegroup plane table truncated";
         goto done;
     }
-    /* The whole table first: a zstd plane anywhere hands the payload back untouched. */
+    /* The whole table first: a zstd plane anywhere hands the payload back untouched.
+     * The decode uses these checked copies, never the payload's table again (another
+     * thread may change a bytearray while the GIL is released). */
+    uint8_t codecs[8];
+    size_t sizes[8];
     for (size_t k = 0, at = pos; k < width; k++) {
-        uint8_t codec = in[2 + 5 * k];
-        size_t size = load32le(in + 3 + 5 * k);
+        uint8_t codec = codecs[k] = in[2 + 5 * k];
+        size_t size = sizes[k] = load32le(in + 3 + 5 * k);
         if (codec == 1 || (codec == 2 && (size_t)scratch.len < (coded + 1) * n)) {
             result = Py_NewRef(Py_False);
             goto done;
@@ -1175,7 +1229,7 @@ static PyObject *plane_decode(PyObject *self, PyObject *args) {
      * and fp32's from 24.9 to 24.1; fetching all of fp32's three raw planes and its
      * output (seven lines a round) made it 28.9. */
     size_t raw_first = 0, rounds = n / 64 * coded + 1;
-    while (raw_first < width && in[2 + 5 * raw_first] == 0) raw_first++;
+    while (raw_first < width && codecs[raw_first] == 0) raw_first++;
     Prefetch pf = {in + pos, out, raw_first * n, raw_size, 0, 0, 0, 0};
     pf.read_step = (pf.read_len / rounds + 63) & ~(size_t)63;
     pf.write_step = (pf.write_len / rounds + 63) & ~(size_t)63;
@@ -1183,15 +1237,14 @@ static PyObject *plane_decode(PyObject *self, PyObject *args) {
     pf.write_step = pf.write_step < 128 ? pf.write_step : 128;
     Py_BEGIN_ALLOW_THREADS
     for (size_t k = 0; k < width && !rc; k++) {
-        size_t size = load32le(in + 3 + 5 * k);
-        if (in[2 + 5 * k] == 0) {
+        if (codecs[k] == 0) {
             planes[k] = in + pos;
         } else {
-            rc = huf_decode(in + pos, size, spare, n, &pf);
+            rc = huf_decode(in + pos, sizes[k], spare, n, &pf);
             planes[k] = spare;
             spare += n;
         }
-        pos += size;
+        pos += sizes[k];
     }
     if (!rc) {
         if (width == 2) join2(planes[0], planes[1], out, n, swap);
@@ -1239,6 +1292,7 @@ static PyMethodDef methods[] = {
     {"huff_encode", huff_encode, METH_VARARGS, huff_encode_doc},
     {"huff_size", huff_size, METH_VARARGS, huff_size_doc},
     {"join_planes_add", join_planes_add, METH_VARARGS, join_planes_add_doc},
+    {"scaled_base", scaled_base, METH_VARARGS, scaled_base_doc},
     {"split_planes", split_planes, METH_VARARGS, split_planes_doc},
     {"join_planes", join_planes, METH_VARARGS, join_planes_doc},
     {"zigzag_residual", zigzag_residual, METH_VARARGS, zigzag_residual_doc},

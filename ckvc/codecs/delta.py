@@ -110,6 +110,10 @@ def scaled_base(base: Buffer | np.ndarray, scale: float, out: np.ndarray) -> np.
     nearest; an element whose base or product is not a finite normal number keeps
     the base's bits, so flush-to-zero modes and NaN payloads cannot change it."""
     old = as_u8(base)
+    fast = planes.native()
+    if fast is not None:
+        fast.scaled_base(old, scale, out)
+        return out
     n = len(old) // 4 * 4
     b = old[:n].view(np.float32)
     product = out[:n].view(np.float32)

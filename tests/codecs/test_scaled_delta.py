@@ -74,6 +74,23 @@ def test_values_that_do_not_scale_keep_their_bits() -> None:
     assert predicted[len(special)] == (base[len(special)] * np.float32(2)).view(np.uint32)
 
 
+@pytest.mark.skipif(planes_module.native() is None, reason="the native loops did not build")
+@pytest.mark.parametrize("scale", [0.98, 2.0, 1e-30, 1e30, 0.5])
+def test_native_prediction_matches_numpy_bit_for_bit(scale: float, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every bit pattern (random words cover NaN payloads, infinities, subnormals and
+    every exponent; the scales make products underflow and overflow) is predicted
+    alike by the C loop and the numpy fallback, in place too, tail bytes copied."""
+    words = np.random.default_rng(7).integers(0, 1 << 32, 200_000, dtype=np.uint64).astype(np.uint32)
+    base = words.view(np.uint8).tobytes() + b"\x05\x06\x07"
+    native = scaled_base(base, scale, np.empty(len(base), dtype=np.uint8)).tobytes()
+    in_place = np.frombuffer(base, dtype=np.uint8).copy()
+    scaled_base(in_place, scale, in_place)
+    monkeypatch.setattr(planes_module, "_native", None)
+    fallback = scaled_base(base, scale, np.empty(len(base), dtype=np.uint8)).tobytes()
+    assert native == fallback == in_place.tobytes()
+    assert native[-3:] == b"\x05\x06\x07"
+
+
 def test_no_factor_where_scaling_does_not_shorten_the_residuals() -> None:
     rng = np.random.default_rng(3)
     weights = (rng.standard_normal(100_000) * 0.02).astype(np.float32)
