@@ -157,6 +157,43 @@ KERNEL static void join_add32(const uint8_t *restrict p0, const uint8_t *restric
     }
 }
 
+/* A scaled sub delta's prediction of one float32 element (FORMAT.md 6.3): its
+ * base times scale, rounded to nearest, unless base or product is zero, subnormal,
+ * infinite or NaN (exponent field 0 or 255, e - 1 >= 254): then the base's bits.
+ * Decided on the bits, not by float comparisons, so flush-to-zero and
+ * denormals-are-zero modes give the same bytes; branch-free so loops vectorize. */
+static inline uint32_t scaled_bits(uint32_t bits, float scale) {
+    float value;
+    uint32_t scaled;
+    memcpy(&value, &bits, 4);
+    value *= scale;
+    memcpy(&scaled, &value, 4);
+    uint32_t eb = (bits >> 23) & 0xFF, es = (scaled >> 23) & 0xFF;
+    uint32_t keep = 0u - (uint32_t)((eb - 1u >= 254u) | (es - 1u >= 254u));
+    return (bits & keep) | (scaled & ~keep);
+}
+
+KERNEL static void scale32(const uint8_t *src, float scale, uint8_t *dst, size_t n) {
+    for (size_t i = 0; i < n; i++) {
+        uint32_t bits;
+        memcpy(&bits, src + 4 * i, 4);
+        bits = scaled_bits(bits, scale);
+        memcpy(dst + 4 * i, &bits, 4);
+    }
+}
+
+/* join_add32 against the scaled base: a scaled delta applied in the same one pass. */
+KERNEL static void join_add32_scaled(const uint8_t *restrict p0, const uint8_t *restrict p1,
+                                     const uint8_t *restrict p2, const uint8_t *restrict p3, const uint8_t *base,
+                                     uint8_t *dst, size_t n, float scale) {
+    for (size_t i = 0; i < n; i++) {
+        uint32_t zz = (uint32_t)p0[i] | ((uint32_t)p1[i] << 8) | ((uint32_t)p2[i] << 16) | ((uint32_t)p3[i] << 24), b;
+        memcpy(&b, base + 4 * i, 4);
+        uint32_t v = UNZIGZAG_ADD(32, zz, scaled_bits(b, scale));
+        memcpy(dst + 4 * i, &v, 4);
+    }
+}
+
 KERNEL static void join_add64(const uint8_t *const *p, const uint8_t *base, uint8_t *dst, size_t n) {
     const uint8_t *restrict p0 = p[0], *restrict p1 = p[1], *restrict p2 = p[2], *restrict p3 = p[3];
     const uint8_t *restrict p4 = p[4], *restrict p5 = p[5], *restrict p6 = p[6], *restrict p7 = p[7];
@@ -341,12 +378,14 @@ PyDoc_STRVAR(join_planes_add_doc,
              "dst = base + unzigzag(join_planes(planes)) per little-endian element of\n"
              "len(planes) bytes: a delta's residual planes applied in one pass. base (at\n"
              "least len(dst) bytes) is either dst itself (in place) or does not overlap it;\n"
-             "dst is n * width bytes for planes of n bytes.");
+             "dst is n * width bytes for planes of n bytes. With scale (float32 planes\n"
+             "only), the base's elements are first predicted as scaled_base does.");
 
 static PyObject *join_planes_add(PyObject *self, PyObject *args) {
     PyObject *seq;
     Py_buffer base, dst;
-    if (!PyArg_ParseTuple(args, "Oy*w*", &seq, &base, &dst)) return NULL;
+    double scale = 0.0;  /* 0: no scale (a scale is a positive normal float32) */
+    if (!PyArg_ParseTuple(args, "Oy*w*|d", &seq, &base, &dst, &scale)) return NULL;
     Planes pl;
     PyObject *result = NULL;
     if (planes_acquire(seq, &pl) < 0) goto done;
@@ -355,9 +394,14 @@ static PyObject *join_planes_add(PyObject *self, PyObject *args) {
         PyErr_SetString(PyExc_ValueError, "join_planes_add: buffer sizes differ");
         goto done;
     }
+    if (scale != 0.0 && width != 4) {
+        PyErr_SetString(PyExc_ValueError, "join_planes_add: a scale needs float32 planes");
+        goto done;
+    }
     const uint8_t *const *p = pl.p;
     Py_BEGIN_ALLOW_THREADS
     if (width == 2) join_add16(p[0], p[1], base.buf, dst.buf, n);
+    else if (width == 4 && scale != 0.0) join_add32_scaled(p[0], p[1], p[2], p[3], base.buf, dst.buf, n, (float)scale);
     else if (width == 4) join_add32(p[0], p[1], p[2], p[3], base.buf, dst.buf, n);
     else join_add64(p, base.buf, dst.buf, n);
     Py_END_ALLOW_THREADS
@@ -367,26 +411,6 @@ done:
     PyBuffer_Release(&base);
     PyBuffer_Release(&dst);
     return result;
-}
-
-/* A scaled sub delta's prediction (FORMAT.md 6.3). Whether an element scales is
- * read from the bits of its base and product, not from float comparisons, so
- * flush-to-zero and denormals-are-zero modes give the same bytes as without. */
-KERNEL static void scale32(const uint8_t *src, float scale, uint8_t *dst, size_t n) {
-    for (size_t i = 0; i < n; i++) {
-        uint32_t bits, scaled;
-        float value;
-        memcpy(&bits, src + 4 * i, 4);
-        memcpy(&value, &bits, 4);
-        value *= scale;
-        memcpy(&scaled, &value, 4);
-        /* exponent field 0 (zero, subnormal) or 255 (infinite, NaN): e - 1 >= 254;
-         * branch-free so that gcc vectorizes the loop */
-        uint32_t eb = (bits >> 23) & 0xFF, es = (scaled >> 23) & 0xFF;
-        uint32_t keep = 0u - (uint32_t)((eb - 1u >= 254u) | (es - 1u >= 254u));
-        scaled = (bits & keep) | (scaled & ~keep);
-        memcpy(dst + 4 * i, &scaled, 4);
-    }
 }
 
 PyDoc_STRVAR(scaled_base_doc,

@@ -183,6 +183,7 @@ def apply_delta(payload: Buffer, out: np.ndarray, base: np.ndarray | None) -> No
     head = delta_header(payload)
     start, transform = DELTA_HEAD.size, head.transform
     old: np.ndarray = out if base is None else base
+    scale: float | None = None
     if transform == SCALED_SUB:
         if len(payload) < start + SCALE.size:
             raise CorruptObjectError("delta payload truncated")
@@ -190,16 +191,17 @@ def apply_delta(payload: Buffer, out: np.ndarray, base: np.ndarray | None) -> No
         if not (np.isfinite(scale) and scale >= _FLOAT32_MIN_NORMAL):
             raise CorruptObjectError(f"delta scale {scale} is not a positive normal float32")
         start += SCALE.size
-        old = scaled_base(old, scale, scratch(7, len(out), np.uint8))
         transform = SUB
     inner = memoryview(payload)[start:]
+    decoded = decode_plane_set(inner, len(out)) if head.inner == BYTEGROUP and transform == SUB else None
+    if decoded is not None and add_residual_planes(decoded, old, out, head.width, scale):
+        return  # one pass: planes joined, the base scaled and the residual added
+    if scale is not None:
+        old = scaled_base(old, scale, scratch(7, len(out), np.uint8))
     # Where the residual cannot be added while decoding, it needs a buffer of its
     # own when out holds the base.
     diff = scratch(4, len(out), np.uint8) if old is out else out
-    if head.inner == BYTEGROUP and transform == SUB:
-        decoded = decode_plane_set(inner, len(out))
-        if add_residual_planes(decoded, old, out, head.width):
-            return
+    if decoded is not None:
         join_planes(*decoded, diff)
     else:
         decode_chunk_into(head.inner, inner, diff)

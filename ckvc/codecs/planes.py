@@ -378,16 +378,22 @@ def decode_planes_into(payload: Buffer, out: np.ndarray) -> None:
     join_planes(*decode_plane_set(payload, len(out)), out)
 
 
-def add_residual_planes(decoded: PlaneSet, base: np.ndarray, out: np.ndarray, width: int) -> bool:
+def add_residual_planes(
+    decoded: PlaneSet, base: np.ndarray, out: np.ndarray, width: int, scale: float | None = None
+) -> bool:
     """``out = base + residual`` in one native pass, where ``decoded`` holds a delta's
     ``sub`` residual of ``width``-byte elements (codecs/delta.py; bytes past the last
-    whole element are XORed). ``base`` may be ``out`` itself. Returns False, having
-    written nothing, where the fused loop does not apply (no native loops, a sign
-    swap, another plane width)."""
-    if _native is None or decoded.sign_swap or decoded.width != width:
+    whole element are XORed). With ``scale`` (float32 elements), the base's elements
+    are predicted as ``delta.scaled_base`` does, in the same pass. ``base`` may be
+    ``out`` itself. Returns False, having written nothing, where the fused loop does
+    not apply (no native loops, a sign swap, another plane width)."""
+    if _native is None or decoded.sign_swap or decoded.width != width or (scale is not None and width != 4):
         return False
     n = len(decoded.planes[0]) * width
-    _native.join_planes_add(decoded.planes, base, out[:n])
+    if scale is None:
+        _native.join_planes_add(decoded.planes, base, out[:n])
+    else:
+        _native.join_planes_add(decoded.planes, base, out[:n], scale)
     np.bitwise_xor(as_u8(decoded.tail), base[n:], out=out[n:])
     return True
 

@@ -59,16 +59,23 @@ def test_a_decaying_moment_is_coded_against_its_scaled_base(native: bool, monkey
     assert out.tobytes() == plain
 
 
-def test_values_that_do_not_scale_keep_their_bits() -> None:
+@pytest.mark.parametrize("native", [True, False], ids=["native", "numpy"])
+def test_values_that_do_not_scale_keep_their_bits(native: bool, monkeypatch: pytest.MonkeyPatch) -> None:
     """Zeros, subnormals, infinities, NaNs (their payloads too) and products that
-    would overflow are predicted by the base's own bits, so they round-trip exactly."""
+    would overflow are predicted by the base's own bits, so they round-trip exactly,
+    decoded in one fused pass (native) or step by step (numpy), against a base or in place."""
     base, new = second_moment(50_000, 2)
     special = np.array([0, 0x80000000, 1, 0x007FFFFF, 0x7F800000, 0xFF800000, 0x7FC00001, 0xFFA00000, 0x7F7FFFFF])
     base.view(np.uint32)[: len(special)] = special
     new.view(np.uint32)[: len(special)] = special[::-1]
     codec_id, payload = encode(new.tobytes(), base.tobytes())
     assert payload[0] == SCALED_SUB
+    if not native:
+        monkeypatch.setattr(planes_module, "_native", None)
     assert bytes(decode_chunk(codec_id, payload, len(new.tobytes()), base.tobytes())) == new.tobytes()
+    in_place = base.view(np.uint8).copy()
+    apply_delta(payload, in_place, None)
+    assert in_place.tobytes() == new.tobytes()
     predicted = scaled_base(base.tobytes(), 2.0, np.empty(len(base) * 4, dtype=np.uint8)).view(np.uint32)
     assert predicted[: len(special)].tolist() == special.tolist()  # 0x7F7FFFFF * 2 overflows: kept
     assert predicted[len(special)] == (base[len(special)] * np.float32(2)).view(np.uint32)
