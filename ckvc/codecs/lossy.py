@@ -133,14 +133,18 @@ def _reconstruct(head: QuantHeader, scales: torch.Tensor, codes: torch.Tensor, b
     import torch
 
     q = _levels(head.bits)
-    blocks = -(-head.n // head.block)
-    padded = torch.zeros(blocks * head.block, dtype=torch.float32)
+    # A block longer than the chunk is one block of the chunk's length (compact modes
+    # write 4096 for smaller chunks): padding to the header's block would let four
+    # bytes of a damaged header ask for gigabytes.
+    block = min(head.block, head.n)
+    blocks = -(-head.n // block)
+    padded = torch.zeros(blocks * block, dtype=torch.float32)
     if head.scheme == SIGNED:
         padded[: head.n] = codes.float() - q
-        values = (padded.view(blocks, head.block) * scales.view(blocks, 1)).view(-1)[: head.n]
+        values = (padded.view(blocks, block) * scales.view(blocks, 1)).view(-1)[: head.n]
     else:
         padded[: head.n] = codes.float().clamp(min=0.5)
-        root = (padded.view(blocks, head.block) * scales.view(blocks, 1)).view(-1)[: head.n]
+        root = (padded.view(blocks, block) * scales.view(blocks, 1)).view(-1)[: head.n]
         values = root * root
     if base is not None:
         values = values + base
@@ -355,6 +359,8 @@ def dequantize_into(payload: Buffer, out: np.ndarray, base: Buffer | np.ndarray 
         raise CorruptObjectError(f"quantized payload holds {head.n} elements, expected {len(out) // itemsize}")
     if head.residual != (base is not None):
         raise CorruptObjectError("quantized residual without its base (or a base it does not use)")
+    if base is not None and len(as_u8(base)) != len(out):
+        raise CorruptObjectError(f"quantized residual's base is {len(as_u8(base))} bytes, expected {len(out)}")
     pos = _HEAD.size + 4 * head.blocks
     if len(view) < pos + _CODES.size:
         raise CorruptObjectError("quantized payload truncated")

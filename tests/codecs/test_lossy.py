@@ -170,6 +170,40 @@ def test_codec_level_corruption_is_typed() -> None:
         dequantize_into(q.payload, out, x)  # a base it does not use
 
 
+def test_a_block_longer_than_the_chunk_costs_no_memory() -> None:
+    """Four bytes of a damaged header (the block length) cannot make a decode pad
+    the chunk to gigabytes: a block past the chunk is one block of the chunk."""
+    import struct
+    import tracemalloc
+
+    x = np.linspace(-1, 1, 64, dtype=np.float32)
+    q = quantize(x.tobytes(), "float32", 8, None, 1)
+    assert q is not None
+    damaged = bytearray(q.payload)
+    struct.pack_into("<I", damaged, 5, 0xFFFFFFFF)  # the header's block field
+    out = np.empty(x.nbytes, dtype=np.uint8)
+    tracemalloc.start()
+    try:
+        dequantize_into(bytes(damaged), out, None)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert out.tobytes() == q.plain.tobytes()  # one scale either way: the same values
+    assert peak < 1 << 20
+
+
+def test_a_residual_against_a_base_of_another_size_is_corrupt() -> None:
+    base = np.random.default_rng(0).standard_normal(64).astype(np.float32)
+    q = quantize((base * 1.01).tobytes(), "float32", 8, base.tobytes(), 1)
+    assert q is not None
+    out = np.empty(base.nbytes, dtype=np.uint8)
+    dequantize_into(q.payload, out, base.tobytes())
+    assert out.tobytes() == q.plain.tobytes()
+    for wrong in (base.tobytes()[:252], base.tobytes()[:254], b"", base.tobytes() + b"\0\0\0\0"):
+        with pytest.raises(CorruptObjectError, match="base is"):
+            dequantize_into(q.payload, out, wrong)
+
+
 def test_a_lossy_commit_upgrades_a_version_1_repository(tmp_path: Path) -> None:
     with ckvc.Repo.init(tmp_path, codec={"name": "zstd"}) as repo:
         exact = repo.commit(train_state(0))
