@@ -278,8 +278,8 @@ def batch(core: Repository) -> Iterator[ObjectWriter]:
 
 # What encoding one chunk produced: id, codec (-1: already stored), payload, the
 # base it uses, whether a delta against a keyframe one commit old was tried (what
-# the backoff counts), and for a quantized
-# chunk (max abs error, sum of squared errors, sum of squared values).
+# the backoff counts), and for a quantized chunk (max abs error, sum of squared
+# errors, sum of squared values).
 _Encoded = tuple[bytes, int, Any, bytes | None, bool, tuple[float, float, float] | None]
 
 
