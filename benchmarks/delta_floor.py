@@ -19,14 +19,16 @@ entropy bound. The acceptance target of the tensor-aware compression issue for t
 last-two-layers MiniLM sequence (0.30 of raw) is judged against these.
 
 Last, keyframe policies replayed chunk by chunk with ckvc's coder and its minimum
-gain, each within one keyframe plus one delta per checkout: keyframe deltas as ckvc
+gain, from one table of every save's encoding against every other, each within one
+keyframe plus one delta per checkout but the last: keyframe deltas as ckvc
 stores them (a chunk whose delta against its keyframe does not pay becomes the next
 keyframe; ckvc's per-tensor backoff is not replayed); re-basing (such a chunk stays
 provisional, and when the next save comes, that save becomes the keyframe and the
 provisional chunk is re-coded as a reverse delta against it); and the best keyframes
 in hindsight: per chunk position, the saves stored whole that minimise the
 sequence's bytes when every other save is a delta against one of them, earlier or
-later (what a re-keying pass over finished history could reach within that bound).
+later (what a re-keying pass over finished history could reach within that bound);
+and, outside that bound, chains of two deltas.
 
     python benchmarks/delta_floor.py [--mode last2|all]   # MiniLM (needs '.[bench]')
     python benchmarks/delta_floor.py --scratch            # the from-scratch GPT-2-style run
@@ -56,7 +58,7 @@ from compression import flat_tensors, pack_bytes
 import ckvc
 import ckvc.codecs.auto as auto_codec
 from ckvc.chunking import DEFAULT_CHUNK_SIZE, chunk_spans
-from ckvc.codecs import DELTA, ChunkLayout, DeltaBase, TensorCodec, layout_for
+from ckvc.codecs import ChunkLayout, DeltaBase, TensorCodec, layout_for
 from ckvc.codecs.delta import SUB, residual
 from ckvc.codecs.planes import split_planes
 from ckvc.state import dtype_name
@@ -175,10 +177,11 @@ def keyframe_policies(states: list[dict[str, Any]]) -> dict[str, int]:
             if history in seen:
                 continue  # a tied tensor (an embedding and its output layer): stored once
             seen.add(history)
-            totals["keyframe deltas"] += _keyframe_deltas(codec, chunks, layout)
-            totals["re-basing"] += _re_basing(codec, chunks, layout)
-            totals["chains of two deltas"] += _two_deep(codec, chunks, layout)
-            totals["best keyframes in hindsight"] += _best_in_hindsight(codec, chunks, layout)
+            whole, cost = _costs(codec, list(_changed(chunks)), layout)
+            totals["keyframe deltas"] += _keyframe_deltas(whole, cost)
+            totals["re-basing"] += _re_basing(whole, cost)
+            totals["chains of two deltas"] += _two_deep(whole, cost)
+            totals["best keyframes in hindsight"] += _best_in_hindsight(whole, cost)
     return totals
 
 
@@ -190,70 +193,68 @@ def _changed(chunks: list[np.ndarray]) -> Iterable[np.ndarray]:
         previous = chunk
 
 
-def _keyframe_deltas(codec: TensorCodec, chunks: list[np.ndarray], layout: ChunkLayout) -> int:
-    stored, keyframe = 0, None
-    for chunk in _changed(chunks):
-        base = None if keyframe is None else DeltaBase(b"", keyframe.data, 0)
-        codec_id, payload = codec.encode_chunk(chunk.data, layout, base)
-        stored += len(payload)
-        if codec_id != DELTA:
-            keyframe = chunk
-    return stored
-
-
-def _re_basing(codec: TensorCodec, chunks: list[np.ndarray], layout: ChunkLayout) -> int:
-    stored, keyframe, provisional, provisional_size = 0, None, False, 0
-    for chunk in _changed(chunks):
-        if keyframe is None or provisional:
-            size = len(codec.encode_chunk(chunk.data, layout)[1])
-            stored += size
-            if keyframe is not None:
-                codec_id, reverse = codec.encode_chunk(keyframe.data, layout, DeltaBase(b"", chunk.data, 0))
-                if codec_id == DELTA:  # the provisional keyframe becomes a reverse delta against this one
-                    stored += len(reverse) - provisional_size
-            provisional = keyframe is None or codec_id != DELTA
-            keyframe, provisional_size = chunk, size
-            continue
-        codec_id, payload = codec.encode_chunk(chunk.data, layout, DeltaBase(b"", keyframe.data, 0))
-        stored += len(payload)
-        if codec_id != DELTA:
-            keyframe, provisional, provisional_size = chunk, True, len(payload)
-    return stored
-
-
-def _two_deep(codec: TensorCodec, chunks: list[np.ndarray], layout: ChunkLayout) -> int:
-    """Outside the bound, for comparison: each save the smaller of a delta against its
-    keyframe and one against the parent's chunk where that is one delta deep (a
-    checkout then decodes up to three records)."""
-    stored, parent_depth = 0, 0
-    keyframe: np.ndarray | None = None
-    parent: np.ndarray | None = None
-    for chunk in _changed(chunks):
-        options = [(len(codec.encode_chunk(chunk.data, layout)[1]), 0)]
-        bases: list[tuple[np.ndarray | None, int]] = [(keyframe, 1), (parent if parent_depth == 1 else None, 2)]
-        for base, depth in bases:
-            if base is not None:
-                codec_id, payload = codec.encode_chunk(chunk.data, layout, DeltaBase(b"", base.data, 0))
-                if codec_id == DELTA:
-                    options.append((len(payload), depth))
-        size, parent_depth = min(options)
-        stored += size
-        parent = chunk
-        if parent_depth == 0:
-            keyframe = chunk
-    return stored
-
-
-def _best_in_hindsight(codec: TensorCodec, chunks: list[np.ndarray], layout: ChunkLayout) -> int:
-    changed = list(_changed(chunks))
+def _costs(codec: TensorCodec, changed: list[np.ndarray], layout: ChunkLayout) -> tuple[list[int], list[list[int]]]:
+    """Every encoding the policies choose from, each computed once: ``whole[i]``, save
+    i alone, and ``cost[i][j]``, save i against save j as ckvc's coder stores it (a
+    delta where it pays, else whole: a delta pays exactly where ``cost < whole``)."""
     n = len(changed)
     whole = [len(codec.encode_chunk(c.data, layout)[1]) for c in changed]
-    # cost[i][j]: save i against keyframe j (whole where the delta does not pay)
     cost = [
         [whole[i] if i == j else len(codec.encode_chunk(changed[i].data, layout, DeltaBase(b"", changed[j].data, 0))[1])
          for j in range(n)]
         for i in range(n)
     ]  # fmt: skip
+    return whole, cost
+
+
+def _keyframe_deltas(whole: list[int], cost: list[list[int]]) -> int:
+    stored, keyframe = 0, None
+    for i in range(len(whole)):
+        stored += whole[i] if keyframe is None else cost[i][keyframe]
+        if keyframe is None or cost[i][keyframe] == whole[i]:
+            keyframe = i
+    return stored
+
+
+def _re_basing(whole: list[int], cost: list[list[int]]) -> int:
+    stored, keyframe, provisional = 0, None, False
+    for i in range(len(whole)):
+        if keyframe is None or provisional:
+            stored += whole[i]
+            if keyframe is not None and cost[keyframe][i] < whole[keyframe]:
+                # the provisional keyframe becomes a reverse delta against this save
+                stored += cost[keyframe][i] - whole[keyframe]
+                provisional = False
+            else:
+                provisional = True
+            keyframe = i
+        else:
+            stored += cost[i][keyframe]
+            if cost[i][keyframe] == whole[i]:
+                keyframe, provisional = i, True
+    return stored
+
+
+def _two_deep(whole: list[int], cost: list[list[int]]) -> int:
+    """Outside the bound, for comparison: each save the smaller of a delta against its
+    keyframe and one against the parent's chunk where that is one delta deep (a
+    checkout then decodes up to three records)."""
+    stored, keyframe, parent_depth = 0, None, 0
+    for i in range(len(whole)):
+        options = [(whole[i], 0)]
+        if keyframe is not None:
+            options.append((cost[i][keyframe], 1))
+        if parent_depth == 1:
+            options.append((cost[i][i - 1], 2))
+        size, parent_depth = min((size, depth) for size, depth in options if depth == 0 or size < whole[i])
+        stored += size
+        if parent_depth == 0:
+            keyframe = i
+    return stored
+
+
+def _best_in_hindsight(whole: list[int], cost: list[list[int]]) -> int:
+    n = len(whole)
     best = sum(whole)
     for mask in range(1, 1 << n):
         keys = [j for j in range(n) if mask >> j & 1]
