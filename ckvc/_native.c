@@ -1068,35 +1068,21 @@ static int check_plane_size(size_t n) {
     return -1;
 }
 
-/* A plane's code and the room its payload needs at most: a sampled code's
- * streams are written at their largest sizes' offsets (header + caps), then moved
- * end to end by huf_finish; a whole-histogram code's size is exact. 0: fewer than
- * two values occur. */
-static size_t huf_prepare(const uint8_t *src, size_t n, HufCode *hc, size_t cap[HUF_STREAMS], int *sampled) {
-    *sampled = huf_plan_sampled(src, n, hc, cap) == 0;
-    if (!*sampled) return huf_plan(src, n, hc, cap, 1);
-    size_t room = huf_header_size(hc);
-    for (int t = 0; t < HUF_STREAMS; t++) room += cap[t];
-    return room;
-}
-
-/* Writes huf_prepare's payload at dst (its room); returns the payload's size. */
-static size_t huf_finish(const HufCode *hc, const size_t cap[HUF_STREAMS], int sampled, const uint8_t *src,
-                         size_t n, uint8_t *dst, size_t room) {
-    size_t sizes[HUF_STREAMS];
-    huf_write(hc, cap, src, n, dst, huf_pairs, sizes);
-    return sampled ? huf_compact(hc, cap, sizes, dst) : room;
-}
-
 /* Codes plane src (n bytes) at dst, which has HUF_BOUND(n) bytes: whatever src
  * holds, even if another thread changes it meanwhile, no stream then runs past
- * them. Returns the payload's size, or 0 where fewer than two values occur. */
+ * them. A sampled code's streams are written at their largest sizes' offsets, then
+ * moved end to end; a whole-histogram code's sizes are exact. Returns the
+ * payload's size, or 0 where fewer than two values occur. */
 static size_t huf_encode_into(const uint8_t *src, size_t n, uint8_t *dst) {
     HufCode hc;
-    size_t cap[HUF_STREAMS];
-    int sampled;
-    size_t room = huf_prepare(src, n, &hc, cap, &sampled);
-    return room ? huf_finish(&hc, cap, sampled, src, n, dst, room) : 0;
+    size_t cap[HUF_STREAMS], sizes[HUF_STREAMS];
+    if (huf_plan_sampled(src, n, &hc, cap) == 0) {
+        huf_write(&hc, cap, src, n, dst, huf_pairs, sizes);
+        return huf_compact(&hc, cap, sizes, dst);
+    }
+    size_t total = huf_plan(src, n, &hc, cap, 1);
+    if (total) huf_write(&hc, cap, src, n, dst, huf_pairs, sizes);
+    return total;
 }
 
 static PyObject *huff_encode(PyObject *self, PyObject *args) {
