@@ -96,11 +96,14 @@ def commit_with_a_victim(rank: int, world: int, repo_dir: str, victim: int, dela
     report what their commit returned or raised, and how long it took."""
     with ckvc.Repo.open(repo_dir) as repo:
         state = make_state(2, rank, False, scale=512)
-        ckvc.distributed.commit_group(timeout=timeout)  # the group exists before the clock starts
-        if rank == victim:
-            threading.Timer(delay_s, lambda: os.kill(os.getpid(), signal.SIGKILL)).start()
         started = time.monotonic()
         try:
+            # The group is made before the victim's clock starts, but a rank can leave
+            # new_group while its peer still connects: a kill at that instant fails the
+            # peer's group, which commit_group reports as the typed error.
+            ckvc.distributed.commit_group(timeout=timeout)
+            if rank == victim:
+                threading.Timer(delay_s, lambda: os.kill(os.getpid(), signal.SIGKILL)).start()
             commit_id = ckvc.distributed.commit(repo, state, f"victim {victim}", timeout=timeout)
             outcome: dict[str, Any] = {"id": commit_id}
         except DistributedCommitError as exc:
